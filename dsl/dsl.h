@@ -1,0 +1,179 @@
+/* dsl.h - model and schedule descriptions as typed structures.
+ * Every node keeps file:line:col so that every later error can point at the
+ * YAML that caused it, quoting the line with a caret (dsl_error). */
+#ifndef DS4_DSL_H
+#define DS4_DSL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A loaded source file; kept alive for as long as any position refers to it. */
+typedef struct dsl_source {
+  char *path;
+  char *text; /* whole file, NUL-terminated */
+  size_t len;
+} dsl_source;
+
+typedef struct dsl_pos {
+  const dsl_source *src; /* NULL for positions that do not come from a file */
+  int line, col;         /* 1-based */
+} dsl_pos;
+
+/* A scalar with the position it came from. text is never NULL once loaded
+ * (absent optional fields have text == NULL and pos.src == NULL). */
+typedef struct dsl_str {
+  char *text;
+  dsl_pos pos;
+} dsl_str;
+
+/* Diagnostics: the first error is kept, formatted as
+ *   path:line:col: error: message
+ *     <the source line>
+ *     <spaces>^
+ * Libraries never print; the CLI prints diag->msg. */
+typedef struct dsl_diag {
+  int failed;
+  char msg[2048];
+} dsl_diag;
+
+int dsl_error(dsl_diag *d, dsl_pos pos, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int dsl_verror(dsl_diag *d, dsl_pos pos, const char *fmt, va_list ap);
+
+/* ---- model descriptions ---- */
+
+typedef struct dsl_kv { /* a named value: param, attr, per-layer param */
+  dsl_str key;
+  dsl_str value; /* an integer expression, or a literal for float attrs */
+} dsl_kv;
+
+typedef struct dsl_tensor {
+  dsl_pos pos; /* position of the mapping */
+  dsl_str name;
+  dsl_str *shape; /* expressions: "hidden", "experts/2", "hidden*4", "64" */
+  int ndim;
+  dsl_str dtype;      /* f32 bf16 f16 i32 fp8_e4m3 mxfp4 (checked by dsl) */
+  dsl_str role;       /* input output weight state activation (checked) */
+  dsl_str checkpoint; /* optional; "{i}" is replaced by the instance index */
+  dsl_str init_scale, init_offset; /* optional float literals */
+} dsl_tensor;
+
+typedef struct dsl_op {
+  dsl_pos pos;
+  dsl_str name; /* scope inside the block, e.g. "attn.q_rope" */
+  dsl_str kind; /* op kind, e.g. "rmsnorm" (checked by the compiler) */
+  dsl_str *in;
+  int nin;
+  dsl_str *out;
+  int nout;
+  dsl_kv *attrs;
+  int nattrs;
+} dsl_op;
+
+typedef struct dsl_block {
+  dsl_pos pos;
+  dsl_str name;
+  dsl_str carry_in, carry_out; /* optional: the tensor carried between layers */
+  dsl_tensor *tensors;
+  int ntensors;
+  dsl_op *ops;
+  int nops;
+} dsl_block;
+
+typedef struct dsl_layer { /* one entry of the layer sequence */
+  dsl_pos pos;
+  dsl_str block;  /* name of a block */
+  dsl_str name;   /* path prefix: "layers" gives layers.0, layers.1, ... */
+  dsl_str repeat; /* optional integer expression; absent = one instance, no index */
+  dsl_kv *params; /* per-layer params, visible to that block's expressions */
+  int nparams;
+} dsl_layer;
+
+typedef struct dsl_model {
+  dsl_source *src;
+  dsl_str name;
+  dsl_kv *params;
+  int nparams;
+  dsl_tensor *tensors; /* global tensors */
+  int ntensors;
+  dsl_block *blocks;
+  int nblocks;
+  dsl_layer *layers;
+  int nlayers;
+} dsl_model;
+
+/* ---- schedule descriptions ---- */
+
+typedef struct dsl_device {
+  dsl_pos pos;
+  dsl_str name, backend, arch; /* backend: cpu hip cuda (checked) */
+  dsl_str ordinal, threads;    /* integers; threads only for cpu */
+  dsl_str memory;              /* optional integer bytes */
+  dsl_str bandwidth, flops, launch; /* cost profile: bytes/s, FLOP/s, seconds */
+} dsl_device;
+
+typedef struct dsl_stream {
+  dsl_pos pos;
+  dsl_str name, device;
+} dsl_stream;
+
+typedef struct dsl_owner { /* "glob -> device[.stream]" */
+  dsl_pos pos;
+  dsl_str glob;   /* may carry an expert selector: "layers.*.ffn.experts[0:6]" */
+  dsl_str device; /* position of the device name inside the rule */
+  dsl_str stream; /* optional */
+} dsl_owner;
+
+typedef struct dsl_schedule {
+  dsl_source *src;
+  dsl_str name;
+  dsl_str model; /* name of the model it schedules */
+  dsl_device *devices;
+  int ndevices;
+  dsl_stream *streams;
+  int nstreams;
+  dsl_owner *owners;
+  int nowners;
+  dsl_str *early_resolve;
+  int nearly_resolve;
+  dsl_str *submit_first;
+  int nsubmit_first;
+  dsl_kv *priority; /* glob -> integer */
+  int npriority;
+  dsl_kv *copies; /* policy keys, validated by the compiler's copies pass */
+  int ncopies;
+  dsl_str step_prefill; /* prompt tokens replayed as prefill chunks */
+  dsl_str step_decode;  /* decode tokens per step (1) */
+} dsl_schedule;
+
+/* Load and validate the YAML structure (keys, required fields, types,
+ * dtype and role names). 0 on success; on failure d holds the message and
+ * nothing is allocated in *out_*. */
+int dsl_model_load(const char *path, dsl_model **out_model, dsl_diag *d);
+void dsl_model_free(dsl_model *m);
+int dsl_schedule_load(const char *path, dsl_schedule **out_sched, dsl_diag *d);
+void dsl_schedule_free(dsl_schedule *s);
+
+/* Same, from memory (fuzzing and tests); path is used in messages. */
+int dsl_model_parse(const char *path, const char *text, size_t len,
+                    dsl_model **out_model, dsl_diag *d);
+int dsl_schedule_parse(const char *path, const char *text, size_t len,
+                       dsl_schedule **out_sched, dsl_diag *d);
+
+/* ---- integer expressions in shapes and attrs ---- */
+
+/* Looks a name up; returns 0 and sets *out_value when known. */
+typedef int (*dsl_lookup_fn)(void *ctx, const char *name, int64_t *out_value);
+
+/* Evaluate an expression: integers, names, + - * / % and parentheses,
+ * unary minus. Overflow, division by zero and unknown names are errors
+ * reported at the exact column inside e->text. */
+int dsl_eval(const dsl_str *e, dsl_lookup_fn lookup, void *ctx,
+             int64_t *out_value, dsl_diag *d);
+
+/* Position of byte `offset` inside a scalar (for errors inside expressions
+ * and owner rules); handles plain scalars on one line. */
+dsl_pos dsl_pos_at(const dsl_str *s, size_t offset);
+
+#endif

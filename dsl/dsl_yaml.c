@@ -1,0 +1,1 @@
+/* placeholder: being written */ typedef int ds4_placeholder_dsl_yaml;

@@ -1,0 +1,1 @@
+/* placeholder */ typedef int ds4_placeholder_check;

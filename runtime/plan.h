@@ -1,0 +1,186 @@
+/* plan.h - the static launch plan: in-memory form and the binary plan.ds4p.
+ * The compiler fills a plan and calls plan_write; the runtime calls
+ * plan_read, which validates every field and index before anything uses it.
+ *
+ * File layout (little-endian, fixed width):
+ *   plan_header (64 bytes)
+ *   plan_section[nsections]
+ *   section payloads, each 8-byte aligned, in section-table order
+ * The checksum is the SHA-256 of every byte after the header. */
+#ifndef DS4_PLAN_H
+#define DS4_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
+#define PLAN_VERSION_MAJOR 1
+#define PLAN_VERSION_MINOR 0
+#define PLAN_MAXDIM 4
+#define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
+
+typedef struct plan_header {
+  char magic[8];
+  uint16_t major, minor;
+  uint32_t nsections;
+  uint64_t file_size;
+  uint8_t checksum[32];
+  uint64_t reserved;
+} plan_header;
+
+enum plan_section_id {
+  PLAN_SEC_STRINGS = 1, /* NUL-terminated strings; fields hold byte offsets */
+  PLAN_SEC_INFO,        /* one plan_info */
+  PLAN_SEC_PARAMS,      /* plan_param: the model's resolved params */
+  PLAN_SEC_DEVICES,
+  PLAN_SEC_STREAMS,
+  PLAN_SEC_TENSORS,
+  PLAN_SEC_CODEOBJS,
+  PLAN_SEC_KERNELS,
+  PLAN_SEC_OPS,         /* one per scheduled op (launches and copies) */
+  PLAN_SEC_EDGES,       /* dependency edges between ops */
+  PLAN_SEC_COMMANDS,    /* all commands in global submission order */
+  PLAN_SEC_ARGS,        /* u32 tensor indices referenced by launches */
+  PLAN_NSECTIONS = PLAN_SEC_ARGS
+};
+
+typedef struct plan_section {
+  uint32_t id;
+  uint32_t count;  /* records */
+  uint64_t offset; /* from the start of the file */
+  uint64_t size;   /* bytes: count * record size (strings: bytes) */
+} plan_section;
+
+typedef struct plan_info {
+  uint32_t model;          /* string: model name */
+  uint32_t schedule;       /* string: schedule name */
+  uint32_t tokens;         /* token slots per step */
+  uint32_t max_seq;        /* positions the state holds */
+  uint32_t prefill;        /* prompt tokens of the schedule's step */
+  uint32_t decode;         /* tokens per decode step */
+  uint32_t ids_tensor;     /* the i32 [tokens] input */
+  uint32_t next_tensor;    /* the i32 [tokens] output (greedy next token) */
+  uint32_t nevents;
+  uint32_t reserved;
+  uint64_t weight_seed;    /* seed of the weight generator */
+} plan_info;
+
+typedef struct plan_param {
+  uint32_t name; /* string */
+  uint32_t reserved;
+  int64_t value;
+} plan_param;
+
+enum plan_backend { PLAN_BACKEND_CPU = 0, PLAN_BACKEND_HIP, PLAN_BACKEND_CUDA };
+
+typedef struct plan_device {
+  uint32_t name, backend, arch; /* arch: string */
+  uint32_t ordinal, threads;
+  uint32_t reserved;
+  uint64_t arena_bytes;
+  uint64_t memory; /* bytes the schedule states, 0 when unstated */
+} plan_device;
+
+typedef struct plan_stream {
+  uint32_t name;   /* string */
+  uint32_t device; /* index */
+} plan_stream;
+
+enum plan_dtype { PLAN_F32 = 0, PLAN_BF16, PLAN_F16, PLAN_I32, PLAN_NDTYPE };
+enum plan_role {
+  PLAN_INPUT = 0, PLAN_OUTPUT, PLAN_WEIGHT, PLAN_STATE, PLAN_ACTIVATION, PLAN_NROLE
+};
+
+typedef struct plan_tensor {
+  uint32_t name;       /* string: stable path, e.g. layers.0.wq */
+  uint32_t checkpoint; /* string, or PLAN_NONE */
+  uint32_t dtype, role, ndim, device;
+  uint64_t dim[PLAN_MAXDIM];
+  uint64_t bytes;
+  uint64_t offset;     /* in its device's arena */
+  double init_offset, init_scale; /* seeded generator: offset + scale*u, u in [-1,1) */
+} plan_tensor;
+
+typedef struct plan_codeobj {
+  uint32_t path;   /* string: relative to the bundle, e.g. kernels/host.so */
+  uint32_t target; /* string: host, gfx1201, sm_90, ... */
+  uint8_t sha256[32];
+} plan_codeobj;
+
+typedef struct plan_kernel {
+  uint32_t symbol;  /* string */
+  uint32_t kind;    /* string: op kind */
+  uint32_t codeobj; /* index */
+  uint32_t grid;    /* blocks */
+  uint32_t nbufs;   /* tensors per launch */
+  uint32_t reserved;
+} plan_kernel;
+
+typedef struct plan_op {
+  uint32_t path;   /* string: stable op path */
+  uint32_t stream; /* index */
+  uint32_t kernel; /* index, or PLAN_NONE for copies */
+  uint32_t reserved;
+} plan_op;
+
+enum plan_hazard { PLAN_RAW = 0, PLAN_WAR, PLAN_WAW };
+
+typedef struct plan_edge {
+  uint32_t from, to; /* op indices; from is submitted before to */
+  uint32_t tensor;
+  uint32_t hazard;
+} plan_edge;
+
+enum plan_cmd_kind { PLAN_CMD_LAUNCH = 0, PLAN_CMD_COPY, PLAN_CMD_RECORD, PLAN_CMD_WAIT };
+
+typedef struct plan_command {
+  uint32_t kind;
+  uint32_t stream;     /* index */
+  uint32_t op;         /* LAUNCH, COPY: op index; RECORD, WAIT: PLAN_NONE */
+  uint32_t a;          /* LAUNCH: kernel; COPY: source tensor; RECORD, WAIT: event */
+  uint32_t b;          /* COPY: destination tensor; WAIT: index of the RECORD command */
+  uint32_t args_begin; /* LAUNCH: first index into ARGS */
+  uint32_t nargs;      /* LAUNCH: number of tensors (the kernel's nbufs) */
+  uint32_t reserved;
+} plan_command;
+
+/* The in-memory plan. Arrays are owned by the plan (plan_free), or point
+ * into a caller's buffer when read with plan_read (plan_free then frees only
+ * the struct's own allocations). */
+typedef struct plan {
+  plan_info info;
+  char *strings;
+  uint32_t strings_len;
+  plan_param *params;     uint32_t nparams;
+  plan_device *devices;   uint32_t ndevices;
+  plan_stream *streams;   uint32_t nstreams;
+  plan_tensor *tensors;   uint32_t ntensors;
+  plan_codeobj *codeobjs; uint32_t ncodeobjs;
+  plan_kernel *kernels;   uint32_t nkernels;
+  plan_op *ops;           uint32_t nops;
+  plan_edge *edges;       uint32_t nedges;
+  plan_command *commands; uint32_t ncommands;
+  uint32_t *args;         uint32_t nargs;
+} plan;
+
+/* Serialize to a file, atomically (temporary file, then rename). */
+rt_status plan_write(const plan *p, const char *path);
+/* Serialize to memory (caller frees *out_bytes). */
+rt_status plan_encode(const plan *p, uint8_t **out_bytes, size_t *out_len);
+/* Parse and validate bytes: header, version (a major mismatch names both
+ * versions), sizes, checksum, then every string offset, index, enum and
+ * count. On success *out references copies owned by out (plan_free). `name`
+ * is used in messages. */
+rt_status plan_decode(const char *name, const uint8_t *bytes, size_t len, plan *out);
+rt_status plan_read(const char *path, plan *out);
+void plan_free(plan *p);
+
+/* A validated string (never NULL after plan_decode). */
+const char *plan_str(const plan *p, uint32_t offset);
+const char *plan_dtype_name(uint32_t dtype);
+const char *plan_role_name(uint32_t role);
+uint32_t plan_dtype_size(uint32_t dtype);
+
+#endif

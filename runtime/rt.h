@@ -1,0 +1,62 @@
+/* rt.h - the ds4run runtime library (libds4rt): open a bundle, bind
+ * weights, replay its plan step by step on the plan's backends. */
+#ifndef DS4_RT_H
+#define DS4_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+#include "status.h"
+
+typedef struct rt_options {
+  uint64_t weight_seed; /* 0: the plan's seed */
+  int threads;          /* 0: each cpu device's thread count from the plan */
+} rt_options;
+
+typedef struct rt_bundle rt_bundle;
+
+/* Read DIR/plan.ds4p, validate it, check every code object's SHA-256, load
+ * them, open the devices, allocate arenas, fill weights from the seeded
+ * generator and zero the state. */
+rt_status rt_bundle_open(const char *dir, const rt_options *opts, rt_bundle **out_bundle);
+void rt_bundle_close(rt_bundle *b);
+const plan *rt_bundle_plan(const rt_bundle *b);
+
+/* Tensors by stable path; host copies in and out (any backend). */
+rt_status rt_tensor_find(const rt_bundle *b, const char *path, uint32_t *out_index);
+rt_status rt_tensor_read(rt_bundle *b, uint32_t tensor, void *dst, size_t bytes);
+rt_status rt_tensor_write(rt_bundle *b, uint32_t tensor, const void *src, size_t bytes);
+
+/* The seeded weight generator: value i of tensor t, before rounding to the
+ * tensor's dtype. Independent of load order; the reference uses it too. */
+double rt_init_value(const plan *p, uint32_t tensor, uint64_t seed, uint64_t i);
+
+/* Replay one step: upload the step block {pos, ntok, step, 0}, submit every
+ * stream's commands, wait for the step to finish. Inputs must have been
+ * written before; outputs are readable after. */
+rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]);
+
+/* Greedy generation: the prompt as prefill chunks of `tokens` slots, then
+ * `ndecode` decode steps, each fed the previous step's last next token.
+ * After every step `hook` (optional) sees the step block and the ids fed;
+ * a hook error stops the run. The report accumulates the SHA-256 over the
+ * raw bytes of every output tensor (plan order) of every step. */
+typedef rt_status (*rt_step_hook)(void *ctx, rt_bundle *b, const int32_t step[4],
+                                  const int32_t *ids);
+typedef struct rt_report {
+  int steps, tokens;        /* steps replayed, live tokens processed */
+  double seconds_total;     /* wall time of rt_replay_step calls */
+  double seconds_median;    /* median step time */
+  uint8_t outputs_sha256[32];
+  int32_t *generated;       /* ndecode + 1 tokens (caller frees) */
+  int ngenerated;
+} rt_report;
+rt_status rt_generate(rt_bundle *b, const int32_t *prompt, int nprompt, int ndecode,
+                      rt_step_hook hook, void *ctx, rt_report *out_report);
+
+/* The default prompt of a plan: info.prefill tokens from the seeded
+ * generator, each < vocab. Caller frees. */
+rt_status rt_default_prompt(const plan *p, int32_t **out_ids, int *out_n);
+
+#endif
