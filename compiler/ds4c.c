@@ -1,1 +1,67 @@
-/* placeholder: being written */ int main(void) { return 1; }
+/* ds4c.c - the compiler's command line. */
+#include <stdio.h>
+#include <string.h>
+
+#include "pipeline.h"
+
+static const char usage[] =
+    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target host] [--dump-after PASS|all]\n"
+    "\n"
+    "Compiles a model and a schedule description into BUNDLE/: plan.ds4p (the\n"
+    "binary launch plan), plan.txt (its canonical text, for review) and\n"
+    "kernels/ (generated kernel sources and the code objects built from them).\n"
+    "\n"
+    "  -o BUNDLE          output folder; replaced only when the compile succeeds\n"
+    "  --target LIST      code object targets; this build supports: host\n"
+    "  --dump-after PASS  print the IR after PASS (or after every pass: all) to stderr\n"
+    "\n"
+    "passes: expand infer place copies deps order sync memplan verify\n";
+
+static int bad_usage(const char *why) {
+  fprintf(stderr, "ds4c: error: %s\n%s", why, usage);
+  return 64;
+}
+
+static int cmd_compile(int argc, char **argv) {
+  ds4c_options o = {0};
+  const char *pos[2];
+  int npos = 0;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) o.out_dir = argv[++i];
+    else if (strcmp(argv[i], "--dump-after") == 0 && i + 1 < argc) o.dump_after = argv[++i];
+    else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
+      const char *t = argv[++i];
+      if (strcmp(t, "host") != 0) {
+        fprintf(stderr, "ds4c: error: target '%s' is not supported by this build (supported: host)\n", t);
+        return 1;
+      }
+    } else if (argv[i][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
+      return bad_usage(msg);
+    } else if (npos < 2) pos[npos++] = argv[i];
+    else return bad_usage("too many arguments");
+  }
+  if (npos != 2) return bad_usage("compile needs MODEL.yaml and SCHEDULE.yaml");
+  if (!o.out_dir) return bad_usage("compile needs -o BUNDLE");
+  o.model_path = pos[0];
+  o.sched_path = pos[1];
+  dsl_diag d = {0};
+  if (ds4c_compile(&o, &d)) {
+    if (strncmp(d.msg, "error:", 6) == 0 || strstr(d.msg, ": error: ")) fprintf(stderr, "%s\n", d.msg);
+    else fprintf(stderr, "ds4c: error: %s\n", d.msg);
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    fputs(usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 64 : 0;
+  }
+  if (strcmp(argv[1], "compile") == 0) return cmd_compile(argc - 2, argv + 2);
+  char msg[256];
+  snprintf(msg, sizeof msg, "unknown command '%s'", argv[1]);
+  return bad_usage(msg);
+}

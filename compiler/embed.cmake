@@ -1,9 +1,10 @@
 # Turns kernel template files into one C file of strings:
 #   const ds4_template ds4_templates[] = {{"rmsnorm", "..."}, ...};
-# Run as: cmake -DOUT=file.c -DFILES=a.c;b.c -P embed.cmake
+# Run as: cmake -DOUT=file.c -DFILES=a.c|b.c -P embed.cmake
 set(body "/* Generated from compiler/kernels by embed.cmake; do not edit. */\n")
 string(APPEND body "#include \"templates.h\"\n\nconst ds4_template ds4_templates[] = {\n")
 set(count 0)
+string(REPLACE "|" ";" FILES "${FILES}")
 foreach(f IN LISTS FILES)
   get_filename_component(kind ${f} NAME_WE)
   get_filename_component(dir ${f} DIRECTORY)

@@ -1,1 +1,182 @@
-/* placeholder: being written */ typedef int ds4_placeholder_emit_plan;
+/* emit_plan.c - the scheduled, verified IR as an in-memory plan, ready for
+ * plan_write and plan_text_write. Strings are interned once each. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "emit.h"
+
+typedef struct strtab {
+  char *bytes;
+  uint32_t len, cap;
+  uint32_t *slots; /* open addressing: offset + 1, 0 = empty */
+  uint32_t nslots, used;
+} strtab;
+
+static uint32_t str_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+static void strtab_grow(strtab *t) {
+  uint32_t n = t->nslots ? 2 * t->nslots : 1024;
+  uint32_t *slots = calloc(n, sizeof *slots);
+  if (!slots) abort();
+  for (uint32_t i = 0; i < t->nslots; i++)
+    if (t->slots[i]) {
+      uint32_t h = str_hash(t->bytes + t->slots[i] - 1) & (n - 1);
+      while (slots[h]) h = (h + 1) & (n - 1);
+      slots[h] = t->slots[i];
+    }
+  free(t->slots);
+  t->slots = slots;
+  t->nslots = n;
+}
+
+static uint32_t intern(strtab *t, const char *s) {
+  if (!s) return PLAN_NONE;
+  if (2 * (t->used + 1) > t->nslots) strtab_grow(t);
+  uint32_t h = str_hash(s) & (t->nslots - 1);
+  for (; t->slots[h]; h = (h + 1) & (t->nslots - 1))
+    if (strcmp(t->bytes + t->slots[h] - 1, s) == 0) return t->slots[h] - 1;
+  uint32_t n = (uint32_t)strlen(s) + 1;
+  while (t->len + n > t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 4096;
+    t->bytes = ir_xrealloc(t->bytes, t->cap);
+  }
+  memcpy(t->bytes + t->len, s, n);
+  t->slots[h] = t->len + 1;
+  t->used++;
+  t->len += n;
+  return t->len - n;
+}
+
+#define ALLOC(ptr, count) ((ptr) = calloc((size_t)(count) ? (size_t)(count) : 1, sizeof *(ptr)))
+
+void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
+  strtab st = {0};
+  memset(out, 0, sizeof *out);
+  plan_info *in = &out->info;
+  in->model = intern(&st, p->model_name);
+  in->schedule = intern(&st, p->sched_name);
+  in->tokens = (uint32_t)p->tokens;
+  in->max_seq = (uint32_t)p->max_seq;
+  in->prefill = (uint32_t)p->prefill;
+  in->decode = (uint32_t)p->decode;
+  in->ids_tensor = (uint32_t)p->ids_tensor;
+  in->next_tensor = (uint32_t)p->next_tensor;
+  in->nevents = (uint32_t)p->nevents;
+  in->weight_seed = p->weight_seed;
+
+  ALLOC(out->params, p->nparams);
+  for (int i = 0; i < p->nparams; i++)
+    out->params[i] = (plan_param){intern(&st, p->params[i].name), 0, p->params[i].value};
+  out->nparams = (uint32_t)p->nparams;
+
+  ALLOC(out->devices, p->ndevices);
+  for (int i = 0; i < p->ndevices; i++) {
+    const ir_device *dv = &p->devices[i];
+    out->devices[i] = (plan_device){intern(&st, dv->name), dv->backend, intern(&st, dv->arch), (uint32_t)dv->ordinal,
+                                    (uint32_t)dv->threads, 0, (uint64_t)dv->arena_bytes, (uint64_t)dv->memory};
+  }
+  out->ndevices = (uint32_t)p->ndevices;
+
+  ALLOC(out->streams, p->nstreams);
+  for (int i = 0; i < p->nstreams; i++)
+    out->streams[i] = (plan_stream){intern(&st, p->streams[i].name), (uint32_t)p->streams[i].device};
+  out->nstreams = (uint32_t)p->nstreams;
+
+  ALLOC(out->tensors, p->ntensors);
+  for (int i = 0; i < p->ntensors; i++) {
+    const ir_tensor *t = &p->tensors[i];
+    plan_tensor *pt = &out->tensors[i];
+    pt->name = intern(&st, t->path);
+    pt->checkpoint = intern(&st, t->checkpoint);
+    pt->dtype = t->dtype;
+    pt->role = t->role;
+    pt->ndim = (uint32_t)t->ndim;
+    pt->device = (uint32_t)t->device;
+    for (int j = 0; j < t->ndim; j++) pt->dim[j] = (uint64_t)t->dim[j];
+    pt->bytes = (uint64_t)t->bytes;
+    pt->offset = (uint64_t)t->offset;
+    pt->init_offset = t->init_offset;
+    pt->init_scale = t->init_scale;
+  }
+  out->ntensors = (uint32_t)p->ntensors;
+
+  ALLOC(out->codeobjs, 1);
+  out->codeobjs[0].path = intern(&st, "kernels/host.so");
+  out->codeobjs[0].target = intern(&st, "host");
+  memcpy(out->codeobjs[0].sha256, k->host_sha256, 32);
+  out->ncodeobjs = 1;
+
+  ALLOC(out->kernels, k->nkernels);
+  for (int j = 0; j < k->nkernels; j++) {
+    int nbufs = 0;
+    const char *kind = "";
+    for (int i = 0; i < p->nops; i++)
+      if (p->ops[i].kernel == j) {
+        nbufs = p->ops[i].nin + p->ops[i].nout;
+        kind = ir_opkinds[p->ops[i].kind].name;
+        break;
+      }
+    out->kernels[j] = (plan_kernel){intern(&st, k->kernels[j].symbol), intern(&st, kind), 0, k->kernels[j].grid,
+                                    (uint32_t)nbufs, 0};
+  }
+  out->nkernels = (uint32_t)k->nkernels;
+
+  /* Ops are numbered in submission order so that plan indices read in the
+   * order a reviewer reads the plan. */
+  int *index = malloc((size_t)p->nops * sizeof *index);
+  if (!index) abort();
+  ALLOC(out->ops, p->nops);
+  for (int r = 0; r < p->nops; r++) {
+    const ir_op *op = &p->ops[p->order[r]];
+    index[p->order[r]] = r;
+    out->ops[r] = (plan_op){intern(&st, op->path), (uint32_t)op->stream,
+                            op->kernel < 0 ? PLAN_NONE : (uint32_t)op->kernel, 0};
+  }
+  out->nops = (uint32_t)p->nops;
+
+  ALLOC(out->edges, p->nedges);
+  for (int i = 0; i < p->nedges; i++) {
+    const ir_edge *e = &p->edges[i];
+    out->edges[i] = (plan_edge){(uint32_t)index[e->from], (uint32_t)index[e->to], (uint32_t)e->tensor,
+                                (uint32_t)e->hazard};
+  }
+  out->nedges = (uint32_t)p->nedges;
+
+  int nargs = 0;
+  for (int i = 0; i < p->nops; i++) nargs += p->ops[i].nin + p->ops[i].nout;
+  ALLOC(out->args, nargs);
+  ALLOC(out->commands, p->ncmds);
+  uint32_t na = 0;
+  for (int i = 0; i < p->ncmds; i++) {
+    const ir_cmd *c = &p->cmds[i];
+    plan_command *pc = &out->commands[i];
+    *pc = (plan_command){(uint32_t)c->kind, (uint32_t)c->stream, PLAN_NONE, 0, 0, 0, 0, 0};
+    if (c->kind == IR_CMD_RECORD || c->kind == IR_CMD_WAIT) {
+      pc->a = (uint32_t)c->event;
+      pc->b = c->kind == IR_CMD_WAIT ? (uint32_t)c->record : 0;
+      continue;
+    }
+    const ir_op *op = &p->ops[c->op];
+    pc->op = (uint32_t)index[c->op];
+    if (c->kind == IR_CMD_COPY) {
+      pc->a = (uint32_t)op->in[0];
+      pc->b = (uint32_t)op->out[0];
+      continue;
+    }
+    pc->a = (uint32_t)op->kernel;
+    pc->args_begin = na;
+    for (int j = 0; j < op->nin; j++) out->args[na++] = (uint32_t)op->in[j];
+    for (int j = 0; j < op->nout; j++) out->args[na++] = (uint32_t)op->out[j];
+    pc->nargs = na - pc->args_begin;
+  }
+  out->ncommands = (uint32_t)p->ncmds;
+  out->nargs = na;
+  free(index);
+  free(st.slots);
+  out->strings = st.bytes ? st.bytes : calloc(1, 1);
+  out->strings_len = st.len ? st.len : 1;
+}

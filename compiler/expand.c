@@ -1,1 +1,293 @@
-/* placeholder: being written */ typedef int ds4_placeholder_expand;
+/* expand.c - the first pass: resolve params, instantiate every block of the
+ * layer sequence, and give each tensor and op its stable path
+ * (<layer name>[.<index>].<name>). Operand names resolve to the instance's
+ * own tensors, then the carried tensor, then the model's globals. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct scope {
+  const ir_prog *p;
+  const dsl_layer *layer; /* per-layer params, or NULL */
+  int64_t index;          /* instance index, -1 when not repeated */
+} scope;
+
+static int lookup_param(void *ctx, const char *name, int64_t *out) {
+  const scope *s = ctx;
+  if (s->layer)
+    for (int i = 0; i < s->layer->nparams; i++)
+      if (strcmp(s->layer->params[i].key.text, name) == 0) {
+        /* per-layer params are plain integers or model-param expressions */
+        scope outer = {s->p, NULL, s->index};
+        dsl_diag scratch = {0};
+        return dsl_eval(&s->layer->params[i].value, lookup_param, &outer, out, &scratch);
+      }
+  for (int i = 0; i < s->p->nparams; i++)
+    if (strcmp(s->p->params[i].name, name) == 0) {
+      *out = s->p->params[i].value;
+      return 0;
+    }
+  return -1;
+}
+
+static int eval_params(ir_prog *p, dsl_diag *d) {
+  const dsl_model *m = p->model;
+  p->params = ir_xrealloc(NULL, (size_t)(m->nparams ? m->nparams : 1) * sizeof *p->params);
+  for (int i = 0; i < m->nparams; i++) {
+    for (int j = 0; j < i; j++)
+      if (strcmp(m->params[j].key.text, m->params[i].key.text) == 0)
+        return dsl_error(d, m->params[i].key.pos, "duplicate param '%s'", m->params[i].key.text);
+    scope s = {p, NULL, -1};
+    int64_t v;
+    if (dsl_eval(&m->params[i].value, lookup_param, &s, &v, d)) return -1;
+    p->params[i].name = ir_strdup(m->params[i].key.text);
+    p->params[i].value = v;
+    p->nparams = i + 1;
+  }
+  return 0;
+}
+
+static int parse_dtype(const dsl_str *s, uint32_t *out, dsl_diag *d) {
+  static const char *names[] = {"f32", "bf16", "f16", "i32"};
+  for (uint32_t i = 0; i < 4; i++)
+    if (strcmp(s->text, names[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  return dsl_error(d, s->pos, "dtype '%s' is not supported by this compiler yet (f32, bf16, f16, i32)",
+                   s->text);
+}
+
+static uint32_t parse_role(const char *r) {
+  static const char *names[] = {"input", "output", "weight", "state", "activation"};
+  for (uint32_t i = 0; i < 5; i++)
+    if (strcmp(r, names[i]) == 0) return i;
+  return PLAN_ACTIVATION; /* dsl has already refused other names */
+}
+
+static int parse_float(const dsl_str *s, double *out, dsl_diag *d) {
+  char *end;
+  *out = strtod(s->text, &end);
+  if (end == s->text || *end) return dsl_error(d, s->pos, "expected a number, found '%s'", s->text);
+  return 0;
+}
+
+/* "{i}" in checkpoint names becomes the instance index. */
+static char *checkpoint_name(const char *pattern, int64_t index) {
+  char buf[512];
+  size_t n = 0;
+  for (const char *c = pattern; *c && n + 24 < sizeof buf; c++) {
+    if (c[0] == '{' && c[1] == 'i' && c[2] == '}' && index >= 0) {
+      n += (size_t)snprintf(buf + n, sizeof buf - n, "%lld", (long long)index);
+      c += 2;
+    } else {
+      buf[n++] = *c;
+    }
+  }
+  buf[n] = 0;
+  return ir_strdup(buf);
+}
+
+static int make_tensor(ir_prog *p, const dsl_tensor *dt, const char *prefix, const scope *s,
+                       dsl_diag *d) {
+  char path[512];
+  if (prefix) snprintf(path, sizeof path, "%s.%s", prefix, dt->name.text);
+  else snprintf(path, sizeof path, "%s", dt->name.text);
+  int prev = ir_find_tensor(p, path);
+  if (prev >= 0)
+    return dsl_error(d, dt->name.pos, "duplicate tensor '%s' (first declared at line %d)", path,
+                     p->tensors[prev].pos.line);
+  ir_tensor t = {0};
+  t.pos = dt->name.pos;
+  if (parse_dtype(&dt->dtype, &t.dtype, d)) return -1;
+  t.role = parse_role(dt->role.text);
+  if (dt->ndim < 1 || dt->ndim > IR_MAXDIM)
+    return dsl_error(d, dt->pos, "tensor '%s' has %d dimensions (1 to %d supported)", path, dt->ndim,
+                     IR_MAXDIM);
+  t.ndim = dt->ndim;
+  int64_t bytes = plan_dtype_size(t.dtype);
+  for (int i = 0; i < dt->ndim; i++) {
+    if (dsl_eval(&dt->shape[i], lookup_param, (void *)s, &t.dim[i], d)) return -1;
+    if (t.dim[i] <= 0)
+      return dsl_error(d, dt->shape[i].pos, "dimension %d of tensor '%s' is %lld; dimensions must be positive",
+                       i, path, (long long)t.dim[i]);
+    if (__builtin_mul_overflow(bytes, t.dim[i], &bytes))
+      return dsl_error(d, dt->shape[i].pos, "tensor '%s' is larger than 2^63 bytes", path);
+  }
+  t.bytes = bytes;
+  t.init_offset = 0.0;
+  t.init_scale = 1.0 / __builtin_sqrt((double)t.dim[t.ndim - 1]);
+  if (dt->init_offset.text && parse_float(&dt->init_offset, &t.init_offset, d)) return -1;
+  if (dt->init_scale.text && parse_float(&dt->init_scale, &t.init_scale, d)) return -1;
+  if (dt->checkpoint.text) t.checkpoint = checkpoint_name(dt->checkpoint.text, s->index);
+  t.device = -1;
+  t.offset = -1;
+  t.path = ir_strdup(path);
+  ir_add_tensor(p, &t);
+  return 0;
+}
+
+/* A block instance's names: local tensors by name, plus the carried one. */
+typedef struct instance {
+  const dsl_block *block;
+  const char *prefix;
+  int carry_in; /* tensor index or -1 */
+} instance;
+
+static int resolve_operand(ir_prog *p, const instance *in, const dsl_str *name, int *out,
+                           dsl_diag *d) {
+  char path[512];
+  snprintf(path, sizeof path, "%s.%s", in->prefix, name->text);
+  int t = ir_find_tensor(p, path);
+  if (t < 0 && in->block->carry_in.text && strcmp(in->block->carry_in.text, name->text) == 0)
+    t = in->carry_in;
+  if (t < 0) {
+    t = ir_find_tensor(p, name->text);
+    /* a global found by name must really be global (no dot-qualified paths) */
+    if (t >= 0 && strchr(name->text, '.')) t = -1;
+  }
+  if (t < 0) return dsl_error(d, name->pos, "unknown tensor '%s' in block '%s'", name->text, in->block->name.text);
+  *out = t;
+  return 0;
+}
+
+static int parse_attrs(ir_prog *p, const dsl_op *dop, ir_op *op, const scope *s, dsl_diag *d) {
+  const ir_opkind_def *k = &ir_opkinds[op->kind];
+  int seen[IR_MAXATTR] = {0};
+  for (int i = 0; i < dop->nattrs; i++) {
+    const dsl_kv *a = &dop->attrs[i];
+    int slot = -1;
+    for (int j = 0; j < k->nattrs; j++)
+      if (strcmp(k->attrs[j].name, a->key.text) == 0) slot = j;
+    if (slot < 0) {
+      char list[256] = "";
+      for (int j = 0; j < k->nattrs; j++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? ", " : "", k->attrs[j].name);
+      return dsl_error(d, a->key.pos, "op kind '%s' has no attr '%s' (attrs: %s)", k->name, a->key.text,
+                       k->nattrs ? list : "none");
+    }
+    seen[slot] = 1;
+    if (k->attrs[slot].type == IR_ATTR_INT) {
+      if (dsl_eval(&a->value, lookup_param, (void *)s, &op->iattr[slot], d)) return -1;
+    } else if (parse_float(&a->value, &op->fattr[slot], d)) {
+      return -1;
+    }
+  }
+  (void)p;
+  for (int j = 0; j < k->nattrs; j++) {
+    if (seen[j]) continue;
+    if (k->attrs[j].required)
+      return dsl_error(d, dop->pos, "op '%s' of kind '%s' needs attr '%s'", dop->name.text, k->name,
+                       k->attrs[j].name);
+    if (k->attrs[j].type == IR_ATTR_INT) op->iattr[j] = (int64_t)k->attrs[j].fallback;
+    else op->fattr[j] = k->attrs[j].fallback;
+  }
+  return 0;
+}
+
+static int make_op(ir_prog *p, const dsl_op *dop, const instance *in, const scope *s, dsl_diag *d) {
+  char path[512];
+  snprintf(path, sizeof path, "%s.%s", in->prefix, dop->name.text);
+  int prev = ir_find_op(p, path);
+  if (prev >= 0)
+    return dsl_error(d, dop->name.pos, "duplicate op '%s' (first at line %d)", path, p->ops[prev].pos.line);
+  ir_op op = {0};
+  op.pos = dop->pos;
+  op.kind = ir_opkind_lookup(dop->kind.text);
+  if (op.kind < 0) {
+    const char *sug = ir_opkind_suggest(dop->kind.text);
+    if (sug) return dsl_error(d, dop->kind.pos, "unknown op kind '%s'; did you mean '%s'?", dop->kind.text, sug);
+    return dsl_error(d, dop->kind.pos, "unknown op kind '%s' (docs/OPS.md lists the kinds)", dop->kind.text);
+  }
+  const ir_opkind_def *k = &ir_opkinds[op.kind];
+  if (dop->nin != k->nin || dop->nout != k->nout)
+    return dsl_error(d, dop->pos, "op kind '%s' takes %d inputs and %d outputs; '%s' has %d and %d", k->name,
+                     k->nin, k->nout, dop->name.text, dop->nin, dop->nout);
+  op.nin = dop->nin;
+  op.nout = dop->nout;
+  for (int i = 0; i < op.nin; i++) {
+    if (resolve_operand(p, in, &dop->in[i], &op.in[i], d)) return -1;
+    op.in_pos[i] = dop->in[i].pos;
+  }
+  for (int i = 0; i < op.nout; i++) {
+    if (resolve_operand(p, in, &dop->out[i], &op.out[i], d)) return -1;
+    op.out_pos[i] = dop->out[i].pos;
+  }
+  if (parse_attrs(p, dop, &op, s, d)) return -1;
+  op.device = op.stream = -1;
+  op.kernel = -1;
+  op.path = ir_strdup(path);
+  ir_add_op(p, &op);
+  return 0;
+}
+
+static const dsl_block *find_block(const dsl_model *m, const char *name) {
+  for (int i = 0; i < m->nblocks; i++)
+    if (strcmp(m->blocks[i].name.text, name) == 0) return &m->blocks[i];
+  return NULL;
+}
+
+static int expand_instance(ir_prog *p, const dsl_layer *l, const dsl_block *b, int64_t index,
+                           int *carry, dsl_diag *d) {
+  char prefix[256];
+  if (index >= 0) snprintf(prefix, sizeof prefix, "%s.%lld", l->name.text, (long long)index);
+  else snprintf(prefix, sizeof prefix, "%s", l->name.text);
+  scope s = {p, l, index};
+  for (int i = 0; i < b->ntensors; i++) {
+    const dsl_tensor *dt = &b->tensors[i];
+    for (int g = 0; g < p->model->ntensors; g++)
+      if (strcmp(p->model->tensors[g].name.text, dt->name.text) == 0)
+        return dsl_error(d, dt->name.pos, "tensor '%s' of block '%s' hides the global tensor declared at line %d",
+                         dt->name.text, b->name.text, p->model->tensors[g].name.pos.line);
+    if (make_tensor(p, dt, prefix, &s, d)) return -1;
+  }
+  if (b->carry_in.text && *carry < 0)
+    return dsl_error(d, l->pos, "block '%s' carries '%s' in, but no earlier layer carries a tensor out",
+                     b->name.text, b->carry_in.text);
+  instance in = {b, prefix, b->carry_in.text ? *carry : -1};
+  for (int i = 0; i < b->nops; i++)
+    if (make_op(p, &b->ops[i], &in, &s, d)) return -1;
+  if (b->carry_out.text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s.%s", prefix, b->carry_out.text);
+    *carry = ir_find_tensor(p, path);
+    if (*carry < 0)
+      return dsl_error(d, b->carry_out.pos, "block '%s' carries out '%s', which it does not declare",
+                       b->name.text, b->carry_out.text);
+  }
+  return 0;
+}
+
+int pass_expand(ir_prog *p, dsl_diag *d) {
+  const dsl_model *m = p->model;
+  p->model_name = ir_strdup(m->name.text);
+  p->sched_name = ir_strdup(p->sched->name.text);
+  if (eval_params(p, d)) return -1;
+  scope top = {p, NULL, -1};
+  for (int i = 0; i < m->ntensors; i++)
+    if (make_tensor(p, &m->tensors[i], NULL, &top, d)) return -1;
+  int carry = -1;
+  for (int i = 0; i < m->nlayers; i++) {
+    const dsl_layer *l = &m->layers[i];
+    const dsl_block *b = find_block(m, l->block.text);
+    if (!b) return dsl_error(d, l->block.pos, "unknown block '%s'", l->block.text);
+    for (int j = 0; j < i; j++)
+      if (strcmp(m->layers[j].name.text, l->name.text) == 0)
+        return dsl_error(d, l->name.pos, "duplicate layer name '%s' (first at line %d)", l->name.text,
+                         m->layers[j].name.pos.line);
+    if (!l->repeat.text) {
+      if (expand_instance(p, l, b, -1, &carry, d)) return -1;
+      continue;
+    }
+    int64_t n;
+    if (dsl_eval(&l->repeat, lookup_param, &top, &n, d)) return -1;
+    if (n < 1 || n > 100000)
+      return dsl_error(d, l->repeat.pos, "repeat count is %lld; it must be 1 to 100000", (long long)n);
+    for (int64_t k = 0; k < n; k++)
+      if (expand_instance(p, l, b, k, &carry, d)) return -1;
+  }
+  if (p->nops == 0) return dsl_error(d, m->name.pos, "model '%s' has no ops", m->name.text);
+  return 0;
+}

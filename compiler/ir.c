@@ -1,1 +1,170 @@
-/* placeholder: being written */ typedef int ds4_placeholder_ir;
+/* ir.c - construction, lookup and the debug dump of the IR.
+ * Growth goes through ir_xrealloc: the compiler treats exhaustion of memory
+ * as fatal, with a message, since no partial result is ever written. */
+#include "ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void *ir_xrealloc(void *ptr, size_t n) {
+  void *q = realloc(ptr, n ? n : 1);
+  if (!q) {
+    fputs("ds4c: error: out of memory\n", stderr);
+    abort();
+  }
+  return q;
+}
+
+char *ir_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = ir_xrealloc(NULL, n);
+  memcpy(d, s, n);
+  return d;
+}
+
+ir_prog *ir_prog_new(const dsl_model *m, const dsl_schedule *s) {
+  ir_prog *p = ir_xrealloc(NULL, sizeof *p);
+  memset(p, 0, sizeof *p);
+  p->model = m;
+  p->sched = s;
+  p->ids_tensor = p->next_tensor = -1;
+  p->weight_seed = 1;
+  return p;
+}
+
+void ir_prog_free(ir_prog *p) {
+  if (!p) return;
+  free(p->model_name);
+  free(p->sched_name);
+  for (int i = 0; i < p->nparams; i++) free(p->params[i].name);
+  free(p->params);
+  for (int i = 0; i < p->ntensors; i++) {
+    free(p->tensors[i].path);
+    free(p->tensors[i].checkpoint);
+  }
+  free(p->tensors);
+  for (int i = 0; i < p->nops; i++) {
+    free(p->ops[i].path);
+    free(p->ops[i].clock);
+  }
+  free(p->ops);
+  free(p->edges);
+  for (int i = 0; i < p->ndevices; i++) {
+    free(p->devices[i].name);
+    free(p->devices[i].arch);
+  }
+  free(p->devices);
+  for (int i = 0; i < p->nstreams; i++) free(p->streams[i].name);
+  free(p->streams);
+  free(p->order);
+  free(p->cmds);
+  free(p);
+}
+
+#define IR_GROW(arr, n, cap)                                      \
+  do {                                                            \
+    if ((n) == (cap)) {                                           \
+      (cap) = (cap) ? 2 * (cap) : 16;                             \
+      (arr) = ir_xrealloc((arr), (size_t)(cap) * sizeof *(arr));  \
+    }                                                             \
+  } while (0)
+
+int ir_add_tensor(ir_prog *p, const ir_tensor *t) {
+  IR_GROW(p->tensors, p->ntensors, p->captensors);
+  p->tensors[p->ntensors] = *t;
+  return p->ntensors++;
+}
+
+int ir_add_op(ir_prog *p, const ir_op *op) {
+  IR_GROW(p->ops, p->nops, p->capops);
+  p->ops[p->nops] = *op;
+  return p->nops++;
+}
+
+int ir_add_edge(ir_prog *p, const ir_edge *e) {
+  IR_GROW(p->edges, p->nedges, p->capedges);
+  p->edges[p->nedges] = *e;
+  return p->nedges++;
+}
+
+int ir_add_cmd(ir_prog *p, const ir_cmd *c) {
+  IR_GROW(p->cmds, p->ncmds, p->capcmds);
+  p->cmds[p->ncmds] = *c;
+  return p->ncmds++;
+}
+
+int ir_find_tensor(const ir_prog *p, const char *path) {
+  for (int i = 0; i < p->ntensors; i++)
+    if (strcmp(p->tensors[i].path, path) == 0) return i;
+  return -1;
+}
+
+int ir_find_op(const ir_prog *p, const char *path) {
+  for (int i = 0; i < p->nops; i++)
+    if (strcmp(p->ops[i].path, path) == 0) return i;
+  return -1;
+}
+
+int64_t ir_param_value(const ir_prog *p, const char *name, int64_t fallback) {
+  for (int i = 0; i < p->nparams; i++)
+    if (strcmp(p->params[i].name, name) == 0) return p->params[i].value;
+  return fallback;
+}
+
+int ir_op_writes(const ir_prog *p, const ir_op *op, int tensor) {
+  (void)p;
+  for (int i = 0; i < op->nout; i++)
+    if (op->out[i] == tensor) return 1;
+  return 0;
+}
+
+int ir_op_reads(const ir_prog *p, const ir_op *op, int tensor) {
+  (void)p;
+  for (int i = 0; i < op->nin; i++)
+    if (op->in[i] == tensor) return 1;
+  for (int i = 0; i < op->nout; i++)
+    if (op->out[i] == tensor && (ir_opkinds[op->kind].rmw_outputs >> i & 1)) return 1;
+  return 0;
+}
+
+static void print_shape(const ir_tensor *t, FILE *f) {
+  fputc('[', f);
+  for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%lld", d ? ", " : "", (long long)t->dim[d]);
+  fputc(']', f);
+}
+
+void ir_print(const ir_prog *p, FILE *f) {
+  fprintf(f, "# model %s, schedule %s\n", p->model_name ? p->model_name : "?",
+          p->sched_name ? p->sched_name : "?");
+  for (int i = 0; i < p->ndevices; i++)
+    fprintf(f, "device %d %s arch %s arena %lld\n", i, p->devices[i].name, p->devices[i].arch,
+            (long long)p->devices[i].arena_bytes);
+  for (int i = 0; i < p->ntensors; i++) {
+    const ir_tensor *t = &p->tensors[i];
+    fprintf(f, "tensor %d %s %s %s ", i, t->path, plan_dtype_name(t->dtype), plan_role_name(t->role));
+    print_shape(t, f);
+    fprintf(f, " dev %d off %lld\n", t->device, (long long)t->offset);
+  }
+  for (int i = 0; i < p->nops; i++) {
+    const ir_op *op = &p->ops[i];
+    fprintf(f, "op %d %s %s in", i, op->path, ir_opkinds[op->kind].name);
+    for (int j = 0; j < op->nin; j++) fprintf(f, " %s", p->tensors[op->in[j]].path);
+    fprintf(f, " out");
+    for (int j = 0; j < op->nout; j++) fprintf(f, " %s", p->tensors[op->out[j]].path);
+    fprintf(f, " stream %d rank %d\n", op->stream, op->rank);
+  }
+  for (int i = 0; i < p->nedges; i++) {
+    static const char *hz[] = {"raw", "war", "waw"};
+    const ir_edge *e = &p->edges[i];
+    fprintf(f, "edge %s -> %s %s %s\n", p->ops[e->from].path, p->ops[e->to].path,
+            hz[e->hazard], p->tensors[e->tensor].path);
+  }
+  for (int i = 0; i < p->ncmds; i++) {
+    const ir_cmd *c = &p->cmds[i];
+    static const char *kn[] = {"launch", "copy", "record", "wait"};
+    fprintf(f, "cmd %d %s stream %d", i, kn[c->kind], c->stream);
+    if (c->kind == IR_CMD_LAUNCH || c->kind == IR_CMD_COPY) fprintf(f, " %s", p->ops[c->op].path);
+    else fprintf(f, " event %d", c->event);
+    fputc('\n', f);
+  }
+}

@@ -52,12 +52,15 @@ typedef struct ir_op {
   int kind; /* enum ir_opkind */
   int in[IR_MAXIO], nin;
   int out[IR_MAXIO], nout;
+  dsl_pos in_pos[IR_MAXIO], out_pos[IR_MAXIO]; /* the operand names in the YAML */
   int64_t iattr[IR_MAXATTR]; /* by the kind's attr table, see opkinds.h */
   double fattr[IR_MAXATTR];
   int device, stream; /* place */
   int rank;           /* order: position in the submission order */
   int kernel;         /* emit: index into the kernel table, -1 for copies */
   double cost;        /* order: predicted seconds on its device */
+  int seq;            /* sync: position of its command on its stream */
+  int *clock;         /* sync: vector clock (nstreams) when it starts */
 } ir_op;
 
 typedef struct ir_edge {
@@ -152,7 +155,7 @@ int ir_add_edge(ir_prog *p, const ir_edge *e);
 int ir_add_cmd(ir_prog *p, const ir_cmd *c);
 int ir_find_tensor(const ir_prog *p, const char *path); /* -1 when absent */
 int ir_find_op(const ir_prog *p, const char *path);
-int64_t ir_param(const ir_prog *p, const char *name, int64_t fallback);
+int64_t ir_param_value(const ir_prog *p, const char *name, int64_t fallback);
 int ir_op_writes(const ir_prog *p, const ir_op *op, int tensor);
 int ir_op_reads(const ir_prog *p, const ir_op *op, int tensor);
 void ir_print(const ir_prog *p, FILE *f); /* the debug dump after a pass */

@@ -1,1 +1,134 @@
-/* placeholder: being written */ typedef int ds4_placeholder_pipeline;
+/* pipeline.c - the whole compiler in order, the way a reader expects:
+ *   expand -> infer -> place -> copies -> deps -> order -> sync -> memplan
+ *   -> verify -> emit kernels, plan and text.
+ * The IR can be dumped after any pass by name. */
+#define _XOPEN_SOURCE 700
+#include "pipeline.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "emit.h"
+#include "passes.h"
+
+typedef struct pass {
+  const char *name;
+  int (*run)(ir_prog *, dsl_diag *);
+} pass;
+
+static const pass passes[] = {
+    {"expand", pass_expand}, {"infer", pass_infer}, {"place", pass_place},   {"copies", pass_copies},
+    {"deps", pass_deps},     {"order", pass_order}, {"sync", pass_sync},     {"memplan", pass_memplan},
+    {"verify", pass_verify},
+};
+#define NPASSES ((int)(sizeof passes / sizeof *passes))
+
+const char *const ds4c_pass_names[] = {"expand", "infer", "place",   "copies", "deps",
+                                       "order",  "sync",  "memplan", "verify", NULL};
+
+void ds4c_prog_free(ir_prog *p) {
+  if (!p) return;
+  dsl_model_free((dsl_model *)p->model);
+  dsl_schedule_free((dsl_schedule *)p->sched);
+  ir_prog_free(p);
+}
+
+int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
+  *out_prog = NULL;
+  if (o->dump_after && strcmp(o->dump_after, "all") != 0) {
+    int known = 0;
+    for (int i = 0; i < NPASSES; i++) known |= strcmp(passes[i].name, o->dump_after) == 0;
+    if (!known) return dsl_error(d, (dsl_pos){0}, "unknown pass '%s' for --dump-after", o->dump_after);
+  }
+  dsl_model *m = NULL;
+  dsl_schedule *s = NULL;
+  if (dsl_model_load(o->model_path, &m, d)) return -1;
+  if (dsl_schedule_load(o->sched_path, &s, d)) {
+    dsl_model_free(m);
+    return -1;
+  }
+  ir_prog *p = ir_prog_new(m, s);
+  for (int i = 0; i < NPASSES; i++) {
+    if (passes[i].run(p, d)) {
+      ds4c_prog_free(p);
+      return -1;
+    }
+    if (o->dump_after && (strcmp(o->dump_after, "all") == 0 || strcmp(o->dump_after, passes[i].name) == 0)) {
+      FILE *f = o->dump ? o->dump : stderr;
+      fprintf(f, "## after %s\n", passes[i].name);
+      ir_print(p, f);
+    }
+  }
+  *out_prog = p;
+  return 0;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static int write_text(const plan *pl, const char *path, dsl_diag *d) {
+  FILE *f = fopen(path, "w");
+  if (!f) return dsl_error(d, (dsl_pos){0}, "cannot write %s: %s", path, strerror(errno));
+  plan_text_write(pl, f);
+  if (fclose(f)) return dsl_error(d, (dsl_pos){0}, "cannot write %s: %s", path, strerror(errno));
+  return 0;
+}
+
+static int emit_bundle(ir_prog *p, const char *dir, dsl_diag *d) {
+  emit_kernels k;
+  int rc = emit_kernels_build(p, dir, &k, d);
+  if (!rc) {
+    plan pl;
+    emit_plan(p, &k, &pl);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/plan.ds4p", dir);
+    rt_status st = plan_write(&pl, path);
+    if (st) {
+      rc = dsl_error(d, (dsl_pos){0}, "%s", rt_status_msg(st));
+      rt_status_free(st);
+    }
+    snprintf(path, sizeof path, "%s/plan.txt", dir);
+    if (!rc) rc = write_text(&pl, path, d);
+    plan_free(&pl);
+  }
+  emit_kernels_free(&k);
+  return rc;
+}
+
+/* Build in DIR.tmp-PID, then swap it into place: an error never leaves
+ * a half-written bundle at DIR, and an earlier bundle stays until the new
+ * one is complete. */
+int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
+  ir_prog *p;
+  if (ds4c_build(o, &p, d)) return -1;
+  char stage[4096], old[4096];
+  snprintf(stage, sizeof stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
+  snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
+  remove_tree(stage);
+  int rc = 0;
+  if (mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
+  if (!rc) rc = emit_bundle(p, stage, d);
+  ds4c_prog_free(p);
+  if (!rc) {
+    struct stat sb;
+    int had_old = stat(o->out_dir, &sb) == 0;
+    if (had_old && rename(o->out_dir, old))
+      rc = dsl_error(d, (dsl_pos){0}, "cannot replace %s: %s", o->out_dir, strerror(errno));
+    else if (rename(stage, o->out_dir)) {
+      rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", o->out_dir, strerror(errno));
+      if (had_old) rename(old, o->out_dir);
+    } else if (had_old) {
+      remove_tree(old);
+    }
+  }
+  if (rc) remove_tree(stage);
+  return rc ? -1 : 0;
+}

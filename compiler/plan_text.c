@@ -1,1 +1,135 @@
-/* placeholder: being written */ typedef int ds4_placeholder_plan_text;
+/* plan_text.c - the canonical text of a plan, the review artefact: fixed
+ * section order, one line a fact, names instead of indices (ops by path,
+ * events by the op they follow), so that `git diff` of two plans reads as
+ * the schedule change. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emit.h"
+
+static const char *S(const plan *pl, uint32_t off) { return plan_str(pl, off); }
+
+static void shape(const plan *pl, const plan_tensor *t, FILE *f) {
+  (void)pl;
+  fputc('[', f);
+  for (uint32_t i = 0; i < t->ndim; i++) fprintf(f, "%s%" PRIu64, i ? ", " : "", t->dim[i]);
+  fputc(']', f);
+}
+
+static const char *backend_name(uint32_t b) {
+  return b == PLAN_BACKEND_CPU ? "cpu" : b == PLAN_BACKEND_HIP ? "hip" : "cuda";
+}
+
+static void stream_name(const plan *pl, uint32_t s, FILE *f) {
+  fprintf(f, "%s.%s", S(pl, pl->devices[pl->streams[s].device].name), S(pl, pl->streams[s].name));
+}
+
+/* The op a RECORD follows on its stream names its event. */
+static const char *event_name(const plan *pl, uint32_t record_cmd) {
+  for (uint32_t i = record_cmd; i-- > 0;) {
+    const plan_command *c = &pl->commands[i];
+    if (c->stream == pl->commands[record_cmd].stream && c->op != PLAN_NONE) return S(pl, pl->ops[c->op].path);
+  }
+  return "(start)";
+}
+
+static int cmp_edge(const void *a, const void *b, void *ctx) {
+  const plan *pl = ctx;
+  const plan_edge *x = a, *y = b;
+  int c = strcmp(S(pl, pl->ops[x->from].path), S(pl, pl->ops[y->from].path));
+  if (!c) c = strcmp(S(pl, pl->ops[x->to].path), S(pl, pl->ops[y->to].path));
+  if (!c) c = strcmp(S(pl, pl->tensors[x->tensor].name), S(pl, pl->tensors[y->tensor].name));
+  return c;
+}
+
+void plan_text_write(const plan *pl, FILE *f) {
+  static const char *hazard[] = {"raw", "war", "waw"};
+  fprintf(f, "# ds4 plan %d.%d: model %s, schedule %s\n", PLAN_VERSION_MAJOR, PLAN_VERSION_MINOR,
+          S(pl, pl->info.model), S(pl, pl->info.schedule));
+  fprintf(f, "step tokens %u max_seq %u prefill %u decode %u weight_seed %" PRIu64 "\n", pl->info.tokens,
+          pl->info.max_seq, pl->info.prefill, pl->info.decode, pl->info.weight_seed);
+  fprintf(f, "\n[params]\n");
+  for (uint32_t i = 0; i < pl->nparams; i++) fprintf(f, "%s = %" PRId64 "\n", S(pl, pl->params[i].name), pl->params[i].value);
+
+  fprintf(f, "\n[devices]\n");
+  for (uint32_t i = 0; i < pl->ndevices; i++) {
+    const plan_device *d = &pl->devices[i];
+    fprintf(f, "%s backend %s arch %s ordinal %u threads %u arena %" PRIu64 "\n", S(pl, d->name),
+            backend_name(d->backend), S(pl, d->arch), d->ordinal, d->threads, d->arena_bytes);
+  }
+  fprintf(f, "\n[streams]\n");
+  for (uint32_t i = 0; i < pl->nstreams; i++) {
+    stream_name(pl, i, f);
+    fputc('\n', f);
+  }
+
+  fprintf(f, "\n[tensors]\n");
+  for (uint32_t i = 0; i < pl->ntensors; i++) {
+    const plan_tensor *t = &pl->tensors[i];
+    fprintf(f, "%s %s ", S(pl, t->name), plan_dtype_name(t->dtype));
+    shape(pl, t, f);
+    fprintf(f, " %s %s+%" PRIu64 " %" PRIu64, plan_role_name(t->role), S(pl, pl->devices[t->device].name), t->offset,
+            t->bytes);
+    if (t->checkpoint != PLAN_NONE) fprintf(f, " ckpt %s", S(pl, t->checkpoint));
+    fputc('\n', f);
+  }
+
+  fprintf(f, "\n[code]\n");
+  for (uint32_t i = 0; i < pl->ncodeobjs; i++) {
+    char hex[65];
+    for (int j = 0; j < 32; j++) snprintf(hex + 2 * j, 3, "%02x", pl->codeobjs[i].sha256[j]);
+    fprintf(f, "%s target %s sha256 %s\n", S(pl, pl->codeobjs[i].path), S(pl, pl->codeobjs[i].target), hex);
+  }
+  fprintf(f, "\n[kernels]\n");
+  for (uint32_t i = 0; i < pl->nkernels; i++) {
+    const plan_kernel *k = &pl->kernels[i];
+    fprintf(f, "%s kind %s grid %u bufs %u code %s\n", S(pl, k->symbol), S(pl, k->kind), k->grid, k->nbufs,
+            S(pl, pl->codeobjs[k->codeobj].path));
+  }
+
+  fprintf(f, "\n[edges]\n");
+  plan_edge *edges = malloc((pl->nedges ? pl->nedges : 1) * sizeof *edges);
+  if (!edges) abort();
+  memcpy(edges, pl->edges, pl->nedges * sizeof *edges);
+  qsort_r(edges, pl->nedges, sizeof *edges, cmp_edge, (void *)pl);
+  for (uint32_t i = 0; i < pl->nedges; i++)
+    fprintf(f, "%s -> %s %s %s\n", S(pl, pl->ops[edges[i].from].path), S(pl, pl->ops[edges[i].to].path),
+            hazard[edges[i].hazard], S(pl, pl->tensors[edges[i].tensor].name));
+  free(edges);
+
+  uint32_t records = 0, waits = 0, launches = 0, copies = 0;
+  for (uint32_t s = 0; s < pl->nstreams; s++) {
+    fprintf(f, "\n[stream ");
+    stream_name(pl, s, f);
+    fprintf(f, "]\n");
+    for (uint32_t i = 0; i < pl->ncommands; i++) {
+      const plan_command *c = &pl->commands[i];
+      if (c->stream != s) continue;
+      switch (c->kind) {
+        case PLAN_CMD_LAUNCH:
+          fprintf(f, "launch %s %s", S(pl, pl->ops[c->op].path), S(pl, pl->kernels[c->a].symbol));
+          for (uint32_t j = 0; j < c->nargs; j++) fprintf(f, " %s", S(pl, pl->tensors[pl->args[c->args_begin + j]].name));
+          fputc('\n', f);
+          launches++;
+          break;
+        case PLAN_CMD_COPY:
+          fprintf(f, "copy %s %s -> %s\n", S(pl, pl->ops[c->op].path), S(pl, pl->tensors[c->a].name),
+                  S(pl, pl->tensors[c->b].name));
+          copies++;
+          break;
+        case PLAN_CMD_RECORD:
+          fprintf(f, "record after %s\n", event_name(pl, i));
+          records++;
+          break;
+        case PLAN_CMD_WAIT:
+          fprintf(f, "wait ");
+          stream_name(pl, pl->commands[c->b].stream, f);
+          fprintf(f, " after %s\n", event_name(pl, c->b));
+          waits++;
+          break;
+      }
+    }
+  }
+  fprintf(f, "\n[summary]\nlaunches %u copies %u records %u waits %u\n", launches, copies, records, waits);
+}

@@ -1,1 +1,96 @@
-/* placeholder: being written */ typedef int ds4_placeholder_sync;
+/* sync.c - streams and events. Each op becomes a command on its stream;
+ * an edge between streams becomes an event recorded after the producer and
+ * waited before the consumer, unless stream order and earlier waits
+ * already imply it. What is implied is read off vector clocks: clock[s']
+ * of a stream s counts the commands of s' known complete when s reaches
+ * that point. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+int ir_happens_before(const ir_prog *p, int a, int b) {
+  const ir_op *x = &p->ops[a], *y = &p->ops[b];
+  if (a == b) return 0;
+  if (x->stream == y->stream) return x->seq < y->seq;
+  return y->clock[x->stream] >= x->seq + 1;
+}
+
+static int by_rank_desc(const void *a, const void *b, void *ctx) {
+  const ir_prog *p = ctx;
+  return p->ops[*(const int *)b].rank - p->ops[*(const int *)a].rank;
+}
+
+int pass_sync(ir_prog *p, dsl_diag *d) {
+  (void)d;
+  int n = p->nops, ns = p->nstreams;
+  int *vc = calloc((size_t)ns * (size_t)ns, sizeof *vc);  /* per stream */
+  int *after = calloc((size_t)n * (size_t)ns, sizeof *after); /* clock after each op */
+  int *seqs = calloc((size_t)ns, sizeof *seqs), *preds = malloc((size_t)(p->nedges + 1) * sizeof *preds);
+  int *wait_from = malloc((size_t)(p->nedges + 1) * sizeof *wait_from), *wait_first = calloc((size_t)n + 1, sizeof *wait_first);
+  int *event = malloc((size_t)n * sizeof *event), *record_cmd = malloc((size_t)n * sizeof *record_cmd);
+  if (!vc || !after || !seqs || !preds || !wait_from || !wait_first || !event || !record_cmd) abort();
+  for (int i = 0; i < n; i++) event[i] = record_cmd[i] = -1;
+
+  /* Pass 1: clocks and the waits that are really needed. Predecessors are
+   * taken latest-submitted first, so a wait for a later producer can imply
+   * the earlier ones. */
+  int nwaits = 0;
+  for (int k = 0; k < n; k++) {
+    int u = p->order[k], s = p->ops[u].stream, np = 0;
+    int *cur = &vc[(size_t)s * ns];
+    for (int i = 0; i < p->nedges; i++)
+      if (p->edges[i].to == u) preds[np++] = p->edges[i].from;
+    qsort_r(preds, (size_t)np, sizeof *preds, by_rank_desc, p);
+    wait_first[u] = nwaits;
+    for (int i = 0; i < np; i++) {
+      const ir_op *x = &p->ops[preds[i]];
+      if (x->stream == s || cur[x->stream] >= x->seq + 1) continue; /* implied */
+      wait_from[nwaits++] = preds[i];
+      if (event[preds[i]] < 0) event[preds[i]] = 0; /* needs a record */
+      const int *xa = &after[(size_t)preds[i] * ns];
+      for (int j = 0; j < ns; j++)
+        if (xa[j] > cur[j]) cur[j] = xa[j];
+    }
+    ir_op *op = &p->ops[u];
+    op->seq = seqs[s]++;
+    op->clock = ir_xrealloc(op->clock, (size_t)ns * sizeof *op->clock);
+    memcpy(op->clock, cur, (size_t)ns * sizeof *cur);
+    cur[s] = op->seq + 1;
+    memcpy(&after[(size_t)u * ns], cur, (size_t)ns * sizeof *cur);
+  }
+  /* wait ranges per op: wait_first[u] .. next op's first in order */
+  int *wait_end = malloc((size_t)n * sizeof *wait_end);
+  if (!wait_end) abort();
+  for (int k = 0; k < n; k++) {
+    int u = p->order[k];
+    wait_end[u] = k + 1 < n ? wait_first[p->order[k + 1]] : nwaits;
+  }
+
+  /* Pass 2: commands in submission order; events numbered as recorded. */
+  p->ncmds = 0;
+  p->nevents = 0;
+  for (int k = 0; k < n; k++) {
+    int u = p->order[k], s = p->ops[u].stream;
+    for (int w = wait_first[u]; w < wait_end[u]; w++) {
+      int x = wait_from[w];
+      ir_add_cmd(p, &(ir_cmd){IR_CMD_WAIT, s, -1, event[x], record_cmd[x]});
+    }
+    int kind = p->ops[u].kind == IR_OP_COPY ? IR_CMD_COPY : IR_CMD_LAUNCH;
+    ir_add_cmd(p, &(ir_cmd){kind, s, u, -1, -1});
+    if (event[u] >= 0) {
+      event[u] = p->nevents++;
+      record_cmd[u] = ir_add_cmd(p, &(ir_cmd){IR_CMD_RECORD, s, -1, event[u], -1});
+    }
+  }
+  free(vc);
+  free(after);
+  free(seqs);
+  free(preds);
+  free(wait_from);
+  free(wait_first);
+  free(wait_end);
+  free(event);
+  free(record_cmd);
+  return 0;
+}

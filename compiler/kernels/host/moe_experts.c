@@ -1,0 +1,48 @@
+/* moe_experts host kernel template: for slot (t, j) with expert e = idx[t,j]
+ * in [EBEGIN, EEND), slots[t,j] = (silu(x[t].w1[e]^T) * (x[t].w3[e]^T)) .
+ * w2[e]^T; other slots are zero. kgen_host prepends <stdint.h>, <math.h> and
+ * the defines T, TOPK, E, H, F, EBEGIN, EEND, GRID and KERNEL_NAME; grid: one
+ * block per (token slot, choice), T*TOPK. */
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *x = (const float *)bufs[0];
+  const int32_t *idx = (const int32_t *)bufs[1];
+  const float *w1 = (const float *)bufs[2];
+  const float *w3 = (const float *)bufs[3];
+  const float *w2 = (const float *)bufs[4];
+  float *slots = (float *)bufs[5];
+  int64_t ntok = step[1];
+  if (block >= GRID)
+    return;
+  int64_t t = block / TOPK;
+  float *out = slots + (int64_t)block * H;
+  /* Experts of other owners, dead rows and ids outside [0, E) (never read
+   * out of bounds) leave a zero slot. EBEGIN/EEND lie inside [0, E]. */
+  int64_t e = t < ntok ? idx[block] : -1;
+  if (e < EBEGIN || e >= EEND) {
+    for (int64_t c = 0; c < H; c++)
+      out[c] = 0.0f;
+    return;
+  }
+  const float *xr = x + t * H;
+  const float *w1e = w1 + e * (F * H), *w3e = w3 + e * (F * H);
+  const float *w2e = w2 + e * (H * F);
+  float act[F];
+  for (int64_t f = 0; f < F; f++) {
+    float g = 0.0f, u = 0.0f;
+    for (int64_t c = 0; c < H; c++)
+      g += xr[c] * w1e[f * H + c];
+    for (int64_t c = 0; c < H; c++)
+      u += xr[c] * w3e[f * H + c];
+    act[f] = g / (1.0f + expf(-g)) * u;
+  }
+  for (int64_t c = 0; c < H; c++) {
+    float acc = 0.0f;
+    for (int64_t f = 0; f < F; f++)
+      acc += act[f] * w2e[c * F + f];
+    out[c] = acc;
+  }
+}

@@ -1,0 +1,40 @@
+/* rope host kernel template: per head, the last R of HD channels rotate in
+ * interleaved pairs (2i, 2i+1) by phi = f32(pos+t) * theta^(-2i/R); the
+ * leading channels are copied. kgen_host prepends <stdint.h>, <math.h> and
+ * the defines T, NH, HD, R, THETA, GRID and KERNEL_NAME; grid: one block per
+ * token slot (T). */
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *x = (const float *)bufs[0];
+  float *y = (float *)bufs[1];
+  int64_t t = block, pos = step[0], ntok = step[1];
+  if (t >= GRID)
+    return;
+  float *yr = y + t * (NH * HD);
+  if (t >= ntok) {
+    for (int64_t c = 0; c < NH * HD; c++)
+      yr[c] = 0.0f;
+    return;
+  }
+  const float *xr = x + t * (NH * HD);
+  float fpos = (float)(pos + t);
+  for (int64_t h = 0; h < NH; h++) {
+    const float *xh = xr + h * HD;
+    float *yh = yr + h * HD;
+    for (int64_t c = 0; c < HD - R; c++)
+      yh[c] = xh[c];
+    for (int64_t i = 0; i < R / 2; i++) {
+      float inv_freq = powf(THETA, -(float)(2 * i) / (float)R);
+      float phi = fpos * inv_freq;
+      float cs = cosf(phi), sn = sinf(phi);
+      /* Both inputs are loaded before either output is stored, so the
+       * kernel also works in place. */
+      float x0 = xh[HD - R + 2 * i], x1 = xh[HD - R + 2 * i + 1];
+      yh[HD - R + 2 * i] = x0 * cs - x1 * sn;
+      yh[HD - R + 2 * i + 1] = x0 * sn + x1 * cs;
+    }
+  }
+}

@@ -1,0 +1,27 @@
+/* pipeline.h - the compiler as a library: descriptions in, bundle out. */
+#ifndef DS4_PIPELINE_H
+#define DS4_PIPELINE_H
+
+#include <stdio.h>
+
+#include "ir.h"
+
+typedef struct ds4c_options {
+  const char *model_path, *sched_path;
+  const char *out_dir;
+  const char *dump_after; /* a pass name, or "all"; NULL for none */
+  FILE *dump;             /* where dumps go (stderr when NULL) */
+} ds4c_options;
+
+/* Load, run every pass through verify; *out_prog owns the descriptions. */
+int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d);
+void ds4c_prog_free(ir_prog *p); /* frees the descriptions too */
+
+/* The whole compile: build, then emit the bundle into a staging folder
+ * beside out_dir and move it into place only when complete. */
+int ds4c_compile(const ds4c_options *o, dsl_diag *d);
+
+/* The names of the passes, in order, NULL-terminated. */
+extern const char *const ds4c_pass_names[];
+
+#endif
