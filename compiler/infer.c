@@ -214,8 +214,8 @@ int pass_infer(ir_prog *p, dsl_diag *d) {
     return dsl_error(d, p->model->name.pos, "model needs a param 'max_seq' of at least 'tokens'");
   p->tokens = (int)tokens;
   p->max_seq = (int)max_seq;
+  if (check_roles(p, d)) return -1;
   for (int i = 0; i < p->nops; i++)
     if (infer_op(p, &p->ops[i], d)) return -1;
-  if (check_roles(p, d)) return -1;
   return find_step_tensors(p, d);
 }

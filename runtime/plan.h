@@ -146,9 +146,7 @@ typedef struct plan_command {
   uint32_t reserved;
 } plan_command;
 
-/* The in-memory plan. Arrays are owned by the plan (plan_free), or point
- * into a caller's buffer when read with plan_read (plan_free then frees only
- * the struct's own allocations). */
+/* The in-memory plan; its arrays are owned by it (plan_free). */
 typedef struct plan {
   plan_info info;
   char *strings;

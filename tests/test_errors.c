@@ -1,0 +1,122 @@
+/* test_errors.c - bad descriptions, end to end through the compiler:
+ * every tests/cases/compile/NAME.yaml with a NAME.err beside it must fail
+ * with exactly that message (location, quoted line, caret), and leave no
+ * bundle and no staging folder behind. NAME.sched.yaml, when present, is
+ * its schedule; otherwise one-cpu.sched.yaml. */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pipeline.h"
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  size_t got = fread(s, 1, (size_t)n, f);
+  s[got] = 0;
+  fclose(f);
+  while (got && (s[got - 1] == '\n')) s[--got] = 0;
+  return s;
+}
+
+static int leftovers(const char *dir, const char *base) {
+  DIR *d = opendir(dir);
+  int found = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d)))
+    if (strncmp(e->d_name, base, strlen(base)) == 0) found++;
+  if (d) closedir(d);
+  return found;
+}
+
+static const char *cases_dir = "tests/cases/compile";
+
+static void setup(void) {
+  const char *src = getenv("DS4_SOURCE_DIR");
+  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
+}
+
+START_TEST(every_case_fails_with_its_message) {
+  DIR *d = opendir(cases_dir);
+  ck_assert_ptr_nonnull(d);
+  char tmpl[] = "/tmp/ds4-errors-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  int ncases = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    if (n < 5 || strcmp(e->d_name + n - 4, ".err") != 0) continue;
+    char name[256], model[512], sched[512], err[512], out[512];
+    snprintf(name, sizeof name, "%.*s", (int)(n - 4), e->d_name);
+    snprintf(model, sizeof model, "%s/%s.yaml", cases_dir, name);
+    snprintf(sched, sizeof sched, "%s/%s.sched.yaml", cases_dir, name);
+    if (access(sched, R_OK)) snprintf(sched, sizeof sched, "%s/one-cpu.sched.yaml", cases_dir);
+    snprintf(err, sizeof err, "%s/%s", cases_dir, e->d_name);
+    snprintf(out, sizeof out, "%s/bundle", tmpl);
+    char *want = slurp(err);
+    ck_assert_ptr_nonnull(want);
+    ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out};
+    dsl_diag diag = {0};
+    int rc = ds4c_compile(&o, &diag);
+    ck_assert_msg(rc != 0, "%s: compiled, expected an error", name);
+    ck_assert_msg(strcmp(diag.msg, want) == 0, "%s:\nexpected:\n%s\ngot:\n%s", name, want, diag.msg);
+    ck_assert_msg(leftovers(tmpl, "bundle") == 0, "%s: something was left in %s", name, tmpl);
+    free(want);
+    ncases++;
+  }
+  closedir(d);
+  rmdir(tmpl);
+  ck_assert_int_ge(ncases, 15);
+}
+END_TEST
+
+/* A failed compile leaves an earlier bundle at -o exactly as it was. */
+START_TEST(failed_compile_keeps_the_old_bundle) {
+  char tmpl[] = "/tmp/ds4-keep-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  char out[512], planfile[600];
+  snprintf(out, sizeof out, "%s/bundle", tmpl);
+  snprintf(planfile, sizeof planfile, "%s/plan.ds4p", out);
+  ds4c_options ok = {.model_path = "tests/cases/compile/ok.yaml",
+                     .sched_path = "tests/cases/compile/one-cpu.sched.yaml", .out_dir = out};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&ok, &d) == 0, "%s", d.msg);
+  char *before = slurp(planfile);
+  ck_assert_ptr_nonnull(before);
+  ds4c_options bad = ok;
+  bad.model_path = "tests/cases/compile/shape-mismatch.yaml";
+  dsl_diag d2 = {0};
+  ck_assert_int_ne(ds4c_compile(&bad, &d2), 0);
+  char *after = slurp(planfile);
+  ck_assert_ptr_nonnull(after);
+  ck_assert_str_eq(before, after);
+  ck_assert_int_eq(leftovers(tmpl, "bundle."), 0);
+  free(before);
+  free(after);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("errors");
+  TCase *tc = tcase_create("descriptions");
+  tcase_add_checked_fixture(tc, setup, NULL);
+  tcase_add_test(tc, every_case_fails_with_its_message);
+  tcase_add_test(tc, failed_compile_keeps_the_old_bundle);
+  suite_add_tcase(s, tc);
+  SRunner *r = srunner_create(s);
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
