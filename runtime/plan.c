@@ -1,1 +1,703 @@
-/* placeholder: being written */ typedef int ds4_placeholder_plan;
+/* plan.c - encoder, decoder and validator of the binary plan (plan.ds4p).
+ * Records are written and read field by field, little-endian, from one table
+ * of field layouts, so the file format never depends on struct layout; the
+ * decoder checks every byte range, enum, index and string before use. */
+#include "plan.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sha256.h"
+
+#define PLAN_HEADER_BYTES 64u
+#define PLAN_SECTION_BYTES 24u
+#define PLAN_ALIGN 8u
+
+/* ---- field layouts ------------------------------------------------------ */
+
+enum field_kind {
+  F_U32,   /* uint32_t */
+  F_U64,   /* uint64_t or int64_t (two's complement) */
+  F_F64,   /* double, as its IEEE-754 bit pattern */
+  F_B32,   /* uint8_t[32] */
+  F_RSV32, /* reserved: written as zero, read back as zero */
+};
+
+typedef struct field_desc {
+  size_t at; /* offsetof in the record struct */
+  uint8_t kind;
+} field_desc;
+
+#define FD(T, m, k) {offsetof(T, m), k}
+
+static const field_desc info_fields[] = {
+    FD(plan_info, model, F_U32),       FD(plan_info, schedule, F_U32),
+    FD(plan_info, tokens, F_U32),      FD(plan_info, max_seq, F_U32),
+    FD(plan_info, prefill, F_U32),     FD(plan_info, decode, F_U32),
+    FD(plan_info, ids_tensor, F_U32),  FD(plan_info, next_tensor, F_U32),
+    FD(plan_info, nevents, F_U32),     FD(plan_info, reserved, F_RSV32),
+    FD(plan_info, weight_seed, F_U64),
+};
+static const field_desc param_fields[] = {
+    FD(plan_param, name, F_U32), FD(plan_param, reserved, F_RSV32), FD(plan_param, value, F_U64),
+};
+static const field_desc device_fields[] = {
+    FD(plan_device, name, F_U32),        FD(plan_device, backend, F_U32),
+    FD(plan_device, arch, F_U32),        FD(plan_device, ordinal, F_U32),
+    FD(plan_device, threads, F_U32),     FD(plan_device, reserved, F_RSV32),
+    FD(plan_device, arena_bytes, F_U64), FD(plan_device, memory, F_U64),
+};
+static const field_desc stream_fields[] = {
+    FD(plan_stream, name, F_U32), FD(plan_stream, device, F_U32),
+};
+static const field_desc tensor_fields[] = {
+    FD(plan_tensor, name, F_U32),        FD(plan_tensor, checkpoint, F_U32),
+    FD(plan_tensor, dtype, F_U32),       FD(plan_tensor, role, F_U32),
+    FD(plan_tensor, ndim, F_U32),        FD(plan_tensor, device, F_U32),
+    FD(plan_tensor, dim[0], F_U64),      FD(plan_tensor, dim[1], F_U64),
+    FD(plan_tensor, dim[2], F_U64),      FD(plan_tensor, dim[3], F_U64),
+    FD(plan_tensor, bytes, F_U64),       FD(plan_tensor, offset, F_U64),
+    FD(plan_tensor, init_offset, F_F64), FD(plan_tensor, init_scale, F_F64),
+};
+static const field_desc codeobj_fields[] = {
+    FD(plan_codeobj, path, F_U32), FD(plan_codeobj, target, F_U32), FD(plan_codeobj, sha256, F_B32),
+};
+static const field_desc kernel_fields[] = {
+    FD(plan_kernel, symbol, F_U32),  FD(plan_kernel, kind, F_U32), FD(plan_kernel, codeobj, F_U32),
+    FD(plan_kernel, grid, F_U32),    FD(plan_kernel, nbufs, F_U32),
+    FD(plan_kernel, reserved, F_RSV32),
+};
+static const field_desc op_fields[] = {
+    FD(plan_op, path, F_U32), FD(plan_op, stream, F_U32), FD(plan_op, kernel, F_U32),
+    FD(plan_op, reserved, F_RSV32),
+};
+static const field_desc edge_fields[] = {
+    FD(plan_edge, from, F_U32), FD(plan_edge, to, F_U32), FD(plan_edge, tensor, F_U32),
+    FD(plan_edge, hazard, F_U32),
+};
+static const field_desc command_fields[] = {
+    FD(plan_command, kind, F_U32),       FD(plan_command, stream, F_U32),
+    FD(plan_command, op, F_U32),         FD(plan_command, a, F_U32),
+    FD(plan_command, b, F_U32),          FD(plan_command, args_begin, F_U32),
+    FD(plan_command, nargs, F_U32),      FD(plan_command, reserved, F_RSV32),
+};
+static const field_desc arg_fields[] = {{0, F_U32}};
+
+typedef struct section_desc {
+  const char *name;           /* plural, for section-level messages */
+  const field_desc *fields;   /* NULL for the strings section (raw bytes) */
+  size_t nfields;
+  size_t struct_size;         /* in memory */
+  uint64_t record_bytes;      /* in the file */
+} section_desc;
+
+#define SD(nm, f, T, rb) {nm, f, sizeof f / sizeof f[0], sizeof(T), rb}
+
+/* Indexed by enum plan_section_id; entry 0 unused. */
+static const section_desc sections[PLAN_NSECTIONS + 1] = {
+    [PLAN_SEC_STRINGS] = {"strings", NULL, 0, 1, 1},
+    [PLAN_SEC_INFO] = SD("info", info_fields, plan_info, 48),
+    [PLAN_SEC_PARAMS] = SD("params", param_fields, plan_param, 16),
+    [PLAN_SEC_DEVICES] = SD("devices", device_fields, plan_device, 40),
+    [PLAN_SEC_STREAMS] = SD("streams", stream_fields, plan_stream, 8),
+    [PLAN_SEC_TENSORS] = SD("tensors", tensor_fields, plan_tensor, 88),
+    [PLAN_SEC_CODEOBJS] = SD("codeobjs", codeobj_fields, plan_codeobj, 40),
+    [PLAN_SEC_KERNELS] = SD("kernels", kernel_fields, plan_kernel, 24),
+    [PLAN_SEC_OPS] = SD("ops", op_fields, plan_op, 16),
+    [PLAN_SEC_EDGES] = SD("edges", edge_fields, plan_edge, 16),
+    [PLAN_SEC_COMMANDS] = SD("commands", command_fields, plan_command, 32),
+    [PLAN_SEC_ARGS] = SD("args", arg_fields, uint32_t, 4),
+};
+
+/* The in-memory array and count behind a section. A switch rather than
+ * offsetof tricks keeps every pointer at its real type. */
+static const void *sec_array(const plan *p, uint32_t id, uint32_t *count) {
+  switch (id) {
+  case PLAN_SEC_STRINGS: *count = p->strings_len; return p->strings;
+  case PLAN_SEC_INFO: *count = 1; return &p->info;
+  case PLAN_SEC_PARAMS: *count = p->nparams; return p->params;
+  case PLAN_SEC_DEVICES: *count = p->ndevices; return p->devices;
+  case PLAN_SEC_STREAMS: *count = p->nstreams; return p->streams;
+  case PLAN_SEC_TENSORS: *count = p->ntensors; return p->tensors;
+  case PLAN_SEC_CODEOBJS: *count = p->ncodeobjs; return p->codeobjs;
+  case PLAN_SEC_KERNELS: *count = p->nkernels; return p->kernels;
+  case PLAN_SEC_OPS: *count = p->nops; return p->ops;
+  case PLAN_SEC_EDGES: *count = p->nedges; return p->edges;
+  case PLAN_SEC_COMMANDS: *count = p->ncommands; return p->commands;
+  case PLAN_SEC_ARGS: *count = p->nargs; return p->args;
+  }
+  *count = 0;
+  return NULL;
+}
+
+static void sec_set(plan *p, uint32_t id, void *arr, uint32_t count) {
+  switch (id) {
+  case PLAN_SEC_STRINGS: p->strings = arr; p->strings_len = count; break;
+  case PLAN_SEC_INFO: break; /* decoded in place */
+  case PLAN_SEC_PARAMS: p->params = arr; p->nparams = count; break;
+  case PLAN_SEC_DEVICES: p->devices = arr; p->ndevices = count; break;
+  case PLAN_SEC_STREAMS: p->streams = arr; p->nstreams = count; break;
+  case PLAN_SEC_TENSORS: p->tensors = arr; p->ntensors = count; break;
+  case PLAN_SEC_CODEOBJS: p->codeobjs = arr; p->ncodeobjs = count; break;
+  case PLAN_SEC_KERNELS: p->kernels = arr; p->nkernels = count; break;
+  case PLAN_SEC_OPS: p->ops = arr; p->nops = count; break;
+  case PLAN_SEC_EDGES: p->edges = arr; p->nedges = count; break;
+  case PLAN_SEC_COMMANDS: p->commands = arr; p->ncommands = count; break;
+  case PLAN_SEC_ARGS: p->args = arr; p->nargs = count; break;
+  }
+}
+
+/* ---- little-endian access ---------------------------------------------- */
+
+static void put_u16(uint8_t *b, uint16_t v) {
+  b[0] = (uint8_t)v;
+  b[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *b, uint32_t v) {
+  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *b) { return (uint16_t)(b[0] | b[1] << 8); }
+static uint32_t get_u32(const uint8_t *b) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = v << 8 | b[i];
+  return v;
+}
+static uint64_t get_u64(const uint8_t *b) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+  return v;
+}
+
+static size_t field_bytes(uint8_t kind) {
+  switch (kind) {
+  case F_U64: case F_F64: return 8;
+  case F_B32: return 32;
+  default: return 4;
+  }
+}
+
+static void encode_record(const section_desc *sd, const uint8_t *rec, uint8_t *out) {
+  for (size_t f = 0; f < sd->nfields; f++) {
+    const uint8_t *src = rec + sd->fields[f].at;
+    uint32_t u32;
+    uint64_t u64;
+    switch (sd->fields[f].kind) {
+    case F_U32: memcpy(&u32, src, 4); put_u32(out, u32); break;
+    case F_U64: case F_F64: memcpy(&u64, src, 8); put_u64(out, u64); break;
+    case F_B32: memcpy(out, src, 32); break;
+    case F_RSV32: put_u32(out, 0); break;
+    }
+    out += field_bytes(sd->fields[f].kind);
+  }
+}
+
+static void decode_record(const section_desc *sd, const uint8_t *in, uint8_t *rec) {
+  for (size_t f = 0; f < sd->nfields; f++) {
+    uint8_t *dst = rec + sd->fields[f].at;
+    uint32_t u32;
+    uint64_t u64;
+    switch (sd->fields[f].kind) {
+    case F_U32: u32 = get_u32(in); memcpy(dst, &u32, 4); break;
+    case F_U64: case F_F64: u64 = get_u64(in); memcpy(dst, &u64, 8); break;
+    case F_B32: memcpy(dst, in, 32); break;
+    case F_RSV32: u32 = 0; memcpy(dst, &u32, 4); break;
+    }
+    in += field_bytes(sd->fields[f].kind);
+  }
+}
+
+static uint64_t align_up(uint64_t v) { return (v + PLAN_ALIGN - 1) & ~(uint64_t)(PLAN_ALIGN - 1); }
+
+/* ---- names ------------------------------------------------------------- */
+
+const char *plan_dtype_name(uint32_t dtype) {
+  static const char *const names[] = {"f32", "bf16", "f16", "i32"};
+  return dtype < PLAN_NDTYPE ? names[dtype] : "?";
+}
+
+const char *plan_role_name(uint32_t role) {
+  static const char *const names[] = {"input", "output", "weight", "state", "activation"};
+  return role < PLAN_NROLE ? names[role] : "?";
+}
+
+uint32_t plan_dtype_size(uint32_t dtype) {
+  switch (dtype) {
+  case PLAN_F32: return 4;
+  case PLAN_BF16: return 2;
+  case PLAN_F16: return 2;
+  case PLAN_I32: return 4;
+  }
+  return 0;
+}
+
+const char *plan_str(const plan *p, uint32_t offset) {
+  if (!p || !p->strings || offset >= p->strings_len) return "";
+  return p->strings + offset;
+}
+
+/* ---- validation of the in-memory plan ----------------------------------- */
+
+/* Shared by the decoder (after the bytes are copied out) and the encoder (so
+ * the compiler learns about a bad plan when writing it, not when ds4run
+ * refuses it). Checks run in section order, then commands, and each names
+ * the record and field. */
+
+static rt_status check_str(const char *name, const plan *p, const char *where, const char *field,
+                           uint32_t off, bool may_be_none) {
+  if (may_be_none && off == PLAN_NONE) return NULL;
+  if (off >= p->strings_len)
+    return rt_status_make("%s: %s: %s string offset %" PRIu32
+                          " out of range (strings section is %" PRIu32 " bytes)",
+                          name, where, field, off, p->strings_len);
+  if (off > 0 && p->strings[off - 1] != '\0')
+    return rt_status_make("%s: %s: %s string offset %" PRIu32 " is not the start of a string", name,
+                          where, field, off);
+  return NULL;
+}
+
+static rt_status check_idx(const char *name, const char *where, const char *field, uint32_t v,
+                           uint32_t n, const char *things) {
+  if (v >= n)
+    return rt_status_make("%s: %s: %s index %" PRIu32 " out of range (%" PRIu32 " %s)", name, where,
+                          field, v, n, things);
+  return NULL;
+}
+
+static rt_status check_enum(const char *name, const char *where, const char *field, uint32_t v,
+                            uint32_t n) {
+  if (v >= n)
+    return rt_status_make("%s: %s: %s %" PRIu32 " is not a known value (0..%" PRIu32 ")", name,
+                          where, field, v, n - 1);
+  return NULL;
+}
+
+static rt_status check_arrays(const char *name, const plan *p) {
+  for (uint32_t id = 1; id <= PLAN_NSECTIONS; id++) {
+    uint32_t n;
+    const void *a = sec_array(p, id, &n);
+    if (n && !a)
+      return rt_status_make("%s: %s: %" PRIu32 " records but no array", name, sections[id].name, n);
+  }
+  return NULL;
+}
+
+static rt_status plan_check(const char *name, const plan *p) {
+  char where[64];
+  if (p->strings_len == 0 || p->strings[p->strings_len - 1] != '\0')
+    return rt_status_make("%s: strings section does not end in a NUL byte", name);
+
+  const plan_info *in = &p->info;
+  RT_TRY(check_str(name, p, "info", "model", in->model, false));
+  RT_TRY(check_str(name, p, "info", "schedule", in->schedule, false));
+
+  for (uint32_t i = 0; i < p->nparams; i++) {
+    snprintf(where, sizeof where, "param %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "name", p->params[i].name, false));
+  }
+  for (uint32_t i = 0; i < p->ndevices; i++) {
+    const plan_device *d = &p->devices[i];
+    snprintf(where, sizeof where, "device %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "name", d->name, false));
+    RT_TRY(check_enum(name, where, "backend", d->backend, PLAN_BACKEND_CUDA + 1));
+    RT_TRY(check_str(name, p, where, "arch", d->arch, false));
+  }
+  for (uint32_t i = 0; i < p->nstreams; i++) {
+    const plan_stream *s = &p->streams[i];
+    snprintf(where, sizeof where, "stream %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "name", s->name, false));
+    RT_TRY(check_idx(name, where, "device", s->device, p->ndevices, "devices"));
+  }
+  for (uint32_t i = 0; i < p->ntensors; i++) {
+    const plan_tensor *t = &p->tensors[i];
+    snprintf(where, sizeof where, "tensor %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "name", t->name, false));
+    RT_TRY(check_str(name, p, where, "checkpoint", t->checkpoint, true));
+    RT_TRY(check_enum(name, where, "dtype", t->dtype, PLAN_NDTYPE));
+    RT_TRY(check_enum(name, where, "role", t->role, PLAN_NROLE));
+    if (t->ndim > PLAN_MAXDIM)
+      return rt_status_make("%s: %s: ndim %" PRIu32 " exceeds %d", name, where, t->ndim,
+                            PLAN_MAXDIM);
+    RT_TRY(check_idx(name, where, "device", t->device, p->ndevices, "devices"));
+    uint64_t want = plan_dtype_size(t->dtype);
+    for (uint32_t d = 0; d < t->ndim; d++) {
+      if (t->dim[d] && want > UINT64_MAX / t->dim[d])
+        return rt_status_make("%s: %s: shape overflows 64-bit byte count", name, where);
+      want *= t->dim[d];
+    }
+    if (t->bytes != want)
+      return rt_status_make("%s: %s: bytes %" PRIu64 " does not match shape and dtype %s (%" PRIu64
+                            " bytes)",
+                            name, where, t->bytes, plan_dtype_name(t->dtype), want);
+    uint64_t arena = p->devices[t->device].arena_bytes;
+    if (t->bytes > arena || t->offset > arena - t->bytes)
+      return rt_status_make("%s: %s: offset %" PRIu64 " + %" PRIu64
+                            " bytes exceeds device %" PRIu32 "'s arena (%" PRIu64 " bytes)",
+                            name, where, t->offset, t->bytes, t->device, arena);
+  }
+  for (uint32_t i = 0; i < p->ncodeobjs; i++) {
+    snprintf(where, sizeof where, "codeobj %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "path", p->codeobjs[i].path, false));
+    RT_TRY(check_str(name, p, where, "target", p->codeobjs[i].target, false));
+  }
+  for (uint32_t i = 0; i < p->nkernels; i++) {
+    const plan_kernel *k = &p->kernels[i];
+    snprintf(where, sizeof where, "kernel %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "symbol", k->symbol, false));
+    RT_TRY(check_str(name, p, where, "kind", k->kind, false));
+    RT_TRY(check_idx(name, where, "codeobj", k->codeobj, p->ncodeobjs, "codeobjs"));
+  }
+  for (uint32_t i = 0; i < p->nops; i++) {
+    const plan_op *o = &p->ops[i];
+    snprintf(where, sizeof where, "op %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "path", o->path, false));
+    RT_TRY(check_idx(name, where, "stream", o->stream, p->nstreams, "streams"));
+    if (o->kernel != PLAN_NONE)
+      RT_TRY(check_idx(name, where, "kernel", o->kernel, p->nkernels, "kernels"));
+  }
+  for (uint32_t i = 0; i < p->nedges; i++) {
+    const plan_edge *e = &p->edges[i];
+    snprintf(where, sizeof where, "edge %" PRIu32, i);
+    RT_TRY(check_idx(name, where, "from op", e->from, p->nops, "ops"));
+    RT_TRY(check_idx(name, where, "to op", e->to, p->nops, "ops"));
+    if (e->from == e->to)
+      return rt_status_make("%s: %s: op %" PRIu32 " depends on itself", name, where, e->from);
+    RT_TRY(check_idx(name, where, "tensor", e->tensor, p->ntensors, "tensors"));
+    RT_TRY(check_enum(name, where, "hazard", e->hazard, PLAN_WAW + 1));
+  }
+  for (uint32_t i = 0; i < p->nargs; i++) {
+    snprintf(where, sizeof where, "arg %" PRIu32, i);
+    RT_TRY(check_idx(name, where, "tensor", p->args[i], p->ntensors, "tensors"));
+  }
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    const plan_command *c = &p->commands[i];
+    snprintf(where, sizeof where, "command %" PRIu32, i);
+    RT_TRY(check_enum(name, where, "kind", c->kind, PLAN_CMD_WAIT + 1));
+    RT_TRY(check_idx(name, where, "stream", c->stream, p->nstreams, "streams"));
+    if (c->kind != PLAN_CMD_LAUNCH && c->nargs != 0)
+      return rt_status_make("%s: %s: nargs %" PRIu32 " on a command that is not a launch", name,
+                            where, c->nargs);
+    switch (c->kind) {
+    case PLAN_CMD_LAUNCH:
+    case PLAN_CMD_COPY: {
+      RT_TRY(check_idx(name, where, "op", c->op, p->nops, "ops"));
+      const plan_op *o = &p->ops[c->op];
+      if (o->stream != c->stream)
+        return rt_status_make("%s: %s: on stream %" PRIu32 " but op %" PRIu32
+                              " belongs to stream %" PRIu32,
+                              name, where, c->stream, c->op, o->stream);
+      if (c->kind == PLAN_CMD_COPY) {
+        RT_TRY(check_idx(name, where, "source tensor", c->a, p->ntensors, "tensors"));
+        RT_TRY(check_idx(name, where, "destination tensor", c->b, p->ntensors, "tensors"));
+        if (o->kernel != PLAN_NONE)
+          return rt_status_make("%s: %s: copy of op %" PRIu32 ", which has kernel %" PRIu32, name,
+                                where, c->op, o->kernel);
+        if (p->tensors[c->a].bytes != p->tensors[c->b].bytes)
+          return rt_status_make("%s: %s: copy from tensor %" PRIu32 " (%" PRIu64
+                                " bytes) to tensor %" PRIu32 " (%" PRIu64 " bytes)",
+                                name, where, c->a, p->tensors[c->a].bytes, c->b,
+                                p->tensors[c->b].bytes);
+        break;
+      }
+      RT_TRY(check_idx(name, where, "kernel", c->a, p->nkernels, "kernels"));
+      if (o->kernel != c->a)
+        return rt_status_make("%s: %s: launches kernel %" PRIu32 " but op %" PRIu32
+                              " has kernel %" PRIu32,
+                              name, where, c->a, c->op, o->kernel);
+      if (c->nargs != p->kernels[c->a].nbufs)
+        return rt_status_make("%s: %s: nargs %" PRIu32 " but kernel %" PRIu32 " takes %" PRIu32
+                              " buffers",
+                              name, where, c->nargs, c->a, p->kernels[c->a].nbufs);
+      if (c->args_begin > p->nargs || c->nargs > p->nargs - c->args_begin)
+        return rt_status_make("%s: %s: args range [%" PRIu32 ", +%" PRIu32
+                              ") out of range (%" PRIu32 " args)",
+                              name, where, c->args_begin, c->nargs, p->nargs);
+      break;
+    }
+    case PLAN_CMD_RECORD:
+    case PLAN_CMD_WAIT:
+      if (c->op != PLAN_NONE)
+        return rt_status_make("%s: %s: event command names op %" PRIu32 " (must be none)", name,
+                              where, c->op);
+      RT_TRY(check_idx(name, where, "event", c->a, in->nevents, "events"));
+      if (c->kind == PLAN_CMD_WAIT) {
+        /* The record must come first in submission order, or the wait
+         * would be a no-op on HIP and CUDA. */
+        if (c->b >= i || p->commands[c->b].kind != PLAN_CMD_RECORD ||
+            p->commands[c->b].a != c->a)
+          return rt_status_make("%s: %s: waits on command %" PRIu32
+                                ", which is not an earlier record of event %" PRIu32,
+                                name, where, c->b, c->a);
+      }
+      break;
+    }
+  }
+
+  RT_TRY(check_idx(name, "info", "ids_tensor", in->ids_tensor, p->ntensors, "tensors"));
+  RT_TRY(check_idx(name, "info", "next_tensor", in->next_tensor, p->ntensors, "tensors"));
+  if (p->tensors[in->ids_tensor].dtype != PLAN_I32)
+    return rt_status_make("%s: info: ids_tensor %" PRIu32 " has dtype %s, not i32", name,
+                          in->ids_tensor, plan_dtype_name(p->tensors[in->ids_tensor].dtype));
+  if (p->tensors[in->next_tensor].dtype != PLAN_I32)
+    return rt_status_make("%s: info: next_tensor %" PRIu32 " has dtype %s, not i32", name,
+                          in->next_tensor, plan_dtype_name(p->tensors[in->next_tensor].dtype));
+  return NULL;
+}
+
+/* ---- encoding ------------------------------------------------------------ */
+
+rt_status plan_encode(const plan *p, uint8_t **out_bytes, size_t *out_len) {
+  *out_bytes = NULL;
+  *out_len = 0;
+  RT_TRY(check_arrays("plan", p));
+  RT_TRY(plan_check("plan", p));
+
+  uint64_t off = PLAN_HEADER_BYTES + (uint64_t)PLAN_NSECTIONS * PLAN_SECTION_BYTES;
+  uint64_t sec_off[PLAN_NSECTIONS + 1];
+  for (uint32_t id = 1; id <= PLAN_NSECTIONS; id++) {
+    uint32_t n;
+    sec_array(p, id, &n);
+    off = align_up(off);
+    sec_off[id] = off;
+    off += (uint64_t)n * sections[id].record_bytes;
+  }
+  uint64_t total = align_up(off);
+  if (total > SIZE_MAX) return rt_status_make("plan: %" PRIu64 " bytes do not fit in memory", total);
+
+  uint8_t *buf = calloc(1, (size_t)total); /* zeroed: padding is deterministic */
+  if (!buf) return rt_status_make("plan: out of memory encoding %" PRIu64 " bytes", total);
+
+  memcpy(buf, PLAN_MAGIC, 8);
+  put_u16(buf + 8, PLAN_VERSION_MAJOR);
+  put_u16(buf + 10, PLAN_VERSION_MINOR);
+  put_u32(buf + 12, PLAN_NSECTIONS);
+  put_u64(buf + 16, total);
+  /* checksum at 24..55 filled below; reserved at 56 stays zero */
+
+  for (uint32_t id = 1; id <= PLAN_NSECTIONS; id++) {
+    const section_desc *sd = &sections[id];
+    uint32_t n;
+    const uint8_t *arr = sec_array(p, id, &n);
+    uint8_t *t = buf + PLAN_HEADER_BYTES + (size_t)(id - 1) * PLAN_SECTION_BYTES;
+    put_u32(t, id);
+    put_u32(t + 4, n);
+    put_u64(t + 8, sec_off[id]);
+    put_u64(t + 16, (uint64_t)n * sd->record_bytes);
+    uint8_t *dst = buf + sec_off[id];
+    if (!sd->fields) {
+      if (n) memcpy(dst, arr, n);
+      continue;
+    }
+    for (uint32_t r = 0; r < n; r++)
+      encode_record(sd, arr + (size_t)r * sd->struct_size, dst + (size_t)r * sd->record_bytes);
+  }
+  rt_sha256(buf + PLAN_HEADER_BYTES, (size_t)total - PLAN_HEADER_BYTES, buf + 24);
+  *out_bytes = buf;
+  *out_len = (size_t)total;
+  return NULL;
+}
+
+rt_status plan_write(const plan *p, const char *path) {
+  uint8_t *bytes;
+  size_t len;
+  RT_TRY(rt_status_wrap(plan_encode(p, &bytes, &len), "writing %s", path));
+
+  size_t tlen = strlen(path) + 32;
+  char *tmp = malloc(tlen);
+  if (!tmp) {
+    free(bytes);
+    return rt_status_make("%s: out of memory", path);
+  }
+  snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
+
+  rt_status st = NULL;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    st = rt_status_make("%s: %s", tmp, strerror(errno));
+  } else {
+    size_t w = fwrite(bytes, 1, len, f);
+    int werr = (w != len) ? errno : 0;
+    if (fclose(f) != 0 && !werr) werr = errno ? errno : EIO;
+    if (w != len || werr) st = rt_status_make("%s: write failed: %s", tmp, strerror(werr ? werr : EIO));
+    else if (rename(tmp, path) != 0)
+      st = rt_status_make("%s: rename to %s failed: %s", tmp, path, strerror(errno));
+    if (st) remove(tmp);
+  }
+  free(tmp);
+  free(bytes);
+  return st;
+}
+
+/* ---- decoding ------------------------------------------------------------ */
+
+void plan_free(plan *p) {
+  if (!p) return;
+  free(p->strings);
+  free(p->params);
+  free(p->devices);
+  free(p->streams);
+  free(p->tensors);
+  free(p->codeobjs);
+  free(p->kernels);
+  free(p->ops);
+  free(p->edges);
+  free(p->commands);
+  free(p->args);
+  memset(p, 0, sizeof *p);
+}
+
+static rt_status decode_into(const char *name, const uint8_t *bytes, size_t len, plan *p) {
+  if (len < PLAN_HEADER_BYTES)
+    return rt_status_make("%s: file too short for a plan header (%zu bytes, need %u)", name, len,
+                          PLAN_HEADER_BYTES);
+  /* Magic and version come before sizes: a file that is not a plan, or a
+   * plan of another major version (whose header may differ), gets a message
+   * about that rather than about its size. */
+  if (memcmp(bytes, PLAN_MAGIC, 8) != 0)
+    return rt_status_make("%s: not a ds4 plan (bad magic)", name);
+  unsigned major = get_u16(bytes + 8), minor = get_u16(bytes + 10);
+  if (major != PLAN_VERSION_MAJOR)
+    return rt_status_make("%s: plan format version %u.%u, this ds4run reads %d.x", name, major,
+                          minor, PLAN_VERSION_MAJOR);
+  uint64_t file_size = get_u64(bytes + 16);
+  if (file_size != len)
+    return rt_status_make("%s: truncated or damaged: header says %" PRIu64 " bytes, file has %zu",
+                          name, file_size, len);
+  uint8_t sum[32];
+  rt_sha256(bytes + PLAN_HEADER_BYTES, len - PLAN_HEADER_BYTES, sum);
+  if (memcmp(sum, bytes + 24, 32) != 0)
+    return rt_status_make("%s: checksum mismatch (the file is corrupt)", name);
+
+  uint32_t nsec = get_u32(bytes + 12);
+  uint64_t table_end = PLAN_HEADER_BYTES + (uint64_t)nsec * PLAN_SECTION_BYTES;
+  if (table_end > len)
+    return rt_status_make("%s: section table (%" PRIu32 " sections) runs past the end of the file",
+                          name, nsec);
+  /* A newer minor version may add sections this reader does not know; it
+   * skips those. Within our own minor an unknown id is damage. */
+  bool newer_minor = minor > PLAN_VERSION_MINOR;
+  const uint8_t *found[PLAN_NSECTIONS + 1] = {0};
+  uint32_t counts[PLAN_NSECTIONS + 1] = {0};
+  uint64_t prev_end = table_end;
+  for (uint32_t s = 0; s < nsec; s++) {
+    const uint8_t *t = bytes + PLAN_HEADER_BYTES + (size_t)s * PLAN_SECTION_BYTES;
+    uint32_t id = get_u32(t), count = get_u32(t + 4);
+    uint64_t off = get_u64(t + 8), size = get_u64(t + 16);
+    bool known = id >= 1 && id <= PLAN_NSECTIONS;
+    const char *sname = known ? sections[id].name : "unknown";
+    if (!known && !newer_minor)
+      return rt_status_make("%s: section %" PRIu32 ": unknown section id %" PRIu32, name, s, id);
+    if (known && found[id])
+      return rt_status_make("%s: section %" PRIu32 ": %s section appears twice", name, s, sname);
+    if (off % PLAN_ALIGN)
+      return rt_status_make("%s: section %" PRIu32 " (%s): offset %" PRIu64
+                            " is not %u-byte aligned",
+                            name, s, sname, off, PLAN_ALIGN);
+    if (off < prev_end || off > len || size > len - off)
+      return rt_status_make("%s: section %" PRIu32 " (%s): bytes [%" PRIu64 ", +%" PRIu64
+                            ") overlap the table or another section, or run past the end (%zu)",
+                            name, s, sname, off, size, len);
+    prev_end = off + size;
+    if (!known) continue;
+    if (size != (uint64_t)count * sections[id].record_bytes)
+      return rt_status_make("%s: section %" PRIu32 " (%s): size %" PRIu64 " != %" PRIu32
+                            " records * %" PRIu64 " bytes",
+                            name, s, sname, size, count, sections[id].record_bytes);
+    found[id] = bytes + off;
+    counts[id] = count;
+  }
+  for (uint32_t id = 1; id <= PLAN_NSECTIONS; id++)
+    if (!found[id])
+      return rt_status_make("%s: required %s section is missing", name, sections[id].name);
+  if (counts[PLAN_SEC_INFO] != 1)
+    return rt_status_make("%s: info section holds %" PRIu32 " records, expected 1", name,
+                          counts[PLAN_SEC_INFO]);
+  uint32_t nstr = counts[PLAN_SEC_STRINGS];
+  if (nstr == 0 || found[PLAN_SEC_STRINGS][nstr - 1] != '\0')
+    return rt_status_make("%s: strings section does not end in a NUL byte", name);
+
+  /* Copy every section out, so the plan outlives the caller's buffer. */
+  for (uint32_t id = 1; id <= PLAN_NSECTIONS; id++) {
+    const section_desc *sd = &sections[id];
+    uint32_t n = counts[id];
+    if (id == PLAN_SEC_INFO) {
+      decode_record(sd, found[id], (uint8_t *)&p->info);
+      continue;
+    }
+    if (n == 0) continue;
+    uint8_t *arr = calloc(n, sd->struct_size);
+    if (!arr)
+      return rt_status_make("%s: out of memory for %" PRIu32 " %s records", name, n, sd->name);
+    sec_set(p, id, arr, n);
+    if (!sd->fields) {
+      memcpy(arr, found[id], n);
+      continue;
+    }
+    for (uint32_t r = 0; r < n; r++)
+      decode_record(sd, found[id] + (size_t)r * sd->record_bytes, arr + (size_t)r * sd->struct_size);
+  }
+  return plan_check(name, p);
+}
+
+rt_status plan_decode(const char *name, const uint8_t *bytes, size_t len, plan *out) {
+  memset(out, 0, sizeof *out);
+  if (!bytes && len) return rt_status_make("%s: no bytes", name);
+  plan p;
+  memset(&p, 0, sizeof p);
+  rt_status st = decode_into(name, bytes ? bytes : (const uint8_t *)"", len, &p);
+  if (st) {
+    plan_free(&p);
+    return st;
+  }
+  *out = p;
+  return NULL;
+}
+
+rt_status plan_read(const char *path, plan *out) {
+  memset(out, 0, sizeof *out);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return rt_status_make("%s: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    rt_status st = rt_status_make("%s: %s", path, strerror(errno));
+    close(fd);
+    return st;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    close(fd);
+    return rt_status_make("%s: not a regular file", path);
+  }
+  size_t len = (size_t)sb.st_size;
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf) {
+    close(fd);
+    return rt_status_make("%s: out of memory reading %zu bytes", path, len);
+  }
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = read(fd, buf + got, len - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      rt_status st = rt_status_make("%s: read failed: %s", path, strerror(errno));
+      free(buf);
+      close(fd);
+      return st;
+    }
+    if (r == 0) break; /* shrank while reading: decode reports the short file */
+    got += (size_t)r;
+  }
+  close(fd);
+  rt_status st = plan_decode(path, buf, got, out);
+  free(buf);
+  return st;
+}

@@ -1,0 +1,822 @@
+/* test_plan.c - the binary plan format, SHA-256 and status: round trips,
+ * determinism, and every kind of damage a plan file can carry, each of which
+ * must be refused with a message naming what is wrong (never a crash). */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "plan.h"
+#include "sha256.h"
+#include "status.h"
+
+/* ---- status --------------------------------------------------------------- */
+
+START_TEST(status_basics) {
+  ck_assert_str_eq(rt_status_msg(NULL), "ok");
+  rt_status s = rt_status_make("tensor %d: %s", 3, "bad");
+  ck_assert_ptr_nonnull(s);
+  ck_assert_str_eq(rt_status_msg(s), "tensor 3: bad");
+  s = rt_status_wrap(s, "loading %s", "out/x");
+  ck_assert_str_eq(rt_status_msg(s), "loading out/x: tensor 3: bad");
+  rt_status_free(s);
+  ck_assert_ptr_null(rt_status_wrap(NULL, "context %d", 1));
+  rt_status_free(NULL);
+  /* A long message is not truncated. */
+  char big[5000];
+  memset(big, 'x', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  s = rt_status_make("%s!", big);
+  ck_assert_uint_eq(strlen(rt_status_msg(s)), sizeof big);
+  rt_status_free(s);
+}
+END_TEST
+
+/* ---- sha256 --------------------------------------------------------------- */
+
+static void hex_of(const void *d, size_t n, char out[65]) {
+  uint8_t h[32];
+  rt_sha256(d, n, h);
+  rt_hex(h, 32, out);
+}
+
+START_TEST(sha256_vectors) {
+  char hex[65];
+  hex_of("", 0, hex);
+  ck_assert_str_eq(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  hex_of("abc", 3, hex);
+  ck_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  hex_of(m448, strlen(m448), hex);
+  ck_assert_str_eq(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+
+  /* One million 'a', fed in uneven pieces through the incremental API. */
+  char *a = malloc(1000000);
+  ck_assert_ptr_nonnull(a);
+  memset(a, 'a', 1000000);
+  rt_sha256_ctx c;
+  rt_sha256_init(&c);
+  size_t done = 0, step = 1;
+  while (done < 1000000) {
+    size_t n = step < 1000000 - done ? step : 1000000 - done;
+    rt_sha256_update(&c, a + done, n);
+    done += n;
+    step = step * 3 % 1000 + 1;
+  }
+  uint8_t h[32];
+  rt_sha256_final(&c, h);
+  rt_hex(h, 32, hex);
+  ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  hex_of(a, 1000000, hex);
+  ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  free(a);
+
+  /* Lengths around the padding boundary agree between one-shot and split. */
+  uint8_t buf[130];
+  for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)(i * 7 + 1);
+  for (size_t n = 50; n <= 130; n++) {
+    uint8_t one[32], two[32];
+    rt_sha256(buf, n, one);
+    rt_sha256_init(&c);
+    rt_sha256_update(&c, buf, n / 2);
+    rt_sha256_update(&c, buf + n / 2, n - n / 2);
+    rt_sha256_final(&c, two);
+    ck_assert_mem_eq(one, two, 32);
+  }
+  uint8_t b3[3] = {0x00, 0xab, 0xff};
+  char h3[7];
+  rt_hex(b3, 3, h3);
+  ck_assert_str_eq(h3, "00abff");
+}
+END_TEST
+
+/* ---- a small valid plan ------------------------------------------------------ */
+
+typedef struct strtab {
+  char buf[1024];
+  uint32_t len;
+} strtab;
+
+static uint32_t str_add(strtab *t, const char *s) {
+  uint32_t off = t->len;
+  size_t n = strlen(s) + 1;
+  ck_assert_uint_le(t->len + n, sizeof t->buf);
+  memcpy(t->buf + t->len, s, n);
+  t->len += (uint32_t)n;
+  return off;
+}
+
+/* Two devices, three streams, six tensors, one code object, two kernels,
+ * three ops (launch, copy, launch), two edges, seven commands with two
+ * record/wait pairs, five args. Arrays are static storage in the fixture. */
+typedef struct fixture {
+  strtab st;
+  plan p;
+  plan_param params[2];
+  plan_device devices[2];
+  plan_stream streams[3];
+  plan_tensor tensors[6];
+  plan_codeobj codeobjs[1];
+  plan_kernel kernels[2];
+  plan_op ops[3];
+  plan_edge edges[2];
+  plan_command commands[7];
+  uint32_t args[5];
+} fixture;
+
+static void tensor_set(plan_tensor *t, uint32_t name, uint32_t dtype, uint32_t role,
+                       uint32_t device, uint64_t offset, uint32_t ndim, const uint64_t *dims) {
+  memset(t, 0, sizeof *t);
+  t->name = name;
+  t->checkpoint = PLAN_NONE;
+  t->dtype = dtype;
+  t->role = role;
+  t->device = device;
+  t->ndim = ndim;
+  uint64_t bytes = plan_dtype_size(dtype);
+  for (uint32_t i = 0; i < ndim; i++) {
+    t->dim[i] = dims[i];
+    bytes *= dims[i];
+  }
+  t->bytes = bytes;
+  t->offset = offset;
+  t->init_offset = 0.5;
+  t->init_scale = -0.25;
+}
+
+static void fixture_build(fixture *f) {
+  memset(f, 0, sizeof *f);
+  strtab *s = &f->st;
+  plan *p = &f->p;
+  str_add(s, ""); /* offset 0 is the empty string */
+  p->info.model = str_add(s, "tiny-moe");
+  p->info.schedule = str_add(s, "tiny-2dev");
+  p->info.tokens = 4;
+  p->info.max_seq = 16;
+  p->info.prefill = 4;
+  p->info.decode = 1;
+  p->info.ids_tensor = 0;
+  p->info.next_tensor = 4;
+  p->info.nevents = 2;
+  p->info.weight_seed = 0x123456789abcdef0ull;
+
+  f->params[0] = (plan_param){.name = str_add(s, "hidden"), .value = 8};
+  f->params[1] = (plan_param){.name = str_add(s, "negative"), .value = -3};
+
+  uint32_t host = str_add(s, "host");
+  f->devices[0] = (plan_device){.name = str_add(s, "cpu0"), .backend = PLAN_BACKEND_CPU,
+                                .arch = host, .ordinal = 0, .threads = 2, .arena_bytes = 4096,
+                                .memory = 0};
+  f->devices[1] = (plan_device){.name = str_add(s, "cpu1"), .backend = PLAN_BACKEND_CPU,
+                                .arch = host, .ordinal = 1, .threads = 4, .arena_bytes = 2048,
+                                .memory = 1u << 20};
+  uint32_t compute = str_add(s, "compute");
+  f->streams[0] = (plan_stream){compute, 0};
+  f->streams[1] = (plan_stream){str_add(s, "copy"), 0};
+  f->streams[2] = (plan_stream){compute, 1};
+
+  const uint64_t d4[] = {4}, d48[] = {4, 8}, d248[] = {2, 4, 8};
+  tensor_set(&f->tensors[0], str_add(s, "ids"), PLAN_I32, PLAN_INPUT, 0, 0, 1, d4);
+  tensor_set(&f->tensors[1], str_add(s, "layers.0.w"), PLAN_F32, PLAN_WEIGHT, 0, 64, 2, d48);
+  f->tensors[1].checkpoint = str_add(s, "model.layers.0.w.weight");
+  tensor_set(&f->tensors[2], str_add(s, "h"), PLAN_F32, PLAN_ACTIVATION, 0, 256, 2, d48);
+  tensor_set(&f->tensors[3], str_add(s, "h@cpu1"), PLAN_F32, PLAN_ACTIVATION, 1, 0, 2, d48);
+  tensor_set(&f->tensors[4], str_add(s, "next"), PLAN_I32, PLAN_OUTPUT, 1, 256, 1, d4);
+  tensor_set(&f->tensors[5], str_add(s, "kv"), PLAN_BF16, PLAN_STATE, 1, 512, 3, d248);
+
+  f->codeobjs[0].path = str_add(s, "kernels/host.so");
+  f->codeobjs[0].target = host;
+  for (int i = 0; i < 32; i++) f->codeobjs[0].sha256[i] = (uint8_t)(i * 9 + 3);
+
+  f->kernels[0] = (plan_kernel){.symbol = str_add(s, "embed_f32_4x8"),
+                                .kind = str_add(s, "embedding"), .codeobj = 0, .grid = 4,
+                                .nbufs = 3};
+  f->kernels[1] = (plan_kernel){.symbol = str_add(s, "argmax_4x8"), .kind = str_add(s, "sample"),
+                                .codeobj = 0, .grid = 1, .nbufs = 2};
+
+  f->ops[0] = (plan_op){.path = str_add(s, "embed"), .stream = 0, .kernel = 0};
+  f->ops[1] = (plan_op){.path = str_add(s, "copy.h.cpu1"), .stream = 1, .kernel = PLAN_NONE};
+  f->ops[2] = (plan_op){.path = str_add(s, "sample"), .stream = 2, .kernel = 1};
+
+  f->edges[0] = (plan_edge){.from = 0, .to = 1, .tensor = 2, .hazard = PLAN_RAW};
+  f->edges[1] = (plan_edge){.from = 1, .to = 2, .tensor = 3, .hazard = PLAN_WAR};
+
+  const uint32_t args[5] = {0, 1, 2, 3, 4};
+  memcpy(f->args, args, sizeof args);
+
+  plan_command *c = f->commands;
+  c[0] = (plan_command){PLAN_CMD_LAUNCH, 0, 0, 0, PLAN_NONE, 0, 3, 0};
+  c[1] = (plan_command){PLAN_CMD_RECORD, 0, PLAN_NONE, 0, PLAN_NONE, 0, 0, 0};
+  c[2] = (plan_command){PLAN_CMD_WAIT, 1, PLAN_NONE, 0, 1, 0, 0, 0};
+  c[3] = (plan_command){PLAN_CMD_COPY, 1, 1, 2, 3, 0, 0, 0};
+  c[4] = (plan_command){PLAN_CMD_RECORD, 1, PLAN_NONE, 1, PLAN_NONE, 0, 0, 0};
+  c[5] = (plan_command){PLAN_CMD_WAIT, 2, PLAN_NONE, 1, 4, 0, 0, 0};
+  c[6] = (plan_command){PLAN_CMD_LAUNCH, 2, 2, 1, PLAN_NONE, 3, 2, 0};
+
+  p->strings = s->buf;
+  p->strings_len = s->len;
+  p->params = f->params; p->nparams = 2;
+  p->devices = f->devices; p->ndevices = 2;
+  p->streams = f->streams; p->nstreams = 3;
+  p->tensors = f->tensors; p->ntensors = 6;
+  p->codeobjs = f->codeobjs; p->ncodeobjs = 1;
+  p->kernels = f->kernels; p->nkernels = 2;
+  p->ops = f->ops; p->nops = 3;
+  p->edges = f->edges; p->nedges = 2;
+  p->commands = f->commands; p->ncommands = 7;
+  p->args = f->args; p->nargs = 5;
+}
+
+static uint8_t *encode_fixture(size_t *len) {
+  fixture f;
+  fixture_build(&f);
+  uint8_t *bytes = NULL;
+  rt_status st = plan_encode(&f.p, &bytes, len);
+  ck_assert_msg(st == NULL, "encode: %s", rt_status_msg(st));
+  return bytes;
+}
+
+#define EQ(field) ck_assert_uint_eq((uint64_t)(a->field), (uint64_t)(b->field))
+
+static void assert_plans_equal(const plan *x, const plan *y) {
+  ck_assert_uint_eq(x->strings_len, y->strings_len);
+  ck_assert_mem_eq(x->strings, y->strings, x->strings_len);
+  {
+    const plan_info *a = &x->info, *b = &y->info;
+    EQ(model); EQ(schedule); EQ(tokens); EQ(max_seq); EQ(prefill); EQ(decode);
+    EQ(ids_tensor); EQ(next_tensor); EQ(nevents); EQ(weight_seed);
+  }
+  ck_assert_uint_eq(x->nparams, y->nparams);
+  for (uint32_t i = 0; i < x->nparams; i++) {
+    const plan_param *a = &x->params[i], *b = &y->params[i];
+    EQ(name);
+    ck_assert_int_eq(a->value, b->value);
+  }
+  ck_assert_uint_eq(x->ndevices, y->ndevices);
+  for (uint32_t i = 0; i < x->ndevices; i++) {
+    const plan_device *a = &x->devices[i], *b = &y->devices[i];
+    EQ(name); EQ(backend); EQ(arch); EQ(ordinal); EQ(threads); EQ(arena_bytes); EQ(memory);
+  }
+  ck_assert_uint_eq(x->nstreams, y->nstreams);
+  for (uint32_t i = 0; i < x->nstreams; i++) {
+    const plan_stream *a = &x->streams[i], *b = &y->streams[i];
+    EQ(name); EQ(device);
+  }
+  ck_assert_uint_eq(x->ntensors, y->ntensors);
+  for (uint32_t i = 0; i < x->ntensors; i++) {
+    const plan_tensor *a = &x->tensors[i], *b = &y->tensors[i];
+    EQ(name); EQ(checkpoint); EQ(dtype); EQ(role); EQ(ndim); EQ(device);
+    EQ(dim[0]); EQ(dim[1]); EQ(dim[2]); EQ(dim[3]); EQ(bytes); EQ(offset);
+    ck_assert(a->init_offset == b->init_offset);
+    ck_assert(a->init_scale == b->init_scale);
+  }
+  ck_assert_uint_eq(x->ncodeobjs, y->ncodeobjs);
+  for (uint32_t i = 0; i < x->ncodeobjs; i++) {
+    const plan_codeobj *a = &x->codeobjs[i], *b = &y->codeobjs[i];
+    EQ(path); EQ(target);
+    ck_assert_mem_eq(a->sha256, b->sha256, 32);
+  }
+  ck_assert_uint_eq(x->nkernels, y->nkernels);
+  for (uint32_t i = 0; i < x->nkernels; i++) {
+    const plan_kernel *a = &x->kernels[i], *b = &y->kernels[i];
+    EQ(symbol); EQ(kind); EQ(codeobj); EQ(grid); EQ(nbufs);
+  }
+  ck_assert_uint_eq(x->nops, y->nops);
+  for (uint32_t i = 0; i < x->nops; i++) {
+    const plan_op *a = &x->ops[i], *b = &y->ops[i];
+    EQ(path); EQ(stream); EQ(kernel);
+  }
+  ck_assert_uint_eq(x->nedges, y->nedges);
+  for (uint32_t i = 0; i < x->nedges; i++) {
+    const plan_edge *a = &x->edges[i], *b = &y->edges[i];
+    EQ(from); EQ(to); EQ(tensor); EQ(hazard);
+  }
+  ck_assert_uint_eq(x->ncommands, y->ncommands);
+  for (uint32_t i = 0; i < x->ncommands; i++) {
+    const plan_command *a = &x->commands[i], *b = &y->commands[i];
+    EQ(kind); EQ(stream); EQ(op); EQ(a); EQ(b); EQ(args_begin); EQ(nargs);
+  }
+  ck_assert_uint_eq(x->nargs, y->nargs);
+  for (uint32_t i = 0; i < x->nargs; i++) ck_assert_uint_eq(x->args[i], y->args[i]);
+}
+
+START_TEST(round_trip) {
+  fixture f;
+  fixture_build(&f);
+  uint8_t *b1, *b2;
+  size_t n1, n2;
+  ck_assert_ptr_null(plan_encode(&f.p, &b1, &n1));
+  ck_assert_ptr_null(plan_encode(&f.p, &b2, &n2));
+  ck_assert_uint_eq(n1, n2);
+  ck_assert_mem_eq(b1, b2, n1);
+  ck_assert_uint_eq(n1 % 8, 0);
+  ck_assert_mem_eq(b1, "DS4PLAN\0", 8);
+
+  plan d;
+  rt_status st = plan_decode("plan.ds4p", b1, n1, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  assert_plans_equal(&f.p, &d);
+  ck_assert_str_eq(plan_str(&d, d.info.model), "tiny-moe");
+  ck_assert_str_eq(plan_str(&d, d.tensors[1].checkpoint), "model.layers.0.w.weight");
+  ck_assert_str_eq(plan_str(&d, d.tensors[0].checkpoint), "");
+  ck_assert_int_eq(d.params[1].value, -3);
+
+  /* The decoded plan owns its arrays: scribbling over the bytes after
+   * decoding does not change it, and re-encoding gives the same file. */
+  uint8_t *copy = malloc(n1);
+  memcpy(copy, b1, n1);
+  memset(b1, 0xee, n1);
+  ck_assert_str_eq(plan_str(&d, d.info.schedule), "tiny-2dev");
+  uint8_t *b3;
+  size_t n3;
+  ck_assert_ptr_null(plan_encode(&d, &b3, &n3));
+  ck_assert_uint_eq(n3, n1);
+  ck_assert_mem_eq(b3, copy, n1);
+
+  plan_free(&d);
+  ck_assert_ptr_null(d.tensors);
+  plan_free(&d); /* freeing twice is harmless after the reset */
+  free(copy);
+  free(b1);
+  free(b2);
+  free(b3);
+}
+END_TEST
+
+START_TEST(names) {
+  ck_assert_str_eq(plan_dtype_name(PLAN_F32), "f32");
+  ck_assert_str_eq(plan_dtype_name(PLAN_BF16), "bf16");
+  ck_assert_str_eq(plan_dtype_name(PLAN_F16), "f16");
+  ck_assert_str_eq(plan_dtype_name(PLAN_I32), "i32");
+  ck_assert_str_eq(plan_dtype_name(17), "?");
+  ck_assert_uint_eq(plan_dtype_size(PLAN_F32), 4);
+  ck_assert_uint_eq(plan_dtype_size(PLAN_BF16), 2);
+  ck_assert_uint_eq(plan_dtype_size(PLAN_F16), 2);
+  ck_assert_uint_eq(plan_dtype_size(PLAN_I32), 4);
+  ck_assert_uint_eq(plan_dtype_size(PLAN_NDTYPE), 0);
+  ck_assert_str_eq(plan_role_name(PLAN_INPUT), "input");
+  ck_assert_str_eq(plan_role_name(PLAN_OUTPUT), "output");
+  ck_assert_str_eq(plan_role_name(PLAN_WEIGHT), "weight");
+  ck_assert_str_eq(plan_role_name(PLAN_STATE), "state");
+  ck_assert_str_eq(plan_role_name(PLAN_ACTIVATION), "activation");
+  ck_assert_str_eq(plan_role_name(PLAN_NROLE), "?");
+}
+END_TEST
+
+/* ---- damage ---------------------------------------------------------------- */
+
+static uint32_t rd32(const uint8_t *b) {
+  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static void wr32(uint8_t *b, uint32_t v) {
+  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static void wr64(uint8_t *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t rd64(const uint8_t *b) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+  return v;
+}
+
+/* File offset of a section's payload, read from the section table. */
+static size_t sec_at(const uint8_t *b, uint32_t id) {
+  uint32_t n = rd32(b + 12);
+  for (uint32_t s = 0; s < n; s++) {
+    const uint8_t *t = b + 64 + 24 * s;
+    if (rd32(t) == id) return (size_t)rd64(t + 8);
+  }
+  ck_abort_msg("section %u not found", id);
+  return 0;
+}
+
+/* Patched bytes keep a valid checksum, so the field checks are reached. */
+static void reseal(uint8_t *b, size_t len) { rt_sha256(b + 64, len - 64, b + 24); }
+
+/* Decodes a private copy of exactly len bytes (so ASan sees any overread)
+ * and asserts failure with a message containing want. */
+static void expect_fail(const uint8_t *bytes, size_t len, const char *want) {
+  uint8_t *copy = malloc(len ? len : 1);
+  if (len) memcpy(copy, bytes, len);
+  plan d;
+  rt_status st = plan_decode("plan.ds4p", len ? copy : NULL, len, &d);
+  ck_assert_msg(st != NULL, "decode of damaged plan succeeded (want \"%s\")", want);
+  ck_assert_msg(strstr(rt_status_msg(st), want) != NULL, "message \"%s\" lacks \"%s\"",
+                rt_status_msg(st), want);
+  ck_assert_msg(strncmp(rt_status_msg(st), "plan.ds4p: ", 11) == 0, "unprefixed: %s",
+                rt_status_msg(st));
+  ck_assert_ptr_null(d.tensors);
+  ck_assert_ptr_null(d.strings);
+  rt_status_free(st);
+  free(copy);
+}
+
+/* Patch one u32 field of record `rec` at `field_off` in section `id`,
+ * reseal, expect failure with `want`. */
+static void expect_field_fail(uint32_t id, uint32_t recsize, uint32_t rec, uint32_t field_off,
+                              uint32_t value, const char *want) {
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  wr32(b + sec_at(b, id) + (size_t)rec * recsize + field_off, value);
+  reseal(b, len);
+  expect_fail(b, len, want);
+  free(b);
+}
+
+START_TEST(bad_header) {
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  expect_fail(b, 0, "too short");
+  expect_fail(b, 63, "too short");
+  /* Every proper prefix fails cleanly. */
+  for (size_t n = 0; n < len; n++) {
+    uint8_t *copy = malloc(n ? n : 1);
+    memcpy(copy, b, n);
+    plan d;
+    rt_status st = plan_decode("plan.ds4p", copy, n, &d);
+    ck_assert_msg(st != NULL, "prefix of %zu bytes decoded", n);
+    ck_assert(strstr(rt_status_msg(st), n < 64 ? "too short" : "truncated") != NULL);
+    rt_status_free(st);
+    free(copy);
+  }
+  /* Bytes appended after a valid plan are refused too. */
+  uint8_t *longer = calloc(1, len + 8);
+  memcpy(longer, b, len);
+  expect_fail(longer, len + 8, "header says");
+  free(longer);
+
+  uint8_t *m = malloc(len);
+  memcpy(m, b, len);
+  m[3] = 'X';
+  expect_fail(m, len, "bad magic");
+
+  memcpy(m, b, len);
+  m[8] = 2; /* major 2 */
+  m[10] = 0;
+  reseal(m, len);
+  expect_fail(m, len, "plan format version 2.0, this ds4run reads 1.x");
+
+  /* A newer minor version is accepted. */
+  memcpy(m, b, len);
+  m[10] = 7;
+  reseal(m, len);
+  plan d;
+  rt_status st = plan_decode("plan.ds4p", m, len, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  plan_free(&d);
+
+  /* One flipped payload byte breaks the checksum. */
+  memcpy(m, b, len);
+  m[len - 40] ^= 0x10;
+  expect_fail(m, len, "checksum mismatch");
+  memcpy(m, b, len);
+  m[200] ^= 0x01; /* in the section table, also covered */
+  expect_fail(m, len, "checksum mismatch");
+  free(m);
+  free(b);
+}
+END_TEST
+
+START_TEST(bad_sections) {
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *m = malloc(len);
+  uint8_t *t0 = m + 64; /* first table entry: strings */
+  uint8_t *targs = m + 64 + 24 * (PLAN_SEC_ARGS - 1);
+
+  memcpy(m, b, len);
+  wr32(m + 12, 100000); /* table far past the end */
+  expect_fail(m, len, "section table (100000 sections) runs past the end");
+
+  memcpy(m, b, len);
+  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop ARGS from the table */
+  reseal(m, len);
+  expect_fail(m, len, "required args section is missing");
+
+  memcpy(m, b, len);
+  wr32(targs, 99);
+  reseal(m, len);
+  expect_fail(m, len, "unknown section id 99");
+  /* ...which a newer minor may add: skipped, so ARGS is then missing. */
+  m[10] = 1;
+  reseal(m, len);
+  expect_fail(m, len, "required args section is missing");
+
+  memcpy(m, b, len);
+  wr32(targs, PLAN_SEC_OPS);
+  reseal(m, len);
+  expect_fail(m, len, "ops section appears twice");
+
+  memcpy(m, b, len);
+  wr64(targs + 8, rd64(targs + 8) + 4);
+  reseal(m, len);
+  expect_fail(m, len, "is not 8-byte aligned");
+
+  memcpy(m, b, len);
+  wr64(targs + 8, (uint64_t)len + 8);
+  reseal(m, len);
+  expect_fail(m, len, "run past the end");
+
+  memcpy(m, b, len);
+  wr64(targs + 16, UINT64_MAX - 3); /* size that would wrap */
+  reseal(m, len);
+  expect_fail(m, len, "run past the end");
+
+  memcpy(m, b, len);
+  wr64(t0 + 8, 64); /* strings placed over the header's tail and table */
+  reseal(m, len);
+  expect_fail(m, len, "overlap");
+
+  memcpy(m, b, len);
+  wr32(targs + 4, 4); /* count 4, size still 20 */
+  reseal(m, len);
+  expect_fail(m, len, "size 20 != 4 records * 4 bytes");
+
+  memcpy(m, b, len);
+  uint8_t *tinfo = m + 64 + 24 * (PLAN_SEC_INFO - 1);
+  wr32(tinfo + 4, 0);
+  wr64(tinfo + 16, 0);
+  reseal(m, len);
+  expect_fail(m, len, "info section holds 0 records");
+
+  memcpy(m, b, len);
+  uint32_t slen = rd32(t0 + 4);
+  m[sec_at(m, PLAN_SEC_STRINGS) + slen - 1] = 'x';
+  reseal(m, len);
+  expect_fail(m, len, "strings section does not end in a NUL byte");
+  free(m);
+  free(b);
+}
+END_TEST
+
+/* File record sizes and field offsets, as docs/PLAN.md gives them. */
+enum { R_INFO = 48, R_DEVICE = 40, R_STREAM = 8, R_TENSOR = 88, R_KERNEL = 24, R_OP = 16,
+       R_EDGE = 16, R_CMD = 32, R_ARG = 4, R_CODEOBJ = 40, R_PARAM = 16 };
+
+START_TEST(bad_fields) {
+  expect_field_fail(PLAN_SEC_STREAMS, R_STREAM, 1, 4, 7,
+                    "plan.ds4p: stream 1: device index 7 out of range (2 devices)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 6, 12, 99,
+                    "plan.ds4p: command 6: kernel index 99 out of range (2 kernels)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 0, 9999,
+                    "tensor 1: name string offset 9999 out of range");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 0, 2,
+                    "tensor 1: name string offset 2 is not the start of a string");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 0, 100000, "info: model string offset 100000");
+  expect_field_fail(PLAN_SEC_PARAMS, R_PARAM, 1, 0, 5000, "param 1: name string offset 5000");
+  expect_field_fail(PLAN_SEC_DEVICES, R_DEVICE, 1, 8, 5000, "device 1: arch string offset");
+  expect_field_fail(PLAN_SEC_CODEOBJS, R_CODEOBJ, 0, 4, 5000, "codeobj 0: target string offset");
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 1, 4, 5000, "kernel 1: kind string offset");
+  expect_field_fail(PLAN_SEC_OPS, R_OP, 2, 0, 5000, "op 2: path string offset");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 1, 12, 5,
+                    "command 1: event index 5 out of range (2 events)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 5, 64, 2000,
+                    "tensor 5: offset 2000 + 128 bytes exceeds device 1's arena (2048 bytes)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 6, 20, 4, "command 6: args range [4, +2)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 6, 20, 0xfffffffeu, "command 6: args range");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 2, 8, 9, "tensor 2: dtype 9 is not a known value");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 2, 12, 5, "tensor 2: role 5 is not a known value");
+  expect_field_fail(PLAN_SEC_DEVICES, R_DEVICE, 0, 4, 3, "device 0: backend 3 is not a known");
+  expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 1, 12, 3, "edge 1: hazard 3 is not a known");
+  expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 4, 3, "edge 0: to op index 3 out of range (3 ops)");
+  expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 4, 0, "edge 0: op 0 depends on itself");
+  expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 8, 6, "edge 0: tensor index 6 out of range");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 0, 4, "command 3: kind 4 is not a known value");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 4, 3, "command 3: stream index 3 out of range");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 0, 8, 3, "command 0: op index 3 out of range");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 0, 4, 1, "command 0: on stream 1 but op 0");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 0, 12, 1,
+                    "command 0: launches kernel 1 but op 0 has kernel 0");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 0, 24, 2,
+                    "command 0: nargs 2 but kernel 0 takes 3 buffers");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 16, 6,
+                    "command 3: destination tensor index 6 out of range");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 12, 6,
+                    "command 3: source tensor index 6 out of range");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 16, 4,
+                    "command 3: copy from tensor 2 (128 bytes) to tensor 4 (16 bytes)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 24, 1, "command 3: nargs 1 on a command");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 1, 8, 0, "command 1: event command names op 0");
+  /* WAIT's b must be an earlier RECORD of the same event. */
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 5, 16, 3,
+                    "command 5: waits on command 3, which is not an earlier record of event 1");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 5, 16, 1, "command 5: waits on command 1");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 2, 16, 4, "command 2: waits on command 4");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 4, 0, 6, "arg 4: tensor index 6 out of range (6 tensors)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 16, 5, "tensor 1: ndim 5 exceeds 4");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 20, 2, "tensor 1: device index 2 out of range");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 56, 100,
+                    "tensor 1: bytes 100 does not match shape and dtype f32 (128 bytes)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 4, 3, "tensor 1: checkpoint string offset 3");
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 0, 8, 1, "kernel 0: codeobj index 1 out of range");
+  expect_field_fail(PLAN_SEC_OPS, R_OP, 0, 4, 3, "op 0: stream index 3 out of range");
+  expect_field_fail(PLAN_SEC_OPS, R_OP, 0, 8, 2, "op 0: kernel index 2 out of range");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 6, "info: ids_tensor index 6 out of range");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 1, "info: ids_tensor 1 has dtype f32, not i32");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 28, 2, "info: next_tensor 2 has dtype f32, not i32");
+
+  /* A shape whose byte count overflows 64 bits. */
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *t = b + sec_at(b, PLAN_SEC_TENSORS) + 1 * R_TENSOR;
+  wr64(t + 24, 1ull << 40);
+  wr64(t + 32, 1ull << 40);
+  reseal(b, len);
+  expect_fail(b, len, "tensor 1: shape overflows");
+  /* An offset so large that offset + bytes wraps. */
+  free(b);
+  b = encode_fixture(&len);
+  wr64(b + sec_at(b, PLAN_SEC_TENSORS) + 1 * R_TENSOR + 64, UINT64_MAX - 8);
+  reseal(b, len);
+  expect_fail(b, len, "tensor 1: offset");
+  free(b);
+}
+END_TEST
+
+/* Every single-byte change after the header, resealed, either decodes or is
+ * refused with a message; none may crash or leak (ASan build). */
+START_TEST(every_byte_flip) {
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *m = malloc(len);
+  int refused = 0;
+  for (size_t i = 12; i < len; i++) {
+    if (i >= 24 && i < 64) continue; /* checksum and reserved: resealed/ignored */
+    static const uint8_t masks[] = {0x01, 0x80, 0xff};
+    for (size_t k = 0; k < sizeof masks; k++) {
+      memcpy(m, b, len);
+      m[i] ^= masks[k];
+      reseal(m, len);
+      plan d;
+      rt_status st = plan_decode("plan.ds4p", m, len, &d);
+      if (st) {
+        ck_assert(strncmp(rt_status_msg(st), "plan.ds4p: ", 11) == 0);
+        refused++;
+        rt_status_free(st);
+      } else {
+        plan_free(&d);
+      }
+    }
+  }
+  ck_assert_int_gt(refused, 0);
+  free(m);
+  free(b);
+}
+END_TEST
+
+START_TEST(encode_refuses_invalid) {
+  fixture f;
+  fixture_build(&f);
+  f.streams[1].device = 7;
+  uint8_t *bytes = (uint8_t *)1;
+  size_t len = 1;
+  rt_status st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_null(bytes);
+  ck_assert_uint_eq(len, 0);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "stream 1: device index 7 out of range"));
+  rt_status_free(st);
+
+  fixture_build(&f);
+  f.p.tensors = NULL;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "tensors: 6 records but no array"));
+  rt_status_free(st);
+
+  fixture_build(&f);
+  f.p.strings_len = 3; /* "\0ti": does not end in NUL */
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "does not end in a NUL"));
+  rt_status_free(st);
+}
+END_TEST
+
+static int dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+START_TEST(write_and_read) {
+  char dir[] = "/tmp/test_plan.XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[256], bad[300];
+  snprintf(path, sizeof path, "%s/plan.ds4p", dir);
+
+  fixture f;
+  fixture_build(&f);
+  rt_status st = plan_write(&f.p, path);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  ck_assert_int_eq(dir_entries(dir), 1); /* no temporary left behind */
+  plan d;
+  st = plan_read(path, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  assert_plans_equal(&f.p, &d);
+  plan_free(&d);
+
+  /* The file holds exactly the encoded bytes. */
+  uint8_t *bytes;
+  size_t len;
+  ck_assert_ptr_null(plan_encode(&f.p, &bytes, &len));
+  FILE *fp = fopen(path, "rb");
+  ck_assert_ptr_nonnull(fp);
+  uint8_t *filebuf = malloc(len + 1);
+  ck_assert_uint_eq(fread(filebuf, 1, len + 1, fp), len);
+  fclose(fp);
+  ck_assert_mem_eq(filebuf, bytes, len);
+
+  /* A damaged file on disk is refused with its path in the message. */
+  filebuf[len - 1] ^= 1;
+  fp = fopen(path, "wb");
+  fwrite(filebuf, 1, len, fp);
+  fclose(fp);
+  st = plan_read(path, &d);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), path));
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "checksum mismatch"));
+  rt_status_free(st);
+  free(filebuf);
+  free(bytes);
+
+  /* Overwriting an existing plan replaces it atomically. */
+  ck_assert_ptr_null(plan_write(&f.p, path));
+  ck_assert_ptr_null(plan_read(path, &d));
+  plan_free(&d);
+
+  /* Missing file: path and strerror. */
+  snprintf(bad, sizeof bad, "%s/missing.ds4p", dir);
+  st = plan_read(bad, &d);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), bad));
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "No such file"));
+  rt_status_free(st);
+
+  /* A directory is not a plan. */
+  st = plan_read(dir, &d);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "not a regular file"));
+  rt_status_free(st);
+
+  /* Writing into a missing directory fails and names the path. */
+  snprintf(bad, sizeof bad, "%s/nodir/plan.ds4p", dir);
+  st = plan_write(&f.p, bad);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), bad));
+  rt_status_free(st);
+
+  /* Renaming onto a directory fails: the temporary file is removed. */
+  snprintf(bad, sizeof bad, "%s/adir", dir);
+  ck_assert_int_eq(mkdir(bad, 0700), 0);
+  st = plan_write(&f.p, bad);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "rename"));
+  rt_status_free(st);
+  ck_assert_int_eq(dir_entries(dir), 2); /* plan.ds4p and adir only */
+  rmdir(bad);
+
+  /* An invalid plan writes nothing. */
+  f.commands[0].a = 42;
+  snprintf(bad, sizeof bad, "%s/invalid.ds4p", dir);
+  st = plan_write(&f.p, bad);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "command 0: kernel index 42"));
+  rt_status_free(st);
+  ck_assert_int_eq(dir_entries(dir), 1);
+
+  unlink(path);
+  rmdir(dir);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("plan");
+  TCase *tc = tcase_create("plan");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, status_basics);
+  tcase_add_test(tc, sha256_vectors);
+  tcase_add_test(tc, names);
+  tcase_add_test(tc, round_trip);
+  tcase_add_test(tc, bad_header);
+  tcase_add_test(tc, bad_sections);
+  tcase_add_test(tc, bad_fields);
+  tcase_add_test(tc, every_byte_flip);
+  tcase_add_test(tc, encode_refuses_invalid);
+  tcase_add_test(tc, write_and_read);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
