@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks for building and testing
+# ds4c and ds4run, then configures and builds into build/ (or $1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+
+packages="build-essential cmake ninja-build pkg-config libyaml-dev check libsubunit-dev"
+missing=""
+for p in $packages; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: error: packages missing ($missing) and not running as root" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${DS4_CMAKE_ARGS:-} >/dev/null
+ninja -C "$build"
