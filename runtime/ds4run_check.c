@@ -1,1 +1,279 @@
-/* placeholder */ typedef int ds4_placeholder_check;
+/* ds4run_check.c - `ds4run --check`: compares every replayed step's logits
+ * and next tokens with the float64 reference (tests/ref), whose weights are
+ * regenerated from the seed here rather than read back from the bundle. */
+#include "ds4run_check.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+/* The bound on max|got - ref| / max|ref| of a step's logits; docs/CHECK.md
+ * says where it comes from (measured f32 error is ~4e-7 on tiny-moe). */
+#define CHECK_BOUND 1e-4
+/* A next-token mismatch counts only where the reference's top-1 leads its
+ * top-2 by more than this fraction of max|ref|: below it, f32 rounding may
+ * legitimately pick the other token. */
+#define CHECK_MARGIN 1e-3
+
+struct ds4run_check {
+  ref_tiny *ref;
+  uint32_t logits_tensor, next_tensor;
+  int tokens, vocab;
+  float *got;      /* [tokens, vocab] as replayed */
+  int32_t *next;   /* [tokens] as replayed */
+  double *want;    /* [tokens, vocab] from the reference */
+  ds4run_check_result res;
+};
+
+static rt_status param_of(const plan *p, const char *name, int *out) {
+  for (uint32_t i = 0; i < p->nparams; i++)
+    if (strcmp(plan_str(p, p->params[i].name), name) == 0) {
+      int64_t v = p->params[i].value;
+      if (v < 0 || v > INT_MAX)
+        return rt_status_make("ds4run --check: plan param %s = %lld is out of range", name,
+                              (long long)v);
+      *out = (int)v;
+      return NULL;
+    }
+  return rt_status_make("ds4run --check: the plan has no param '%s' (tiny-moe needs it)", name);
+}
+
+/* Round x to a format of `bits` significant bits whose smallest normal is
+ * 2^emin (round to nearest even, subnormals, overflow to infinity). */
+static double round_bits(double x, int bits, int emin, double maxfinite) {
+  if (x == 0.0 || !isfinite(x)) return x;
+  int e;
+  (void)frexp(x, &e); /* |x| in [2^(e-1), 2^e) */
+  int ulp = (e - 1 > emin ? e - 1 : emin) - bits + 1;
+  double r = ldexp(nearbyint(ldexp(x, -ulp)), ulp);
+  if (fabs(r) > maxfinite) return copysign(INFINITY, x);
+  return r;
+}
+
+/* The value as the runtime stores it in a tensor of this dtype: f32 is a
+ * (float) cast; bf16 and f16 round to nearest even straight from double;
+ * i32 saturates and truncates, NaN to 0. */
+static rt_status round_dtype(double v, uint32_t dtype, double *out) {
+  switch (dtype) {
+  case PLAN_F32:
+    *out = (double)(float)v;
+    return NULL;
+  case PLAN_BF16:
+    *out = isnan(v) ? v : round_bits(v, 8, -126, 0x1.fep127);
+    return NULL;
+  case PLAN_F16:
+    *out = isnan(v) ? v : round_bits(v, 11, -14, 65504.0);
+    return NULL;
+  case PLAN_I32: {
+    double c = v < -2147483648.0 ? -2147483648.0 : v > 2147483647.0 ? 2147483647.0 : v;
+    *out = isnan(c) ? 0.0 : (double)(int32_t)c;
+    return NULL;
+  }
+  default:
+    return rt_status_make("ds4run --check: weights of dtype %s have no reference rounding",
+                          plan_dtype_name(dtype));
+  }
+}
+
+static uint64_t elements_of(const plan_tensor *t) {
+  uint64_t n = 1;
+  for (uint32_t d = 0; d < t->ndim && d < PLAN_MAXDIM; d++) n *= t->dim[d];
+  return n;
+}
+
+static rt_status set_weights(ds4run_check *c, const plan *p, uint64_t seed) {
+  for (uint32_t ti = 0; ti < p->ntensors; ti++) {
+    const plan_tensor *t = &p->tensors[ti];
+    if (t->role != PLAN_WEIGHT) continue;
+    const char *path = plan_str(p, t->name);
+    uint64_t n = elements_of(t);
+    size_t want_n = 0;
+    if (!ref_tiny_tensor(c->ref, path, &want_n))
+      return rt_status_make("ds4run --check: plan weight '%s' has no tensor in the tiny-moe "
+                            "reference",
+                            path);
+    if (n != want_n)
+      return rt_status_make("ds4run --check: plan weight '%s' has %llu values, the reference "
+                            "expects %zu",
+                            path, (unsigned long long)n, want_n);
+    double *vals = malloc((size_t)n * sizeof *vals);
+    if (!vals) return rt_status_make("ds4run --check: out of memory for weight '%s'", path);
+    for (uint64_t i = 0; i < n; i++) {
+      rt_status s = round_dtype(rt_init_value(p, ti, seed, i), t->dtype, &vals[i]);
+      if (s) {
+        free(vals);
+        return rt_status_wrap(s, "weight '%s'", path);
+      }
+    }
+    char err[256];
+    int rc = ref_tiny_set_weight(c->ref, path, vals, (size_t)n, err, sizeof err);
+    free(vals);
+    if (rc) return rt_status_make("ds4run --check: %s", err);
+  }
+  const char *unset = ref_tiny_unset_weight(c->ref);
+  if (unset)
+    return rt_status_make("ds4run --check: reference weight '%s' is not a weight of the plan",
+                          unset);
+  return NULL;
+}
+
+/* The output tensor must be what tiny-moe declares: dtype and element count. */
+static rt_status check_output(const plan *p, uint32_t ti, const char *what, uint32_t dtype,
+                              uint64_t count) {
+  if (ti >= p->ntensors) return rt_status_make("ds4run --check: the plan has no %s tensor", what);
+  const plan_tensor *t = &p->tensors[ti];
+  if (t->dtype != dtype || elements_of(t) != count)
+    return rt_status_make("ds4run --check: output '%s' is %s with %llu values, expected %s "
+                          "with %llu",
+                          plan_str(p, t->name), plan_dtype_name(t->dtype),
+                          (unsigned long long)elements_of(t), plan_dtype_name(dtype),
+                          (unsigned long long)count);
+  return NULL;
+}
+
+static rt_status check_build(ds4run_check *c, rt_bundle *b, uint64_t weight_seed) {
+  const plan *p = rt_bundle_plan(b);
+  const char *model = plan_str(p, p->info.model);
+  if (strcmp(model, "tiny-moe") != 0)
+    return rt_status_make("ds4run --check: no float64 reference for model '%s'", model);
+
+  ref_tiny_params rp;
+  ref_tiny_params_init(&rp); /* eps 1e-6 and theta 10000, the YAML's attrs */
+  RT_TRY(param_of(p, "vocab", &rp.vocab));
+  RT_TRY(param_of(p, "hidden", &rp.hidden));
+  RT_TRY(param_of(p, "heads", &rp.heads));
+  RT_TRY(param_of(p, "head_dim", &rp.head_dim));
+  RT_TRY(param_of(p, "rope_dim", &rp.rope_dim));
+  RT_TRY(param_of(p, "experts", &rp.experts));
+  RT_TRY(param_of(p, "top_k", &rp.top_k));
+  RT_TRY(param_of(p, "expert_ffn", &rp.expert_ffn));
+  RT_TRY(param_of(p, "shared_ffn", &rp.shared_ffn));
+  RT_TRY(param_of(p, "n_layers", &rp.n_layers));
+  RT_TRY(param_of(p, "max_seq", &rp.max_seq));
+  RT_TRY(param_of(p, "tokens", &rp.tokens));
+  if ((uint32_t)rp.tokens != p->info.tokens)
+    return rt_status_make("ds4run --check: param tokens = %d but the plan steps %u tokens",
+                          rp.tokens, p->info.tokens);
+  char err[256];
+  c->ref = ref_tiny_new(&rp, err, sizeof err);
+  if (!c->ref) return rt_status_make("ds4run --check: %s", err);
+  c->tokens = rp.tokens;
+  c->vocab = rp.vocab;
+
+  RT_TRY(set_weights(c, p, weight_seed ? weight_seed : p->info.weight_seed));
+
+  RT_TRY(rt_status_wrap(rt_tensor_find(b, "logits", &c->logits_tensor), "ds4run --check"));
+  RT_TRY(check_output(p, c->logits_tensor, "logits", PLAN_F32,
+                      (uint64_t)rp.tokens * (uint64_t)rp.vocab));
+  c->next_tensor = p->info.next_tensor;
+  RT_TRY(check_output(p, c->next_tensor, "next-token", PLAN_I32, (uint64_t)rp.tokens));
+
+  size_t cells = (size_t)rp.tokens * (size_t)rp.vocab;
+  c->got = malloc(cells * sizeof *c->got);
+  c->want = malloc(cells * sizeof *c->want);
+  c->next = malloc((size_t)rp.tokens * sizeof *c->next);
+  if (!c->got || !c->want || !c->next)
+    return rt_status_make("ds4run --check: out of memory for %zu logits", cells);
+  c->res.bound = CHECK_BOUND;
+  return NULL;
+}
+
+rt_status ds4run_check_open(rt_bundle *b, uint64_t weight_seed, ds4run_check **out_check) {
+  *out_check = NULL;
+  if (!b) return rt_status_make("ds4run --check: no bundle");
+  ds4run_check *c = calloc(1, sizeof *c);
+  if (!c) return rt_status_make("ds4run --check: out of memory");
+  rt_status s = check_build(c, b, weight_seed);
+  if (s) {
+    ds4run_check_close(c);
+    return s;
+  }
+  *out_check = c;
+  return NULL;
+}
+
+/* The lowest index of the row's maximum, and the largest value elsewhere. */
+static int top_two(const double *row, int n, double *out_top2) {
+  int best = 0;
+  for (int v = 1; v < n; v++)
+    if (row[v] > row[best]) best = v;
+  double second = -INFINITY;
+  for (int v = 0; v < n; v++)
+    if (v != best && row[v] > second) second = row[v];
+  *out_top2 = second;
+  return best;
+}
+
+/* argmax of the replay's own f32 row, as OPS.md defines the op */
+static int argmax_f32(const float *row, int n) {
+  int best = 0;
+  for (int v = 1; v < n; v++)
+    if (row[v] > row[best]) best = v;
+  return best;
+}
+
+rt_status ds4run_check_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
+  ds4run_check *c = ctx;
+  int pos = step[0], ntok = step[1], T = c->tokens, V = c->vocab;
+  if (ntok < 1 || ntok > T)
+    return rt_status_make("ds4run --check: step %d has ntok = %d outside [1, %d]", step[2],
+                          ntok, T);
+  RT_TRY(rt_status_wrap(rt_tensor_read(b, c->logits_tensor, c->got, (size_t)T * V * sizeof(float)),
+                        "ds4run --check: step %d: reading logits", step[2]));
+  RT_TRY(rt_status_wrap(rt_tensor_read(b, c->next_tensor, c->next, (size_t)T * sizeof(int32_t)),
+                        "ds4run --check: step %d: reading next tokens", step[2]));
+  if (ref_tiny_step(c->ref, ids, ntok, pos, c->want))
+    return rt_status_make("ds4run --check: step %d: reference: %s", step[2],
+                          ref_tiny_error(c->ref));
+
+  /* Live rows against the reference; dead rows must be the zeros OPS.md
+   * says every kernel writes there. Either way the error is relative to
+   * the live rows' max|ref|. */
+  double maxref = 0.0, maxdiff = 0.0;
+  for (size_t i = 0; i < (size_t)ntok * V; i++)
+    if (fabs(c->want[i]) > maxref) maxref = fabs(c->want[i]);
+  for (size_t i = 0; i < (size_t)T * V; i++) {
+    double want = i < (size_t)ntok * V ? c->want[i] : 0.0;
+    double d = fabs((double)c->got[i] - want);
+    if (!(d <= maxdiff)) maxdiff = d; /* NaN or inf: the worst possible */
+  }
+  double rel = maxdiff == 0.0 ? 0.0 : maxref > 0.0 ? maxdiff / maxref : INFINITY;
+  if (isnan(rel)) rel = INFINITY;
+  if (c->res.steps == 0 || rel > c->res.max_rel_err) c->res.max_rel_err = rel;
+
+  for (int t = 0; t < T; t++) {
+    if (t >= ntok) { /* dead rows: -1 */
+      if (c->next[t] != -1) c->res.token_mismatches++;
+      continue;
+    }
+    double top2;
+    int top = top_two(c->want + (size_t)t * V, V, &top2);
+    double margin = c->want[(size_t)t * V + top] - top2;
+    if (margin > CHECK_MARGIN * maxref && c->next[t] != top) c->res.token_mismatches++;
+    /* argmax is exact over the replay's own logits: no margin applies */
+    else if (c->next[t] != argmax_f32(c->got + (size_t)t * V, V))
+      c->res.token_mismatches++;
+  }
+  c->res.steps++;
+  return NULL;
+}
+
+void ds4run_check_result_get(const ds4run_check *c, ds4run_check_result *out) {
+  *out = c->res;
+  out->bound = CHECK_BOUND;
+  /* a check that compared nothing has shown nothing */
+  out->passed = c->res.steps > 0 && c->res.max_rel_err <= CHECK_BOUND &&
+                c->res.token_mismatches == 0;
+}
+
+void ds4run_check_close(ds4run_check *c) {
+  if (!c) return;
+  ref_tiny_free(c->ref);
+  free(c->got);
+  free(c->want);
+  free(c->next);
+  free(c);
+}
