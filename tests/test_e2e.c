@@ -158,6 +158,25 @@ START_TEST(damaged_code_object_is_refused) {
 }
 END_TEST
 
+/* The exact oracle: another schedule of the same model (three streams with
+ * events) replays to the same output bytes. */
+START_TEST(schedules_agree_bit_for_bit) {
+  char streams[700];
+  snprintf(streams, sizeof streams, "%s/streams", tmpdir);
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-streams.yaml",
+                    .out_dir = streams};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+  char a[8192], b[8192], args[800];
+  snprintf(args, sizeof args, "%s --steps 12", bundle);
+  ck_assert_int_eq(ds4run(args, a, sizeof a), 0);
+  snprintf(args, sizeof args, "%s --steps 12", streams);
+  ck_assert_int_eq(ds4run(args, b, sizeof b), 0);
+  ck_assert_ptr_nonnull(strstr(a, "outputs sha256: "));
+  ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("e2e");
   TCase *tc = tcase_create("tiny-moe");
@@ -167,6 +186,7 @@ int main(void) {
   tcase_add_test(tc, corrupted_weight_fails_the_check);
   tcase_add_test(tc, wrong_kernel_fails_the_check);
   tcase_add_test(tc, damaged_code_object_is_refused);
+  tcase_add_test(tc, schedules_agree_bit_for_bit);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);
