@@ -32,11 +32,12 @@ static int parse_int(const dsl_str *s, int64_t lo, int64_t hi, int64_t *out, dsl
   return 0;
 }
 
-static int parse_positive(const dsl_str *s, double *out, dsl_diag *d) {
+/* A cost-profile number in [lo, 1e30]; lo > 0 means strictly positive. */
+static int parse_cost(const dsl_str *s, double lo, double *out, dsl_diag *d) {
   char *end;
   *out = strtod(s->text, &end);
-  if (end == s->text || *end || !(*out > 0) || *out > 1e30)
-    return dsl_error(d, s->pos, "expected a positive number, found '%s'", s->text);
+  if (end == s->text || *end || !(lo > 0 ? *out > 0 : *out >= 0) || *out > 1e30)
+    return dsl_error(d, s->pos, "expected a %s number, found '%s'", lo > 0 ? "positive" : "non-negative", s->text);
   return 0;
 }
 
@@ -71,8 +72,8 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     if (sd->threads.text && parse_int(&sd->threads, 1, 1024, &v, d)) return -1;
     dv->threads = (int)v;
     if (sd->memory.text && parse_int(&sd->memory, 1, INT64_MAX, &dv->memory, d)) return -1;
-    if (parse_positive(&sd->bandwidth, &dv->bandwidth, d) || parse_positive(&sd->flops, &dv->flops, d) ||
-        parse_positive(&sd->launch, &dv->launch, d))
+    if (parse_cost(&sd->bandwidth, 1, &dv->bandwidth, d) || parse_cost(&sd->flops, 1, &dv->flops, d) ||
+        parse_cost(&sd->launch, 0, &dv->launch, d))
       return -1;
   }
   return 0;

@@ -1,1 +1,241 @@
-/* placeholder: being written */ typedef int ds4_placeholder_dsl_model;
+/* dsl_model.c - loads a model description (model, params, tensors, blocks,
+ * layers) into dsl_model, checking keys, required fields, types, dtype and
+ * role names. Meaning (shapes, operands, op kinds) is the compiler's job. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsl_yaml.h"
+
+static const char *const model_keys[] = {"model", "params", "tensors", "blocks", "layers", NULL};
+static const char *const tensor_keys[] = {"name", "shape", "dtype", "role", "checkpoint",
+                                          "init_scale", "init_offset", NULL};
+static const char *const block_keys[] = {"name", "carry", "tensors", "ops", NULL};
+static const char *const carry_keys[] = {"in", "out", NULL};
+static const char *const op_keys[] = {"name", "op", "in", "out", "attrs", NULL};
+static const char *const layer_keys[] = {"block", "name", "repeat", "params", NULL};
+static const char *const dtypes[] = {"f32", "bf16", "f16", "i32", "fp8_e4m3", "mxfp4", NULL};
+static const char *const roles[] = {"input", "output", "weight", "state", "activation", NULL};
+
+static int oom(dsl_diag *d) {
+  return dsl_error(d, (dsl_pos){NULL, 0, 0}, "out of memory");
+}
+
+/* A list of mappings under key (optional ones may be absent or empty);
+ * sets *out to the list node or NULL. */
+static int list_of_maps(const dy_node *parent, const char *key, const char *what, int required,
+                        dy_node **out, dsl_diag *d) {
+  *out = NULL;
+  dy_node *v = required ? dy_need(parent, key, what, d) : dy_get(parent, key);
+  if (!v) return required ? -1 : 0;
+  if (dy_expect(v, DY_SEQ, key, what, d)) return -1;
+  if (v->kind != DY_SEQ) return 0; /* null: an empty list */
+  for (int i = 0; i < v->n; i++)
+    if (v->items[i]->kind != DY_MAP)
+      return dsl_error(d, v->items[i]->pos, "entries of '%s' in %s must be mappings, not a %s", key, what,
+                       dy_kind_name(v->items[i]));
+  *out = v;
+  return 0;
+}
+
+/* params of the model and of a layer: names must be usable in expressions */
+static int load_params(dy_node *map, const char *what, dsl_kv **out, int *out_n, dsl_diag *d) {
+  dy_node *v = dy_get(map, "params");
+  if (!v) return 0;
+  if (dy_take_kvs(v, "params", what, out, out_n, d)) return -1;
+  for (int i = 0; i < *out_n; i++)
+    if (!dy_is_ident((*out)[i].key.text))
+      return dsl_error(d, (*out)[i].key.pos,
+                       "param name '%.100s' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)",
+                       (*out)[i].key.text);
+  return 0;
+}
+
+static int load_tensor(dy_node *n, dsl_tensor *t, dsl_diag *d) {
+  t->pos = n->pos;
+  if (dy_check_keys(n, "tensor", tensor_keys, d)) return -1;
+  if (dy_take_req(n, "name", "tensor", &t->name, d)) return -1;
+  dy_node *shape = dy_need(n, "shape", "tensor", d);
+  if (!shape || dy_take_list(shape, "shape", "tensor", &t->shape, &t->ndim, d)) return -1;
+  if (dy_take_req(n, "dtype", "tensor", &t->dtype, d)) return -1;
+  if (dy_check_choice(&t->dtype, "dtype", dtypes, d)) return -1;
+  if (dy_take_req(n, "role", "tensor", &t->role, d)) return -1;
+  if (dy_check_choice(&t->role, "role", roles, d)) return -1;
+  if (dy_take_opt(n, "checkpoint", "tensor", &t->checkpoint, d)) return -1;
+  if (dy_take_opt(n, "init_scale", "tensor", &t->init_scale, d)) return -1;
+  if (t->init_scale.text && dy_check_number(&t->init_scale, "init_scale", 0, d)) return -1;
+  if (dy_take_opt(n, "init_offset", "tensor", &t->init_offset, d)) return -1;
+  if (t->init_offset.text && dy_check_number(&t->init_offset, "init_offset", 0, d)) return -1;
+  return 0;
+}
+
+static int load_tensors(const dy_node *parent, const char *what, dsl_tensor **out, int *out_n,
+                        dsl_diag *d) {
+  dy_node *list;
+  if (list_of_maps(parent, "tensors", what, 0, &list, d)) return -1;
+  if (!list || list->n == 0) return 0;
+  dsl_tensor *a = dsl_calloc((size_t)list->n, sizeof *a);
+  if (!a) return oom(d);
+  *out = a;
+  *out_n = list->n; /* the caller frees a partly filled array */
+  for (int i = 0; i < list->n; i++)
+    if (load_tensor(list->items[i], &a[i], d)) return -1;
+  return 0;
+}
+
+static int load_op(dy_node *n, dsl_op *op, dsl_diag *d) {
+  op->pos = n->pos;
+  if (dy_check_keys(n, "op", op_keys, d)) return -1;
+  if (dy_take_req(n, "name", "op", &op->name, d)) return -1;
+  if (dy_take_req(n, "op", "op", &op->kind, d)) return -1;
+  dy_node *in = dy_need(n, "in", "op", d);
+  if (!in || dy_take_list(in, "in", "op", &op->in, &op->nin, d)) return -1;
+  dy_node *out = dy_need(n, "out", "op", d);
+  if (!out || dy_take_list(out, "out", "op", &op->out, &op->nout, d)) return -1;
+  dy_node *attrs = dy_get(n, "attrs");
+  if (attrs && dy_take_kvs(attrs, "attrs", "op", &op->attrs, &op->nattrs, d)) return -1;
+  return 0;
+}
+
+static int load_block(dy_node *n, dsl_block *b, dsl_diag *d) {
+  b->pos = n->pos;
+  if (dy_check_keys(n, "block", block_keys, d)) return -1;
+  if (dy_take_req(n, "name", "block", &b->name, d)) return -1;
+  dy_node *carry = dy_get(n, "carry");
+  if (carry) {
+    if (dy_expect(carry, DY_MAP, "carry", "block", d)) return -1;
+    if (carry->kind == DY_MAP) {
+      if (dy_check_keys(carry, "carry", carry_keys, d)) return -1;
+      if (dy_take_opt(carry, "in", "carry", &b->carry_in, d)) return -1;
+      if (dy_take_opt(carry, "out", "carry", &b->carry_out, d)) return -1;
+    }
+  }
+  if (load_tensors(n, "block", &b->tensors, &b->ntensors, d)) return -1;
+  dy_node *ops;
+  if (list_of_maps(n, "ops", "block", 1, &ops, d)) return -1;
+  if (!ops || ops->n == 0) return 0;
+  b->ops = dsl_calloc((size_t)ops->n, sizeof *b->ops);
+  if (!b->ops) return oom(d);
+  b->nops = ops->n;
+  for (int i = 0; i < ops->n; i++)
+    if (load_op(ops->items[i], &b->ops[i], d)) return -1;
+  return 0;
+}
+
+static int load_layer(dy_node *n, dsl_layer *l, dsl_diag *d) {
+  l->pos = n->pos;
+  if (dy_check_keys(n, "layer", layer_keys, d)) return -1;
+  if (dy_take_req(n, "block", "layer", &l->block, d)) return -1;
+  if (dy_take_req(n, "name", "layer", &l->name, d)) return -1;
+  if (dy_take_opt(n, "repeat", "layer", &l->repeat, d)) return -1;
+  return load_params(n, "layer", &l->params, &l->nparams, d);
+}
+
+static int load_model(dy_node *root, dsl_model *m, dsl_diag *d) {
+  if (root->kind != DY_MAP)
+    return dsl_error(d, root->pos,
+                     "a model description is a mapping with keys model, params, tensors, blocks and "
+                     "layers, not a %s", dy_kind_name(root));
+  if (dy_check_keys(root, "model", model_keys, d)) return -1;
+  if (dy_take_req(root, "model", "model", &m->name, d)) return -1;
+  if (load_params(root, "model", &m->params, &m->nparams, d)) return -1;
+  if (load_tensors(root, "model", &m->tensors, &m->ntensors, d)) return -1;
+  dy_node *blocks, *layers;
+  if (list_of_maps(root, "blocks", "model", 1, &blocks, d)) return -1;
+  if (blocks && blocks->n) {
+    m->blocks = dsl_calloc((size_t)blocks->n, sizeof *m->blocks);
+    if (!m->blocks) return oom(d);
+    m->nblocks = blocks->n;
+    for (int i = 0; i < blocks->n; i++)
+      if (load_block(blocks->items[i], &m->blocks[i], d)) return -1;
+  }
+  if (list_of_maps(root, "layers", "model", 1, &layers, d)) return -1;
+  if (layers && layers->n) {
+    m->layers = dsl_calloc((size_t)layers->n, sizeof *m->layers);
+    if (!m->layers) return oom(d);
+    m->nlayers = layers->n;
+    for (int i = 0; i < layers->n; i++)
+      if (load_layer(layers->items[i], &m->layers[i], d)) return -1;
+  }
+  return 0;
+}
+
+static void tensors_free(dsl_tensor *t, int n) {
+  if (!t) return;
+  for (int i = 0; i < n; i++) {
+    free(t[i].name.text);
+    dsl_strs_free(t[i].shape, t[i].ndim);
+    free(t[i].dtype.text);
+    free(t[i].role.text);
+    free(t[i].checkpoint.text);
+    free(t[i].init_scale.text);
+    free(t[i].init_offset.text);
+  }
+  free(t);
+}
+
+void dsl_model_free(dsl_model *m) {
+  if (!m) return;
+  free(m->name.text);
+  dsl_kvs_free(m->params, m->nparams);
+  tensors_free(m->tensors, m->ntensors);
+  for (int i = 0; m->blocks && i < m->nblocks; i++) {
+    dsl_block *b = &m->blocks[i];
+    free(b->name.text);
+    free(b->carry_in.text);
+    free(b->carry_out.text);
+    tensors_free(b->tensors, b->ntensors);
+    for (int j = 0; b->ops && j < b->nops; j++) {
+      dsl_op *op = &b->ops[j];
+      free(op->name.text);
+      free(op->kind.text);
+      dsl_strs_free(op->in, op->nin);
+      dsl_strs_free(op->out, op->nout);
+      dsl_kvs_free(op->attrs, op->nattrs);
+    }
+    free(b->ops);
+  }
+  free(m->blocks);
+  for (int i = 0; m->layers && i < m->nlayers; i++) {
+    dsl_layer *l = &m->layers[i];
+    free(l->block.text);
+    free(l->name.text);
+    free(l->repeat.text);
+    dsl_kvs_free(l->params, l->nparams);
+  }
+  free(m->layers);
+  dsl_source_free(m->src);
+  free(m);
+}
+
+int dsl_model_parse(const char *path, const char *text, size_t len, dsl_model **out_model,
+                    dsl_diag *d) {
+  *out_model = NULL;
+  dsl_source *src;
+  dy_node *root;
+  if (dy_parse(path, text, len, &src, &root, d)) return -1;
+  dsl_model *m = dsl_calloc(1, sizeof *m);
+  if (!m) {
+    dy_free(root);
+    dsl_source_free(src);
+    return oom(d);
+  }
+  m->src = src;
+  int rc = load_model(root, m, d);
+  dy_free(root);
+  if (rc) {
+    dsl_model_free(m);
+    return -1;
+  }
+  *out_model = m;
+  return 0;
+}
+
+int dsl_model_load(const char *path, dsl_model **out_model, dsl_diag *d) {
+  *out_model = NULL;
+  char *text;
+  size_t len;
+  if (dy_read_file(path, &text, &len, d)) return -1;
+  int rc = dsl_model_parse(path, text, len, out_model, d);
+  free(text);
+  return rc;
+}

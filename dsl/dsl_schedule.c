@@ -1,1 +1,267 @@
-/* placeholder: being written */ typedef int ds4_placeholder_dsl_schedule;
+/* dsl_schedule.c - loads a schedule description (devices, streams, owner
+ * rules, ordering hints, copy policy, step) into dsl_schedule. Owner rules
+ * are split here into glob, device and stream, each with its own column. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsl_yaml.h"
+
+static const char *const sched_keys[] = {"schedule", "model", "devices", "streams", "owners",
+                                         "early_resolve", "submit_first", "priority", "copies",
+                                         "step", NULL};
+static const char *const device_keys[] = {"name", "backend", "arch", "ordinal", "threads", "memory",
+                                          "bandwidth", "flops", "launch", NULL};
+static const char *const stream_keys[] = {"name", "device", NULL};
+static const char *const step_keys[] = {"prefill", "decode", NULL};
+static const char *const backends[] = {"cpu", "hip", "cuda", NULL};
+
+static int oom(dsl_diag *d) {
+  return dsl_error(d, (dsl_pos){NULL, 0, 0}, "out of memory");
+}
+
+static int list_of_maps(const dy_node *parent, const char *key, dy_node **out, dsl_diag *d) {
+  *out = NULL;
+  dy_node *v = dy_need(parent, key, "schedule", d);
+  if (!v) return -1;
+  if (dy_expect(v, DY_SEQ, key, "schedule", d)) return -1;
+  if (v->kind != DY_SEQ) return 0;
+  for (int i = 0; i < v->n; i++)
+    if (v->items[i]->kind != DY_MAP)
+      return dsl_error(d, v->items[i]->pos, "entries of '%s' in schedule must be mappings, not a %s", key,
+                       dy_kind_name(v->items[i]));
+  *out = v;
+  return 0;
+}
+
+static int load_device(dy_node *n, dsl_device *dev, dsl_diag *d) {
+  dev->pos = n->pos;
+  if (dy_check_keys(n, "device", device_keys, d)) return -1;
+  if (dy_take_req(n, "name", "device", &dev->name, d)) return -1;
+  if (dy_take_req(n, "backend", "device", &dev->backend, d)) return -1;
+  if (dy_check_choice(&dev->backend, "backend", backends, d)) return -1;
+  if (dy_take_req(n, "arch", "device", &dev->arch, d)) return -1;
+  if (dy_take_req(n, "ordinal", "device", &dev->ordinal, d)) return -1;
+  if (dy_check_int(&dev->ordinal, "ordinal", 0, d)) return -1;
+  if (dy_take_opt(n, "threads", "device", &dev->threads, d)) return -1;
+  if (dev->threads.text) {
+    if (strcmp(dev->backend.text, "cpu") != 0)
+      return dsl_error(d, dev->threads.pos, "'threads' is only for cpu devices; '%.100s' has backend %s",
+                       dev->name.text, dev->backend.text);
+    if (dy_check_int(&dev->threads, "threads", 1, d)) return -1;
+  }
+  if (dy_take_opt(n, "memory", "device", &dev->memory, d)) return -1;
+  if (dev->memory.text && dy_check_int(&dev->memory, "memory", 1, d)) return -1;
+  if (dy_take_req(n, "bandwidth", "device", &dev->bandwidth, d)) return -1;
+  if (dy_check_number(&dev->bandwidth, "bandwidth", 2, d)) return -1;
+  if (dy_take_req(n, "flops", "device", &dev->flops, d)) return -1;
+  if (dy_check_number(&dev->flops, "flops", 2, d)) return -1;
+  if (dy_take_req(n, "launch", "device", &dev->launch, d)) return -1;
+  if (dy_check_number(&dev->launch, "launch", 1, d)) return -1;
+  return 0;
+}
+
+static int load_stream(dy_node *n, dsl_stream *s, dsl_diag *d) {
+  s->pos = n->pos;
+  if (dy_check_keys(n, "stream", stream_keys, d)) return -1;
+  if (dy_take_req(n, "name", "stream", &s->name, d)) return -1;
+  return dy_take_req(n, "device", "stream", &s->device, d);
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t'; }
+
+/* A part of the rule [b, e) as its own positioned string. */
+static int rule_part(const dsl_str *rule, size_t b, size_t e, dsl_str *out, dsl_diag *d) {
+  out->text = dsl_strndup(rule->text + b, e - b);
+  if (!out->text) return oom(d);
+  out->pos = dsl_pos_at(rule, b);
+  return 0;
+}
+
+/* "glob -> device" or "glob -> device.stream"; every complaint points at
+ * the column inside the rule where the problem is. */
+static int split_owner(const dsl_str *rule, dsl_owner *o, dsl_diag *d) {
+  const char *t = rule->text;
+  size_t len = strlen(t);
+  o->pos = rule->pos;
+  const char *arrow = strstr(t, "->");
+  if (!arrow)
+    return dsl_error(d, dsl_pos_at(rule, 0),
+                     "owner rule '%.100s' has no '->' (write 'glob -> device' or 'glob -> device.stream')", t);
+  size_t a = (size_t)(arrow - t);
+  const char *again = strstr(arrow + 2, "->");
+  if (again) return dsl_error(d, dsl_pos_at(rule, (size_t)(again - t)), "owner rule has a second '->'");
+  size_t gb = 0, ge = a;
+  while (gb < ge && is_space(t[gb])) gb++;
+  while (ge > gb && is_space(t[ge - 1])) ge--;
+  if (gb == ge) return dsl_error(d, dsl_pos_at(rule, a), "owner rule has no glob before '->'");
+  size_t tb = a + 2, te = len;
+  while (tb < te && is_space(t[tb])) tb++;
+  while (te > tb && is_space(t[te - 1])) te--;
+  if (tb == te) return dsl_error(d, dsl_pos_at(rule, len), "owner rule has no device after '->'");
+  for (size_t i = tb; i < te; i++)
+    if (is_space(t[i]))
+      return dsl_error(d, dsl_pos_at(rule, i), "owner target must be 'device' or 'device.stream' without spaces");
+  const char *dot = memchr(t + tb, '.', te - tb);
+  size_t de = dot ? (size_t)(dot - t) : te;
+  if (de == tb) return dsl_error(d, dsl_pos_at(rule, tb), "owner rule has an empty device name before '.'");
+  if (dot) {
+    size_t sb = de + 1;
+    if (sb == te) return dsl_error(d, dsl_pos_at(rule, sb), "owner rule has an empty stream name after '.'");
+    const char *dot2 = memchr(t + sb, '.', te - sb);
+    if (dot2)
+      return dsl_error(d, dsl_pos_at(rule, (size_t)(dot2 - t)),
+                       "owner target has a second '.'; write 'device' or 'device.stream'");
+  }
+  if (rule_part(rule, gb, ge, &o->glob, d)) return -1;
+  if (rule_part(rule, tb, de, &o->device, d)) return -1;
+  if (dot && rule_part(rule, de + 1, te, &o->stream, d)) return -1;
+  return 0;
+}
+
+static int load_owners(dy_node *root, dsl_schedule *s, dsl_diag *d) {
+  dy_node *v = dy_need(root, "owners", "schedule", d);
+  if (!v) return -1;
+  dsl_str *rules = NULL;
+  int n = 0;
+  if (dy_take_list(v, "owners", "schedule", &rules, &n, d)) {
+    dsl_strs_free(rules, n);
+    return -1;
+  }
+  int rc = 0;
+  if (n) {
+    s->owners = dsl_calloc((size_t)n, sizeof *s->owners);
+    if (!s->owners) rc = oom(d);
+    else s->nowners = n;
+  }
+  for (int i = 0; rc == 0 && i < n; i++) rc = split_owner(&rules[i], &s->owners[i], d);
+  dsl_strs_free(rules, n);
+  return rc;
+}
+
+static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
+  if (root->kind != DY_MAP)
+    return dsl_error(d, root->pos,
+                     "a schedule description is a mapping with keys schedule, model, devices, streams, "
+                     "owners and step, not a %s", dy_kind_name(root));
+  if (dy_check_keys(root, "schedule", sched_keys, d)) return -1;
+  if (dy_take_req(root, "schedule", "schedule", &s->name, d)) return -1;
+  if (dy_take_req(root, "model", "schedule", &s->model, d)) return -1;
+
+  dy_node *list;
+  if (list_of_maps(root, "devices", &list, d)) return -1;
+  if (list && list->n) {
+    s->devices = dsl_calloc((size_t)list->n, sizeof *s->devices);
+    if (!s->devices) return oom(d);
+    s->ndevices = list->n;
+    for (int i = 0; i < list->n; i++)
+      if (load_device(list->items[i], &s->devices[i], d)) return -1;
+  }
+  if (list_of_maps(root, "streams", &list, d)) return -1;
+  if (list && list->n) {
+    s->streams = dsl_calloc((size_t)list->n, sizeof *s->streams);
+    if (!s->streams) return oom(d);
+    s->nstreams = list->n;
+    for (int i = 0; i < list->n; i++)
+      if (load_stream(list->items[i], &s->streams[i], d)) return -1;
+  }
+  if (load_owners(root, s, d)) return -1;
+
+  dy_node *v;
+  if ((v = dy_get(root, "early_resolve")) &&
+      dy_take_list(v, "early_resolve", "schedule", &s->early_resolve, &s->nearly_resolve, d))
+    return -1;
+  if ((v = dy_get(root, "submit_first")) &&
+      dy_take_list(v, "submit_first", "schedule", &s->submit_first, &s->nsubmit_first, d))
+    return -1;
+  if ((v = dy_get(root, "priority"))) {
+    if (dy_take_kvs(v, "priority", "schedule", &s->priority, &s->npriority, d)) return -1;
+    for (int i = 0; i < s->npriority; i++)
+      if (dy_check_int(&s->priority[i].value, "priority", LLONG_MIN, d)) return -1;
+  }
+  if ((v = dy_get(root, "copies")) && dy_take_kvs(v, "copies", "schedule", &s->copies, &s->ncopies, d))
+    return -1;
+
+  dy_node *step = dy_need(root, "step", "schedule", d);
+  if (!step) return -1;
+  if (step->kind != DY_MAP)
+    return dsl_error(d, step->pos, "'step' in schedule must be a mapping (prefill, decode), not a %s",
+                     dy_kind_name(step));
+  if (dy_check_keys(step, "step", step_keys, d)) return -1;
+  if (dy_take_req(step, "prefill", "step", &s->step_prefill, d)) return -1;
+  if (dy_check_int(&s->step_prefill, "prefill", 0, d)) return -1;
+  if (dy_take_req(step, "decode", "step", &s->step_decode, d)) return -1;
+  if (dy_check_int(&s->step_decode, "decode", 1, d)) return -1;
+  return 0;
+}
+
+void dsl_schedule_free(dsl_schedule *s) {
+  if (!s) return;
+  free(s->name.text);
+  free(s->model.text);
+  for (int i = 0; s->devices && i < s->ndevices; i++) {
+    dsl_device *dev = &s->devices[i];
+    free(dev->name.text);
+    free(dev->backend.text);
+    free(dev->arch.text);
+    free(dev->ordinal.text);
+    free(dev->threads.text);
+    free(dev->memory.text);
+    free(dev->bandwidth.text);
+    free(dev->flops.text);
+    free(dev->launch.text);
+  }
+  free(s->devices);
+  for (int i = 0; s->streams && i < s->nstreams; i++) {
+    free(s->streams[i].name.text);
+    free(s->streams[i].device.text);
+  }
+  free(s->streams);
+  for (int i = 0; s->owners && i < s->nowners; i++) {
+    free(s->owners[i].glob.text);
+    free(s->owners[i].device.text);
+    free(s->owners[i].stream.text);
+  }
+  free(s->owners);
+  dsl_strs_free(s->early_resolve, s->nearly_resolve);
+  dsl_strs_free(s->submit_first, s->nsubmit_first);
+  dsl_kvs_free(s->priority, s->npriority);
+  dsl_kvs_free(s->copies, s->ncopies);
+  free(s->step_prefill.text);
+  free(s->step_decode.text);
+  dsl_source_free(s->src);
+  free(s);
+}
+
+int dsl_schedule_parse(const char *path, const char *text, size_t len, dsl_schedule **out_sched,
+                       dsl_diag *d) {
+  *out_sched = NULL;
+  dsl_source *src;
+  dy_node *root;
+  if (dy_parse(path, text, len, &src, &root, d)) return -1;
+  dsl_schedule *s = dsl_calloc(1, sizeof *s);
+  if (!s) {
+    dy_free(root);
+    dsl_source_free(src);
+    return oom(d);
+  }
+  s->src = src;
+  int rc = load_schedule(root, s, d);
+  dy_free(root);
+  if (rc) {
+    dsl_schedule_free(s);
+    return -1;
+  }
+  *out_sched = s;
+  return 0;
+}
+
+int dsl_schedule_load(const char *path, dsl_schedule **out_sched, dsl_diag *d) {
+  *out_sched = NULL;
+  char *text;
+  size_t len;
+  if (dy_read_file(path, &text, &len, d)) return -1;
+  int rc = dsl_schedule_parse(path, text, len, out_sched, d);
+  free(text);
+  return rc;
+}
