@@ -1,1 +1,575 @@
-/* placeholder: being written */ typedef int ds4_placeholder_bundle;
+/* bundle.c - opening a bundle: read and re-check the plan, verify every code
+ * object's SHA-256, open devices, allocate arenas, fill weights from the
+ * seeded generator, load kernels, and resolve every command once so that
+ * replay (replay.c) only walks arrays. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_impl.h"
+#include "sha256.h"
+
+/* ---- the seeded generator and dtype rounding ---- */
+
+double rt_init_value(const plan *p, uint32_t tensor, uint64_t seed, uint64_t i) {
+  const plan_tensor *t = &p->tensors[tensor];
+  double u = rt_uniform(seed, plan_str(p, t->name), i);
+  return t->init_offset + t->init_scale * u;
+}
+
+/* Round x to a binary format with `mant` fraction bits and normal exponents
+ * [emin, emax], to nearest, ties to even, straight from double (rounding via
+ * float first could round twice). Returns the rounded value (inf past max). */
+static double round_to_format(double x, int mant, int emin, int emax) {
+  if (x == 0.0 || isnan(x) || isinf(x)) return x;
+  int e;
+  frexp(x, &e); /* |x| = m * 2^e, m in [0.5, 1) */
+  e -= 1;       /* |x| in [2^e, 2^(e+1)) */
+  if (e < emin) e = emin;
+  double quantum = ldexp(1.0, e - mant);
+  double r = nearbyint(x / quantum) * quantum; /* default mode: ties to even */
+  double maxv = ldexp(2.0 - ldexp(1.0, -mant), emax);
+  if (fabs(r) > maxv) return copysign(INFINITY, x);
+  return r;
+}
+
+static uint16_t to_bf16(double x) {
+  if (isnan(x)) return 0x7fc0;
+  float f = (float)round_to_format(x, 7, -126, 127); /* exact: bf16 is a subset of f32 */
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return (uint16_t)(bits >> 16);
+}
+
+static uint16_t to_f16(double x) {
+  if (isnan(x)) return 0x7e00;
+  double r = round_to_format(x, 10, -14, 15);
+  uint16_t sign = signbit(r) ? 0x8000 : 0;
+  double a = fabs(r);
+  if (a == 0.0) return sign;
+  if (isinf(a)) return sign | 0x7c00;
+  int e;
+  frexp(a, &e);
+  e -= 1;
+  if (e < -14) return sign | (uint16_t)(a * 0x1p24); /* subnormal: multiples of 2^-24 */
+  uint16_t frac = (uint16_t)((ldexp(a, -e) - 1.0) * 1024.0);
+  return sign | (uint16_t)((e + 15) << 10) | frac;
+}
+
+static void store_value(uint32_t dtype, void *dst, uint64_t i, double v) {
+  switch (dtype) {
+  case PLAN_F32: ((float *)dst)[i] = (float)v; break;
+  case PLAN_BF16: ((uint16_t *)dst)[i] = to_bf16(v); break;
+  case PLAN_F16: ((uint16_t *)dst)[i] = to_f16(v); break;
+  case PLAN_I32: {
+    double c = v < -2147483648.0 ? -2147483648.0 : v > 2147483647.0 ? 2147483647.0 : v;
+    ((int32_t *)dst)[i] = isnan(c) ? 0 : (int32_t)c;
+    break;
+  }
+  }
+}
+
+/* ---- helpers ---- */
+
+static char *join_path(const char *dir, const char *rel) {
+  size_t n = strlen(dir), m = strlen(rel);
+  char *s = malloc(n + m + 2);
+  if (!s) return NULL;
+  memcpy(s, dir, n);
+  size_t k = n;
+  if (n && dir[n - 1] != '/') s[k++] = '/';
+  memcpy(s + k, rel, m + 1);
+  return s;
+}
+
+static rt_status file_sha256(const char *path, uint8_t out[32]) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return rt_status_make("%s: cannot open: %s", path, strerror(errno));
+  rt_sha256_ctx c;
+  rt_sha256_init(&c);
+  uint8_t buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) rt_sha256_update(&c, buf, n);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) return rt_status_make("%s: read error", path);
+  rt_sha256_final(&c, out);
+  return NULL;
+}
+
+static int path_escapes(const char *rel) {
+  if (rel[0] == '/' || rel[0] == 0) return 1;
+  for (const char *s = rel; *s;) {
+    const char *e = strchr(s, '/');
+    size_t n = e ? (size_t)(e - s) : strlen(s);
+    if (n == 2 && s[0] == '.' && s[1] == '.') return 1;
+    if (!e) break;
+    s = e + 1;
+  }
+  return 0;
+}
+
+/* The runtime's own checks, on top of plan_decode's: the facts replay relies
+ * on to never touch memory outside an arena or wait forever. */
+static rt_status check_plan(const plan *p, const char *name) {
+  const plan_info *in = &p->info;
+  for (uint32_t i = 0; i < p->ntensors; i++) {
+    const plan_tensor *t = &p->tensors[i];
+    if (t->device >= p->ndevices || t->dtype >= PLAN_NDTYPE)
+      return rt_status_make("%s: tensor %s: bad device or dtype", name, plan_str(p, t->name));
+    uint64_t arena = p->devices[t->device].arena_bytes;
+    if (t->offset > arena || t->bytes > arena - t->offset)
+      return rt_status_make("%s: tensor %s: bytes [%llu, +%llu) outside the arena of %llu bytes",
+                            name, plan_str(p, t->name), (unsigned long long)t->offset,
+                            (unsigned long long)t->bytes, (unsigned long long)arena);
+    if (t->bytes % plan_dtype_size(t->dtype))
+      return rt_status_make("%s: tensor %s: %llu bytes is not a whole number of %s", name,
+                            plan_str(p, t->name), (unsigned long long)t->bytes,
+                            plan_dtype_name(t->dtype));
+  }
+  for (uint32_t i = 0; i < p->nstreams; i++)
+    if (p->streams[i].device >= p->ndevices)
+      return rt_status_make("%s: stream %u: bad device", name, i);
+  for (uint32_t i = 0; i < p->nkernels; i++)
+    if (p->kernels[i].codeobj >= p->ncodeobjs)
+      return rt_status_make("%s: kernel %s: bad code object", name, plan_str(p, p->kernels[i].symbol));
+  for (uint32_t i = 0; i < p->ncodeobjs; i++)
+    if (path_escapes(plan_str(p, p->codeobjs[i].path)))
+      return rt_status_make("%s: code object path '%s' leaves the bundle", name,
+                            plan_str(p, p->codeobjs[i].path));
+  uint32_t *recorded = calloc(in->nevents ? in->nevents : 1, sizeof *recorded);
+  if (!recorded) return rt_status_make("%s: out of memory", name);
+  rt_status err = NULL;
+  for (uint32_t i = 0; i < p->ncommands && !err; i++) {
+    const plan_command *c = &p->commands[i];
+    if (c->stream >= p->nstreams) {
+      err = rt_status_make("%s: command %u: bad stream", name, i);
+      break;
+    }
+    uint32_t dev = p->streams[c->stream].device;
+    switch (c->kind) {
+    case PLAN_CMD_LAUNCH: {
+      if (c->a >= p->nkernels) {
+        err = rt_status_make("%s: command %u: bad kernel", name, i);
+        break;
+      }
+      const plan_kernel *k = &p->kernels[c->a];
+      if (c->nargs != k->nbufs || c->args_begin > p->nargs || c->nargs > p->nargs - c->args_begin) {
+        err = rt_status_make("%s: command %u (kernel %s): bad argument range", name, i,
+                             plan_str(p, k->symbol));
+        break;
+      }
+      if (k->grid == 0) {
+        err = rt_status_make("%s: kernel %s: empty grid", name, plan_str(p, k->symbol));
+        break;
+      }
+      for (uint32_t j = 0; j < c->nargs && !err; j++) {
+        uint32_t t = p->args[c->args_begin + j];
+        if (t >= p->ntensors)
+          err = rt_status_make("%s: command %u: bad tensor argument", name, i);
+        else if (p->tensors[t].device != dev)
+          err = rt_status_make("%s: command %u (kernel %s) on device %s uses tensor %s of device %s",
+                               name, i, plan_str(p, k->symbol), plan_str(p, p->devices[dev].name),
+                               plan_str(p, p->tensors[t].name),
+                               plan_str(p, p->devices[p->tensors[t].device].name));
+      }
+      break;
+    }
+    case PLAN_CMD_COPY:
+      if (c->a >= p->ntensors || c->b >= p->ntensors)
+        err = rt_status_make("%s: command %u: bad copy tensor", name, i);
+      else if (p->tensors[c->a].bytes != p->tensors[c->b].bytes)
+        err = rt_status_make("%s: command %u: copy %s -> %s between different sizes", name, i,
+                             plan_str(p, p->tensors[c->a].name), plan_str(p, p->tensors[c->b].name));
+      break;
+    case PLAN_CMD_RECORD:
+      if (c->a >= in->nevents)
+        err = rt_status_make("%s: command %u: bad event %u", name, i, c->a);
+      else if (recorded[c->a]++)
+        err = rt_status_make("%s: command %u: event %u is recorded twice in a step", name, i, c->a);
+      break;
+    case PLAN_CMD_WAIT:
+      if (c->a >= in->nevents)
+        err = rt_status_make("%s: command %u: bad event %u", name, i, c->a);
+      else if (c->b >= i || p->commands[c->b].kind != PLAN_CMD_RECORD || p->commands[c->b].a != c->a)
+        err = rt_status_make("%s: command %u: waits on event %u but command %u is not an earlier "
+                             "record of it", name, i, c->a, c->b);
+      break;
+    default:
+      err = rt_status_make("%s: command %u: bad kind %u", name, i, c->kind);
+    }
+  }
+  free(recorded);
+  return err;
+}
+
+/* ---- open and close ---- */
+
+static void bundle_free(rt_bundle *b) {
+  if (!b) return;
+  const plan *p = &b->p;
+  if (b->sub_ready) {
+    pthread_mutex_lock(&b->sub_mu);
+    b->sub_shutdown = 1;
+    pthread_cond_broadcast(&b->sub_cv);
+    pthread_mutex_unlock(&b->sub_mu);
+    for (uint32_t d = 0; b->devs && d < p->ndevices; d++)
+      if (b->devs[d].submitter_started) pthread_join(b->devs[d].submitter, NULL);
+    pthread_cond_destroy(&b->sub_done_cv);
+    pthread_cond_destroy(&b->sub_cv);
+    pthread_mutex_destroy(&b->sub_mu);
+  }
+  if (b->streams) {
+    for (uint32_t s = 0; s < p->nstreams; s++) {
+      if (!b->streams[s]) continue;
+      const rt_backend *be = b->devs[p->streams[s].device].be;
+      be->stream_sync(b->streams[s]);
+      be->stream_destroy(b->streams[s]);
+    }
+  }
+  if (b->events) {
+    for (uint32_t e = 0; e < p->info.nevents; e++)
+      if (b->events[e]) b->devs[b->event_dev[e]].be->event_destroy(b->events[e]);
+  }
+  if (b->modules) {
+    for (uint32_t i = 0; i < p->ncodeobjs * p->ndevices; i++)
+      if (b->modules[i]) b->devs[i % p->ndevices].be->module_unload(b->modules[i]);
+  }
+  if (b->devs) {
+    for (uint32_t d = 0; d < p->ndevices; d++) {
+      rt_dev *v = &b->devs[d];
+      if (v->dev) {
+        if (v->arena) v->be->mem_free(v->dev, v->arena);
+        if (v->step_block) v->be->mem_free(v->dev, v->step_block);
+        v->be->device_close(v->dev);
+      }
+      free(v->cmds);
+      free(v->streams);
+    }
+  }
+  free(b->devs);
+  free(b->streams);
+  free(b->events);
+  free(b->event_dev);
+  free(b->modules);
+  free(b->kernels);
+  free(b->tensor_ptr);
+  free(b->bufs);
+  free(b->enqueued);
+  if (b->sync_ready) rt_sync_destroy(&b->sync);
+  if (b->plan_loaded) plan_free(&b->p);
+  free(b->dir);
+  free(b);
+}
+
+void rt_bundle_close(rt_bundle *b) { bundle_free(b); }
+
+const plan *rt_bundle_plan(const rt_bundle *b) { return &b->p; }
+
+static rt_status verify_codeobjs(rt_bundle *b) {
+  const plan *p = &b->p;
+  for (uint32_t i = 0; i < p->ncodeobjs; i++) {
+    char *path = join_path(b->dir, plan_str(p, p->codeobjs[i].path));
+    if (!path) return rt_status_make("out of memory");
+    uint8_t got[32];
+    rt_status s = file_sha256(path, got);
+    if (!s && memcmp(got, p->codeobjs[i].sha256, 32) != 0) {
+      char want_hex[65], got_hex[65];
+      rt_hex(p->codeobjs[i].sha256, 32, want_hex);
+      rt_hex(got, 32, got_hex);
+      s = rt_status_make("%s: sha256 mismatch (plan expects %s, file has %s)", path, want_hex,
+                         got_hex);
+    }
+    free(path);
+    if (s) return s;
+  }
+  return NULL;
+}
+
+static rt_status fill_weights(rt_bundle *b) {
+  const plan *p = &b->p;
+  enum { CHUNK = 16384 };
+  uint8_t *stage = malloc(CHUNK * 4);
+  if (!stage) return rt_status_make("out of memory");
+  rt_status s = NULL;
+  for (uint32_t t = 0; t < p->ntensors && !s; t++) {
+    const plan_tensor *pt = &p->tensors[t];
+    if (pt->role != PLAN_WEIGHT) continue;
+    uint32_t esz = plan_dtype_size(pt->dtype);
+    uint64_t n = pt->bytes / esz;
+    rt_dev *v = &b->devs[pt->device];
+    for (uint64_t i0 = 0; i0 < n && !s; i0 += CHUNK) {
+      uint64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+      for (uint64_t i = 0; i < m; i++) store_value(pt->dtype, stage, i, rt_init_value(p, t, b->seed, i0 + i));
+      s = v->be->copy_h2d(v->dev, (uint8_t *)b->tensor_ptr[t] + i0 * esz, stage, m * esz);
+    }
+    if (s) s = rt_status_wrap(s, "filling weight %s", plan_str(p, pt->name));
+  }
+  free(stage);
+  return s;
+}
+
+static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fault *fault) {
+  const plan *p = &b->p;
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    const plan_device *pd = &p->devices[d];
+    rt_dev *v = &b->devs[d];
+    v->owner = b;
+    v->index = d;
+    rt_status s = rt_backend_lookup(pd->backend, &v->be);
+    if (s) return rt_status_wrap(s, "device %s", plan_str(p, pd->name));
+    rt_device_options o = {
+        .name = plan_str(p, pd->name),
+        .ordinal = pd->ordinal,
+        .threads = opts && opts->threads > 0 ? (uint32_t)opts->threads : pd->threads,
+        .sync = &b->sync,
+        .fail_launch = fault && fault->device == d ? fault->fail_launch : 0,
+    };
+    if (o.threads == 0) o.threads = 1;
+    RT_TRY(v->be->device_open(&o, &v->dev));
+    s = v->be->mem_alloc(v->dev, pd->arena_bytes, &v->arena);
+    if (!s) s = v->be->mem_alloc(v->dev, 4 * sizeof(int32_t), (void **)&v->step_block);
+    if (s) return rt_status_wrap(s, "device %s: arena of %llu bytes", plan_str(p, pd->name),
+                                 (unsigned long long)pd->arena_bytes);
+  }
+  for (uint32_t t = 0; t < p->ntensors; t++)
+    b->tensor_ptr[t] = (uint8_t *)b->devs[p->tensors[t].device].arena + p->tensors[t].offset;
+  return NULL;
+}
+
+static rt_status open_streams_events(rt_bundle *b) {
+  const plan *p = &b->p;
+  uint32_t *per_stream = calloc(p->nstreams ? p->nstreams : 1, sizeof *per_stream);
+  if (!per_stream) return rt_status_make("out of memory");
+  for (uint32_t i = 0; i < p->ncommands; i++) per_stream[p->commands[i].stream]++;
+  rt_status s = NULL;
+  for (uint32_t i = 0; i < p->nstreams && !s; i++) {
+    rt_dev *v = &b->devs[p->streams[i].device];
+    s = v->be->stream_create(v->dev, per_stream[i], &b->streams[i]);
+    if (s) s = rt_status_wrap(s, "stream %s", plan_str(p, p->streams[i].name));
+  }
+  free(per_stream);
+  if (s) return s;
+  /* An event lives on the device of the stream that records it. */
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    const plan_command *c = &p->commands[i];
+    if (c->kind != PLAN_CMD_RECORD) continue;
+    uint32_t d = p->streams[c->stream].device;
+    b->event_dev[c->a] = d;
+    RT_TRY(b->devs[d].be->event_create(b->devs[d].dev, &b->events[c->a]));
+  }
+  return NULL;
+}
+
+static rt_status load_kernel(rt_bundle *b, uint32_t k, uint32_t d, rt_kernel **out) {
+  const plan *p = &b->p;
+  uint32_t nd = p->ndevices;
+  if (b->kernels[k * nd + d]) {
+    *out = b->kernels[k * nd + d];
+    return NULL;
+  }
+  const plan_kernel *pk = &p->kernels[k];
+  const plan_codeobj *co = &p->codeobjs[pk->codeobj];
+  const plan_device *pd = &p->devices[d];
+  rt_dev *v = &b->devs[d];
+  rt_module **m = &b->modules[pk->codeobj * nd + d];
+  if (!*m) {
+    if (strcmp(plan_str(p, co->target), plan_str(p, pd->arch)) != 0)
+      return rt_status_make("kernel %s for device %s (arch %s) is in %s, built for %s",
+                            plan_str(p, pk->symbol), plan_str(p, pd->name), plan_str(p, pd->arch),
+                            plan_str(p, co->path), plan_str(p, co->target));
+    char *path = join_path(b->dir, plan_str(p, co->path));
+    if (!path) return rt_status_make("out of memory");
+    rt_status s = v->be->module_load(v->dev, path, NULL, 0, m);
+    free(path);
+    if (s) return s;
+  }
+  RT_TRY(v->be->kernel_find(*m, plan_str(p, pk->symbol), &b->kernels[k * nd + d]));
+  *out = b->kernels[k * nd + d];
+  return NULL;
+}
+
+/* Every command becomes an rt_cmd on its device's list, in global order. */
+static rt_status resolve_commands(rt_bundle *b) {
+  const plan *p = &b->p;
+  uint64_t nbufs = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    const plan_command *c = &p->commands[i];
+    b->devs[p->streams[c->stream].device].ncmds++;
+    if (c->kind == PLAN_CMD_LAUNCH) nbufs += c->nargs;
+  }
+  b->bufs = calloc(nbufs ? nbufs : 1, sizeof *b->bufs);
+  uint8_t *publish = calloc(p->ncommands ? p->ncommands : 1, 1);
+  if (!b->bufs || !publish) {
+    free(publish);
+    return rt_status_make("out of memory");
+  }
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    rt_dev *v = &b->devs[d];
+    v->cmds = calloc(v->ncmds ? v->ncmds : 1, sizeof *v->cmds);
+    for (uint32_t s = 0; s < p->nstreams; s++) v->nstreams += p->streams[s].device == d;
+    v->streams = calloc(v->nstreams ? v->nstreams : 1, sizeof *v->streams);
+    if (!v->cmds || !v->streams) {
+      free(publish);
+      return rt_status_make("out of memory");
+    }
+    v->nstreams = 0;
+    for (uint32_t s = 0; s < p->nstreams; s++)
+      if (p->streams[s].device == d) v->streams[v->nstreams++] = s;
+    v->ncmds = 0;
+  }
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    const plan_command *c = &p->commands[i];
+    if (c->kind == PLAN_CMD_WAIT && b->event_dev[c->a] != p->streams[c->stream].device)
+      publish[c->b] = 1;
+  }
+  rt_status err = NULL;
+  void **next_buf = b->bufs;
+  for (uint32_t i = 0; i < p->ncommands && !err; i++) {
+    const plan_command *c = &p->commands[i];
+    uint32_t d = p->streams[c->stream].device;
+    rt_dev *v = &b->devs[d];
+    rt_cmd *r = &v->cmds[v->ncmds++];
+    r->kind = c->kind;
+    r->index = i;
+    r->after = PLAN_NONE;
+    r->stream = b->streams[c->stream];
+    switch (c->kind) {
+    case PLAN_CMD_LAUNCH:
+      err = load_kernel(b, c->a, d, &r->kernel);
+      r->grid = p->kernels[c->a].grid;
+      r->step = v->step_block;
+      r->bufs = next_buf;
+      for (uint32_t j = 0; j < c->nargs; j++) *next_buf++ = b->tensor_ptr[p->args[c->args_begin + j]];
+      break;
+    case PLAN_CMD_COPY:
+      r->src = b->tensor_ptr[c->a];
+      r->dst = b->tensor_ptr[c->b];
+      r->bytes = p->tensors[c->a].bytes;
+      break;
+    case PLAN_CMD_RECORD:
+      r->event = b->events[c->a];
+      r->publish = publish[i];
+      break;
+    case PLAN_CMD_WAIT:
+      r->event = b->events[c->a];
+      if (b->event_dev[c->a] != d) r->after = c->b;
+      break;
+    }
+  }
+  free(publish);
+  if (err) return err;
+  b->enqueued = calloc(p->ncommands ? p->ncommands : 1, sizeof *b->enqueued);
+  if (!b->enqueued) return rt_status_make("out of memory");
+  for (uint32_t i = 0; i < p->ncommands; i++) atomic_init(&b->enqueued[i], 0);
+  return NULL;
+}
+
+static rt_status start_submitters(rt_bundle *b) {
+  const plan *p = &b->p;
+  pthread_mutex_init(&b->sub_mu, NULL);
+  pthread_cond_init(&b->sub_cv, NULL);
+  pthread_cond_init(&b->sub_done_cv, NULL);
+  b->sub_ready = 1;
+  for (uint32_t d = 1; d < p->ndevices; d++) {
+    int rc = pthread_create(&b->devs[d].submitter, NULL, rt_submitter_main, &b->devs[d]);
+    if (rc) return rt_status_make("pthread_create (submitter of device %s): %s",
+                                  plan_str(p, p->devices[d].name), strerror(rc));
+    b->devs[d].submitter_started = 1;
+  }
+  return NULL;
+}
+
+static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
+                             const rt_fault *fault) {
+  b->dir = strdup(dir);
+  if (!b->dir) return rt_status_make("out of memory");
+  char *path = join_path(dir, "plan.ds4p");
+  if (!path) return rt_status_make("out of memory");
+  rt_status s = plan_read(path, &b->p);
+  if (!s) {
+    b->plan_loaded = 1;
+    s = check_plan(&b->p, path);
+  }
+  free(path);
+  if (s) return s;
+  const plan *p = &b->p;
+  if (p->ndevices == 0) return rt_status_make("%s: the plan has no devices", dir);
+  b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
+  RT_TRY(verify_codeobjs(b));
+  RT_TRY(rt_sync_init(&b->sync));
+  b->sync_ready = 1;
+  uint32_t nd = p->ndevices, nev = p->info.nevents ? p->info.nevents : 1;
+  b->devs = calloc(nd, sizeof *b->devs);
+  b->streams = calloc(p->nstreams ? p->nstreams : 1, sizeof *b->streams);
+  b->events = calloc(nev, sizeof *b->events);
+  b->event_dev = calloc(nev, sizeof *b->event_dev);
+  b->modules = calloc((size_t)(p->ncodeobjs ? p->ncodeobjs : 1) * nd, sizeof *b->modules);
+  b->kernels = calloc((size_t)(p->nkernels ? p->nkernels : 1) * nd, sizeof *b->kernels);
+  b->tensor_ptr = calloc(p->ntensors ? p->ntensors : 1, sizeof *b->tensor_ptr);
+  if (!b->devs || !b->streams || !b->events || !b->event_dev || !b->modules || !b->kernels ||
+      !b->tensor_ptr)
+    return rt_status_make("out of memory");
+  RT_TRY(open_devices(b, opts, fault));
+  RT_TRY(fill_weights(b));
+  RT_TRY(open_streams_events(b));
+  RT_TRY(resolve_commands(b));
+  RT_TRY(start_submitters(b));
+  return NULL;
+}
+
+rt_status rt_bundle_open_faulty(const char *dir, const rt_options *opts, const rt_fault *fault,
+                                rt_bundle **out_bundle) {
+  *out_bundle = NULL;
+  rt_bundle *b = calloc(1, sizeof *b);
+  if (!b) return rt_status_make("out of memory");
+  rt_status s = bundle_open(b, dir, opts, fault);
+  if (s) {
+    bundle_free(b);
+    return s;
+  }
+  *out_bundle = b;
+  return NULL;
+}
+
+rt_status rt_bundle_open(const char *dir, const rt_options *opts, rt_bundle **out_bundle) {
+  return rt_bundle_open_faulty(dir, opts, NULL, out_bundle);
+}
+
+/* ---- tensors ---- */
+
+rt_status rt_tensor_find(const rt_bundle *b, const char *path, uint32_t *out_index) {
+  const plan *p = &b->p;
+  for (uint32_t i = 0; i < p->ntensors; i++) {
+    if (strcmp(plan_str(p, p->tensors[i].name), path) == 0) {
+      *out_index = i;
+      return NULL;
+    }
+  }
+  return rt_status_make("%s: no tensor named %s", b->dir, path);
+}
+
+static rt_status tensor_check(const rt_bundle *b, uint32_t tensor, size_t bytes, const char *what) {
+  const plan *p = &b->p;
+  if (tensor >= p->ntensors)
+    return rt_status_make("%s: tensor index %u out of range (%u tensors)", what, tensor, p->ntensors);
+  if (bytes > p->tensors[tensor].bytes)
+    return rt_status_make("%s: %zu bytes asked of tensor %s, which has %llu", what, bytes,
+                          plan_str(p, p->tensors[tensor].name),
+                          (unsigned long long)p->tensors[tensor].bytes);
+  return NULL;
+}
+
+rt_status rt_tensor_read(rt_bundle *b, uint32_t tensor, void *dst, size_t bytes) {
+  RT_TRY(tensor_check(b, tensor, bytes, "rt_tensor_read"));
+  rt_dev *v = &b->devs[b->p.tensors[tensor].device];
+  return v->be->copy_d2h(v->dev, dst, b->tensor_ptr[tensor], bytes);
+}
+
+rt_status rt_tensor_write(rt_bundle *b, uint32_t tensor, const void *src, size_t bytes) {
+  RT_TRY(tensor_check(b, tensor, bytes, "rt_tensor_write"));
+  rt_dev *v = &b->devs[b->p.tensors[tensor].device];
+  return v->be->copy_h2d(v->dev, b->tensor_ptr[tensor], src, bytes);
+}

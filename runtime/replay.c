@@ -1,1 +1,105 @@
-/* placeholder: being written */ typedef int ds4_placeholder_replay;
+/* replay.c - one step of the static plan: upload the step block, let each
+ * device's submitter enqueue that device's resolved commands (honouring the
+ * plan's enqueue-after constraints across devices), then wait for the
+ * streams. No dependency resolution happens here; bundle.c did it all. */
+#include <string.h>
+
+#include "rt_impl.h"
+
+static void flush_device(rt_bundle *b, rt_dev *v) {
+  for (uint32_t i = 0; i < v->nstreams; i++) {
+    rt_status s = v->be->stream_flush(b->streams[v->streams[i]]);
+    if (s) rt_sync_poison(&b->sync, s);
+  }
+}
+
+void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
+  rt_dev *v = &b->devs[device];
+  const rt_backend *be = v->be;
+  rt_status s = NULL;
+  for (uint32_t i = 0; i < v->ncmds && !s; i++) {
+    const rt_cmd *c = &v->cmds[i];
+    /* Stop at the next command once any device failed: its executors skip
+     * what is queued, so nothing more is worth enqueueing. */
+    if (rt_sync_poisoned(&b->sync)) break;
+    switch (c->kind) {
+    case PLAN_CMD_LAUNCH:
+      s = be->launch(c->stream, c->kernel, c->grid, c->bufs, c->step);
+      break;
+    case PLAN_CMD_COPY:
+      s = be->copy_async(c->stream, c->dst, c->src, c->bytes);
+      break;
+    case PLAN_CMD_RECORD:
+      s = be->event_record(c->stream, c->event, gen);
+      if (!s && c->publish) {
+        atomic_store_explicit(&b->enqueued[c->index], gen, memory_order_release);
+        rt_sync_notify(&b->sync);
+      }
+      break;
+    case PLAN_CMD_WAIT:
+      /* HIP and CUDA treat a wait on a not-yet-recorded event as a no-op,
+       * so a wait on another device's event is enqueued only once its
+       * record is. Flush first so this device's queued work runs meanwhile. */
+      if (c->after != PLAN_NONE &&
+          atomic_load_explicit(&b->enqueued[c->after], memory_order_acquire) < gen) {
+        flush_device(b, v);
+        if (rt_sync_wait(&b->sync, &b->enqueued[c->after], gen) != 0) break;
+      }
+      s = be->event_wait(c->stream, c->event, gen);
+      break;
+    }
+  }
+  if (s) rt_sync_poison(&b->sync, s);
+  flush_device(b, v);
+}
+
+void *rt_submitter_main(void *arg) {
+  rt_dev *v = arg;
+  rt_bundle *b = v->owner;
+  uint64_t done = 0;
+  pthread_mutex_lock(&b->sub_mu);
+  for (;;) {
+    while (!b->sub_shutdown && b->sub_gen == done) pthread_cond_wait(&b->sub_cv, &b->sub_mu);
+    if (b->sub_shutdown) break;
+    uint64_t gen = b->sub_gen;
+    pthread_mutex_unlock(&b->sub_mu);
+    rt_submit_device(b, v->index, gen);
+    done = gen;
+    pthread_mutex_lock(&b->sub_mu);
+    if (--b->sub_pending == 0) pthread_cond_signal(&b->sub_done_cv);
+  }
+  pthread_mutex_unlock(&b->sub_mu);
+  return NULL;
+}
+
+rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
+  const plan *p = &b->p;
+  int32_t block[4] = {step[0], step[1], step[2], 0};
+  /* The previous step drained every stream, so the block can be written
+   * synchronously without racing a kernel that reads it. */
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    rt_dev *v = &b->devs[d];
+    RT_TRY(v->be->copy_h2d(v->dev, v->step_block, block, sizeof block));
+  }
+  uint64_t gen = ++b->generation;
+  if (p->ndevices > 1) {
+    pthread_mutex_lock(&b->sub_mu);
+    b->sub_gen = gen;
+    b->sub_pending = (int)p->ndevices - 1;
+    pthread_cond_broadcast(&b->sub_cv);
+    pthread_mutex_unlock(&b->sub_mu);
+  }
+  rt_submit_device(b, 0, gen);
+  if (p->ndevices > 1) {
+    pthread_mutex_lock(&b->sub_mu);
+    while (b->sub_pending > 0) pthread_cond_wait(&b->sub_done_cv, &b->sub_mu);
+    pthread_mutex_unlock(&b->sub_mu);
+  }
+  for (uint32_t s = 0; s < p->nstreams; s++) {
+    rt_status e = b->devs[p->streams[s].device].be->stream_sync(b->streams[s]);
+    if (e) rt_sync_poison(&b->sync, e);
+  }
+  rt_status err = rt_sync_take(&b->sync);
+  if (err) err = rt_status_wrap(err, "step %d (pos %d, %d tokens)", step[2], step[0], step[1]);
+  return err;
+}

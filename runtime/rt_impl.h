@@ -1,0 +1,105 @@
+/* rt_impl.h - private to the runtime library (bundle.c, replay.c,
+ * generate.c): the opened bundle, with every plan command resolved at open
+ * time into backend handles and pointers so that replay does no lookups. */
+#ifndef DS4_RT_IMPL_H
+#define DS4_RT_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "backend.h"
+#include "rt.h"
+
+/* One plan command, resolved. */
+typedef struct rt_cmd {
+  uint32_t kind;  /* plan_cmd_kind */
+  uint32_t grid;  /* LAUNCH */
+  uint32_t index; /* the command's index in the plan */
+  /* WAIT on an event recorded on another device: the index of that RECORD
+   * command, whose enqueue this WAIT must follow; PLAN_NONE otherwise. */
+  uint32_t after;
+  int publish;    /* RECORD: some WAIT on another device follows its enqueue */
+  rt_stream *stream;
+  rt_kernel *kernel;
+  void *const *bufs;   /* LAUNCH: arena pointers of the op's tensors */
+  const int32_t *step; /* LAUNCH: the device's step block */
+  void *dst;           /* COPY */
+  const void *src;
+  size_t bytes;
+  rt_event *event;     /* RECORD, WAIT */
+} rt_cmd;
+
+typedef struct rt_dev {
+  struct rt_bundle *owner;
+  uint32_t index;
+  const rt_backend *be;
+  rt_device *dev;
+  void *arena;
+  int32_t *step_block; /* device memory: {pos, ntok, step, 0} */
+  rt_cmd *cmds;        /* this device's commands in global order */
+  uint32_t ncmds;
+  uint32_t *streams;   /* plan stream indices on this device */
+  uint32_t nstreams;
+  pthread_t submitter; /* devices 1..n-1; device 0 submits on the caller */
+  int submitter_started;
+} rt_dev;
+
+struct rt_bundle {
+  char *dir;
+  plan p;
+  int plan_loaded;
+  uint64_t seed;
+  rt_sync sync;
+  int sync_ready;
+
+  rt_dev *devs;          /* [p.ndevices] */
+  rt_stream **streams;   /* [p.nstreams] */
+  rt_event **events;     /* [p.info.nevents] */
+  uint32_t *event_dev;   /* [p.info.nevents] device that owns each event */
+  rt_module **modules;   /* [ncodeobjs * ndevices], loaded on demand */
+  rt_kernel **kernels;   /* [nkernels * ndevices] */
+  void **tensor_ptr;     /* [p.ntensors] */
+  void **bufs;           /* every launch's buffer array, back to back */
+  _Atomic uint64_t *enqueued; /* [p.ncommands]: the step generation in which
+                                 a published RECORD was last enqueued */
+
+  uint64_t generation;   /* steps replayed; the events' generation */
+
+  /* Submitter threads of devices 1..n-1: woken per step. */
+  pthread_mutex_t sub_mu;
+  pthread_cond_t sub_cv, sub_done_cv;
+  int sub_ready;
+  uint64_t sub_gen;
+  int sub_pending;
+  int sub_shutdown;
+};
+
+/* The seeded generator's two hashes (docs/RUNTIME.md states them exactly,
+ * since the float64 reference must reproduce them). */
+static inline uint64_t rt_fnv1a64(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++) {
+    h ^= (uint8_t)*s;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+/* splitmix64's finaliser. */
+static inline uint64_t rt_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+#define RT_GOLDEN 0x9e3779b97f4a7c15ull
+/* u in [-1, 1): value i of the stream keyed by (seed, name). */
+static inline double rt_uniform(uint64_t seed, const char *name, uint64_t i) {
+  uint64_t key = rt_mix64(seed ^ rt_fnv1a64(name));
+  uint64_t r = rt_mix64(key + (i + 1) * RT_GOLDEN);
+  return (double)(r >> 11) * 0x1p-52 - 1.0;
+}
+
+/* replay.c: the body of a device's submitter for step generation gen. */
+void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen);
+void *rt_submitter_main(void *arg);
+
+#endif

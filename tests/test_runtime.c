@@ -1,0 +1,902 @@
+/* test_runtime.c - the runtime's execution side on hand-built bundles: a
+ * plan assembled in memory plus a host.so compiled here from small kernels.
+ * Replay order (streams, events, devices, copies), grids over the thread
+ * pool, poisoning on an injected launch failure, code-object checks, the
+ * seeded weight generator and rt_generate's chunking. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "plan.h"
+#include "rt.h"
+#include "sha256.h"
+
+#define N 64 /* elements of the f32 test tensors */
+
+/* Kernels the tests launch. t_slow_inc sleeps first, so a consumer that is
+ * not properly ordered behind it reads stale bytes and the test sees it. */
+static const char kernel_source[] =
+    "#include <stdint.h>\n"
+    "#include <pthread.h>\n"
+    "#include <time.h>\n"
+    "static void nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, 0); }\n"
+    "void t_double(void *const *b, const int32_t *s, uint32_t k) {\n"
+    "  (void)s; (void)k; const float *x = b[0]; float *y = b[1];\n"
+    "  for (int i = 0; i < 64; i++) y[i] = 2.0f * x[i];\n"
+    "}\n"
+    "void t_inc(void *const *b, const int32_t *s, uint32_t k) {\n"
+    "  (void)s; (void)k; const float *x = b[0]; float *y = b[1];\n"
+    "  for (int i = 0; i < 64; i++) y[i] = x[i] + 1.0f;\n"
+    "}\n"
+    "void t_slow_inc(void *const *b, const int32_t *s, uint32_t k) {\n"
+    "  nap(3000000); t_inc(b, s, k);\n"
+    "}\n"
+    "void t_add_pos(void *const *b, const int32_t *s, uint32_t k) {\n"
+    "  (void)k; const float *x = b[0]; float *y = b[1];\n"
+    "  for (int i = 0; i < 64; i++) y[i] = x[i] + (float)s[0];\n"
+    "}\n"
+    "void t_blocks(void *const *b, const int32_t *s, uint32_t k) {\n"
+    "  int32_t *o = b[0]; uint64_t *who = b[1];\n"
+    "  nap(200000);\n"
+    "  o[k] = 3 * (int32_t)k + 1 + s[2];\n"
+    "  who[k] = (uint64_t)pthread_self();\n"
+    "}\n"
+    "void t_next(void *const *b, const int32_t *s, uint32_t k) {\n"
+    "  (void)k; const int32_t *ids = b[0]; int32_t *next = b[1]; int32_t *seen = b[2];\n"
+    "  for (int t = 0; t < 4; t++) next[t] = t < s[1] ? ids[t] + 1 : -1;\n"
+    "  for (int i = 0; i < 4; i++) seen[i] = s[i];\n"
+    "}\n";
+
+/* ---- a plan built in memory -------------------------------------------- */
+
+typedef struct tb {
+  plan p;
+  char strings[8192];
+  plan_param params[8];
+  plan_device devices[4];
+  plan_stream streams[8];
+  plan_tensor tensors[32];
+  plan_codeobj codeobjs[2];
+  plan_kernel kernels[16];
+  plan_op ops[64];
+  plan_command commands[128];
+  uint32_t args[256];
+  char dir[64];
+} tb;
+
+static uint32_t tb_str(tb *b, const char *s) {
+  uint32_t off = b->p.strings_len;
+  size_t n = strlen(s) + 1;
+  ck_assert_uint_lt(off + n, sizeof b->strings);
+  memcpy(b->strings + off, s, n);
+  b->p.strings_len += (uint32_t)n;
+  return off;
+}
+
+static void tb_init(tb *b) {
+  memset(b, 0, sizeof *b);
+  plan *p = &b->p;
+  p->strings = b->strings;
+  p->params = b->params;
+  p->devices = b->devices;
+  p->streams = b->streams;
+  p->tensors = b->tensors;
+  p->codeobjs = b->codeobjs;
+  p->kernels = b->kernels;
+  p->ops = b->ops;
+  p->commands = b->commands;
+  p->args = b->args;
+  tb_str(b, "");
+  p->info.model = tb_str(b, "test-model");
+  p->info.schedule = tb_str(b, "test-schedule");
+  p->info.tokens = 4;
+  p->info.max_seq = 64;
+  p->info.prefill = 10;
+  p->info.decode = 1;
+  p->info.weight_seed = 1234;
+  snprintf(b->dir, sizeof b->dir, "/tmp/ds4-rt-test-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(b->dir));
+  b->codeobjs[0].path = tb_str(b, "kernels/host.so");
+  b->codeobjs[0].target = tb_str(b, "host");
+  p->ncodeobjs = 1;
+}
+
+static void tb_param(tb *b, const char *name, int64_t v) {
+  b->params[b->p.nparams].name = tb_str(b, name);
+  b->params[b->p.nparams++].value = v;
+}
+
+static uint32_t tb_device(tb *b, const char *name, uint32_t threads) {
+  plan_device *d = &b->devices[b->p.ndevices];
+  d->name = tb_str(b, name);
+  d->backend = PLAN_BACKEND_CPU;
+  d->arch = tb_str(b, "host");
+  d->threads = threads;
+  return b->p.ndevices++;
+}
+
+static uint32_t tb_stream(tb *b, const char *name, uint32_t dev) {
+  b->streams[b->p.nstreams].name = tb_str(b, name);
+  b->streams[b->p.nstreams].device = dev;
+  return b->p.nstreams++;
+}
+
+static uint32_t tb_tensor(tb *b, const char *name, uint32_t dtype, uint32_t role, uint32_t dev,
+                          uint64_t n) {
+  plan_tensor *t = &b->tensors[b->p.ntensors];
+  t->name = tb_str(b, name);
+  t->checkpoint = PLAN_NONE;
+  t->dtype = dtype;
+  t->role = role;
+  t->ndim = 1;
+  t->dim[0] = n;
+  t->device = dev;
+  t->bytes = n * plan_dtype_size(dtype);
+  t->offset = b->devices[dev].arena_bytes;
+  t->init_scale = 1.0;
+  b->devices[dev].arena_bytes += (t->bytes + 63) & ~(uint64_t)63;
+  return b->p.ntensors++;
+}
+
+static uint32_t tb_kernel(tb *b, const char *sym, uint32_t grid, uint32_t nbufs) {
+  plan_kernel *k = &b->kernels[b->p.nkernels];
+  k->symbol = tb_str(b, sym);
+  k->kind = tb_str(b, "test");
+  k->codeobj = 0;
+  k->grid = grid;
+  k->nbufs = nbufs;
+  return b->p.nkernels++;
+}
+
+static uint32_t tb_cmd(tb *b, uint32_t kind, uint32_t stream, uint32_t op, uint32_t a, uint32_t bb) {
+  plan_command *c = &b->commands[b->p.ncommands];
+  c->kind = kind;
+  c->stream = stream;
+  c->op = op;
+  c->a = a;
+  c->b = bb;
+  return b->p.ncommands++;
+}
+
+static uint32_t tb_op(tb *b, uint32_t stream, uint32_t kernel) {
+  char path[32];
+  snprintf(path, sizeof path, "op%u", b->p.nops);
+  b->ops[b->p.nops].path = tb_str(b, path);
+  b->ops[b->p.nops].stream = stream;
+  b->ops[b->p.nops].kernel = kernel;
+  return b->p.nops++;
+}
+
+static void tb_launch(tb *b, uint32_t stream, uint32_t kernel, uint32_t t0, uint32_t t1,
+                      uint32_t t2) {
+  uint32_t nb = b->kernels[kernel].nbufs;
+  uint32_t ts[3] = {t0, t1, t2};
+  uint32_t begin = b->p.nargs;
+  for (uint32_t i = 0; i < nb; i++) b->args[b->p.nargs++] = ts[i];
+  uint32_t c = tb_cmd(b, PLAN_CMD_LAUNCH, stream, tb_op(b, stream, kernel), kernel, 0);
+  b->commands[c].args_begin = begin;
+  b->commands[c].nargs = nb;
+}
+
+static void tb_copy(tb *b, uint32_t stream, uint32_t src, uint32_t dst) {
+  tb_cmd(b, PLAN_CMD_COPY, stream, tb_op(b, stream, PLAN_NONE), src, dst);
+}
+
+static uint32_t tb_record(tb *b, uint32_t stream) {
+  return tb_cmd(b, PLAN_CMD_RECORD, stream, PLAN_NONE, b->p.info.nevents++, 0);
+}
+
+static void tb_wait(tb *b, uint32_t stream, uint32_t record) {
+  tb_cmd(b, PLAN_CMD_WAIT, stream, PLAN_NONE, b->commands[record].a, record);
+}
+
+/* The ids and next-token tensors every plan names (rt_generate uses them). */
+static void tb_io(tb *b) {
+  b->p.info.ids_tensor = tb_tensor(b, "ids", PLAN_I32, PLAN_INPUT, 0, 4);
+  b->p.info.next_tensor = tb_tensor(b, "next", PLAN_I32, PLAN_OUTPUT, 0, 4);
+}
+
+static void tb_file(const tb *b, const char *rel, const char *text) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s", b->dir, rel);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void file_digest(const char *path, uint8_t out[32]) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  rt_sha256_ctx c;
+  rt_sha256_init(&c);
+  uint8_t buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) rt_sha256_update(&c, buf, n);
+  fclose(f);
+  rt_sha256_final(&c, out);
+}
+
+/* Compile the kernels into DIR/kernels/host.so, hash it, write the plan. */
+static void tb_write(tb *b) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "mkdir -p %s/kernels", b->dir);
+  ck_assert_int_eq(system(cmd), 0);
+  tb_file(b, "kernels/k.c", kernel_source);
+  snprintf(cmd, sizeof cmd, "cc -std=c11 -D_GNU_SOURCE -O1 -shared -fPIC -o %s/kernels/host.so %s/kernels/k.c -lpthread",
+           b->dir, b->dir);
+  ck_assert_int_eq(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "%s/kernels/host.so", b->dir);
+  file_digest(cmd, b->codeobjs[0].sha256);
+  for (uint32_t d = 0; d < b->p.ndevices; d++)
+    if (!b->devices[d].arena_bytes) b->devices[d].arena_bytes = 64;
+  snprintf(cmd, sizeof cmd, "%s/plan.ds4p", b->dir);
+  rt_status s = plan_write(&b->p, cmd);
+  ck_assert_msg(s == NULL, "plan_write: %s", rt_status_msg(s));
+}
+
+static void tb_cleanup(tb *b) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", b->dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static rt_bundle *open_ok(const char *dir, const rt_fault *fault) {
+  rt_bundle *bd = NULL;
+  rt_status s = rt_bundle_open_faulty(dir, NULL, fault, &bd);
+  ck_assert_msg(s == NULL, "rt_bundle_open: %s", rt_status_msg(s));
+  return bd;
+}
+
+static void step_ok(rt_bundle *bd, int32_t pos, int32_t ntok, int32_t idx) {
+  int32_t st[4] = {pos, ntok, idx, 0};
+  rt_status s = rt_replay_step(bd, st);
+  ck_assert_msg(s == NULL, "rt_replay_step: %s", rt_status_msg(s));
+}
+
+static void write_f32(rt_bundle *bd, uint32_t t, float base) {
+  float x[N];
+  for (int i = 0; i < N; i++) x[i] = base + (float)i;
+  rt_status s = rt_tensor_write(bd, t, x, sizeof x);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+}
+
+static void expect_f32(rt_bundle *bd, uint32_t t, float mul, float add, float base) {
+  float y[N];
+  rt_status s = rt_tensor_read(bd, t, y, sizeof y);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+  for (int i = 0; i < N; i++)
+    ck_assert_msg(y[i] == mul * (base + (float)i) + add, "element %d: got %g, want %g", i,
+                  (double)y[i], (double)(mul * (base + (float)i) + add));
+}
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- replay ------------------------------------------------------------- */
+
+START_TEST(chain_one_stream) {
+  tb b;
+  tb_init(&b);
+  uint32_t d = tb_device(&b, "cpu0", 1), s = tb_stream(&b, "main", d);
+  tb_io(&b);
+  uint32_t x = tb_tensor(&b, "x", PLAN_F32, PLAN_INPUT, d, N);
+  uint32_t a = tb_tensor(&b, "a", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t c = tb_tensor(&b, "c", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t y = tb_tensor(&b, "y", PLAN_F32, PLAN_OUTPUT, d, N);
+  uint32_t kd = tb_kernel(&b, "t_double", 1, 2), ki = tb_kernel(&b, "t_inc", 1, 2),
+           kp = tb_kernel(&b, "t_add_pos", 1, 2);
+  tb_launch(&b, s, kd, x, a, 0); /* a = 2x */
+  tb_launch(&b, s, ki, a, c, 0); /* c = 2x + 1 */
+  tb_launch(&b, s, kp, c, y, 0); /* y = 2x + 1 + pos */
+  tb_write(&b);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  for (int k = 0; k < 5; k++) {
+    write_f32(bd, x, (float)(10 * k));
+    step_ok(bd, 7 * k, 1, k);
+    expect_f32(bd, y, 2.0f, 1.0f + (float)(7 * k), (float)(10 * k));
+  }
+  uint32_t found;
+  ck_assert_ptr_null(rt_tensor_find(bd, "y", &found));
+  ck_assert_uint_eq(found, y);
+  rt_status e = rt_tensor_find(bd, "nope", &found);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(e), "no tensor named nope"));
+  rt_status_free(e);
+  float big[N + 1];
+  e = rt_tensor_read(bd, y, big, sizeof big);
+  ck_assert_ptr_nonnull(e);
+  rt_status_free(e);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+START_TEST(two_streams_record_wait) {
+  tb b;
+  tb_init(&b);
+  uint32_t d = tb_device(&b, "cpu0", 2);
+  uint32_t s0 = tb_stream(&b, "compute", d), s1 = tb_stream(&b, "other", d);
+  tb_io(&b);
+  uint32_t x = tb_tensor(&b, "x", PLAN_F32, PLAN_INPUT, d, N);
+  uint32_t a = tb_tensor(&b, "a", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t y = tb_tensor(&b, "y", PLAN_F32, PLAN_OUTPUT, d, N);
+  uint32_t ks = tb_kernel(&b, "t_slow_inc", 1, 2), kd = tb_kernel(&b, "t_double", 1, 2);
+  tb_launch(&b, s0, ks, x, a, 0); /* a = x + 1, after a nap */
+  uint32_t r = tb_record(&b, s0);
+  tb_wait(&b, s1, r);
+  tb_launch(&b, s1, kd, a, y, 0); /* y = 2x + 2, only if ordered */
+  tb_write(&b);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  for (int k = 0; k < 4; k++) {
+    write_f32(bd, x, (float)(100 * k));
+    step_ok(bd, k, 1, k);
+    expect_f32(bd, y, 2.0f, 2.0f, (float)(100 * k));
+  }
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* dev0 computes, dev1 waits, copies across and computes; then dev0 waits
+ * for dev1 and copies back: both submitters honour enqueue-after. */
+static void build_two_devices(tb *b, uint32_t *x, uint32_t *y1, uint32_t *z0) {
+  tb_init(b);
+  uint32_t d0 = tb_device(b, "cpu0", 2), d1 = tb_device(b, "cpu1", 2);
+  uint32_t s0 = tb_stream(b, "main0", d0), s1 = tb_stream(b, "main1", d1);
+  tb_io(b);
+  *x = tb_tensor(b, "x", PLAN_F32, PLAN_INPUT, d0, N);
+  uint32_t a0 = tb_tensor(b, "a0", PLAN_F32, PLAN_ACTIVATION, d0, N);
+  uint32_t a1 = tb_tensor(b, "a1", PLAN_F32, PLAN_ACTIVATION, d1, N);
+  uint32_t b1 = tb_tensor(b, "b1", PLAN_F32, PLAN_ACTIVATION, d1, N);
+  *y1 = tb_tensor(b, "y1", PLAN_F32, PLAN_OUTPUT, d1, N);
+  uint32_t y0 = tb_tensor(b, "y0", PLAN_F32, PLAN_ACTIVATION, d0, N);
+  *z0 = tb_tensor(b, "z0", PLAN_F32, PLAN_OUTPUT, d0, N);
+  uint32_t ki = tb_kernel(b, "t_inc", 1, 2), ks = tb_kernel(b, "t_slow_inc", 1, 2),
+           kd = tb_kernel(b, "t_double", 1, 2);
+  tb_launch(b, s0, ks, *x, a0, 0);   /* a0 = x + 1 (slow) */
+  uint32_t r0 = tb_record(b, s0);
+  tb_wait(b, s1, r0);
+  tb_copy(b, s1, a0, a1);            /* across devices */
+  tb_launch(b, s1, ks, a1, b1, 0);   /* b1 = x + 2 (slow) */
+  tb_launch(b, s1, kd, b1, *y1, 0);  /* y1 = 2x + 4 */
+  uint32_t r1 = tb_record(b, s1);
+  tb_wait(b, s0, r1);
+  tb_copy(b, s0, *y1, y0);
+  tb_launch(b, s0, ki, y0, *z0, 0);  /* z0 = 2x + 5 */
+  tb_write(b);
+}
+
+START_TEST(two_devices_copy_wait) {
+  tb b;
+  uint32_t x, y1, z0;
+  build_two_devices(&b, &x, &y1, &z0);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  for (int k = 0; k < 4; k++) {
+    write_f32(bd, x, (float)(1000 * k));
+    step_ok(bd, k, 1, k);
+    expect_f32(bd, y1, 2.0f, 4.0f, (float)(1000 * k));
+    expect_f32(bd, z0, 2.0f, 5.0f, (float)(1000 * k));
+  }
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+START_TEST(grid_spreads_over_threads) {
+  enum { GRID = 48 };
+  tb b;
+  tb_init(&b);
+  uint32_t d = tb_device(&b, "cpu0", 4), s = tb_stream(&b, "main", d);
+  tb_io(&b);
+  uint32_t o = tb_tensor(&b, "o", PLAN_I32, PLAN_OUTPUT, d, GRID);
+  uint32_t who = tb_tensor(&b, "who", PLAN_I32, PLAN_OUTPUT, d, 2 * GRID);
+  uint32_t kb = tb_kernel(&b, "t_blocks", GRID, 2);
+  tb_launch(&b, s, kb, o, who, 0);
+  tb_write(&b);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  for (int k = 0; k < 3; k++) {
+    step_ok(bd, 0, 1, 100 + k);
+    int32_t out[GRID];
+    uint64_t ids[GRID];
+    ck_assert_ptr_null(rt_tensor_read(bd, o, out, sizeof out));
+    ck_assert_ptr_null(rt_tensor_read(bd, who, ids, sizeof ids));
+    for (int i = 0; i < GRID; i++) ck_assert_int_eq(out[i], 3 * i + 1 + 100 + k);
+    int distinct = 0;
+    for (int i = 0; i < GRID; i++) {
+      int seen = 0;
+      for (int j = 0; j < i; j++) seen |= ids[j] == ids[i];
+      distinct += !seen;
+    }
+    ck_assert_msg(distinct >= 2, "all %d blocks ran on one thread", GRID);
+    ck_assert_int_le(distinct, 4);
+  }
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* The n-th launch of a device fails in step k of a two-device replay: the
+ * other device is then blocked on an event that will never be recorded (or
+ * its submitter on a record never enqueued) and must be released. */
+static void fault_case(uint32_t device, uint64_t nth, int fail_step) {
+  tb b;
+  uint32_t x, y1, z0;
+  build_two_devices(&b, &x, &y1, &z0);
+  rt_fault f = {.device = device, .fail_launch = nth};
+  rt_bundle *bd = open_ok(b.dir, &f);
+  for (int k = 1; k <= fail_step + 1; k++) {
+    write_f32(bd, x, (float)k);
+    int32_t st[4] = {k, 1, k, 0};
+    double t0 = seconds();
+    rt_status s = rt_replay_step(bd, st);
+    double dt = seconds() - t0;
+    if (k == fail_step) {
+      ck_assert_msg(s != NULL, "step %d should fail", k);
+      ck_assert_msg(strstr(rt_status_msg(s), "injected") != NULL, "%s", rt_status_msg(s));
+      ck_assert_msg(strstr(rt_status_msg(s), device ? "cpu1" : "cpu0") != NULL, "%s",
+                    rt_status_msg(s));
+      ck_assert_msg(dt < 1.0, "the failing step took %.3f s", dt);
+      rt_status_free(s);
+    } else {
+      /* Before and after the failure, steps run and compute correctly. */
+      ck_assert_msg(s == NULL, "step %d: %s", k, rt_status_msg(s));
+      expect_f32(bd, z0, 2.0f, 5.0f, (float)k);
+    }
+  }
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+
+START_TEST(fault_poisons_step) {
+  /* dev1 launches 2 kernels per step, dev0 2: fail each position once. */
+  fault_case(1, 2 * 2 + 1, 3); /* dev1's first launch of step 3 */
+  fault_case(1, 2 * 1 + 2, 2); /* dev1's second launch of step 2 */
+  fault_case(0, 2 * 2 + 1, 3); /* dev0's first launch of step 3 */
+  fault_case(0, 2 * 0 + 2, 1); /* dev0's last launch of step 1 */
+}
+END_TEST
+
+START_TEST(close_without_steps) {
+  tb b;
+  uint32_t x, y1, z0;
+  build_two_devices(&b, &x, &y1, &z0);
+  rt_bundle_close(open_ok(b.dir, NULL));
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* ---- refusals ----------------------------------------------------------- */
+
+static void expect_open_error(const char *dir, const char *needle) {
+  rt_bundle *bd = (rt_bundle *)1;
+  rt_status s = rt_bundle_open(dir, NULL, &bd);
+  ck_assert_msg(s != NULL, "open should fail with '%s'", needle);
+  ck_assert_ptr_null(bd);
+  ck_assert_msg(strstr(rt_status_msg(s), needle) != NULL, "got: %s (want '%s')", rt_status_msg(s),
+                needle);
+  rt_status_free(s);
+}
+
+static void simple_plan(tb *b, const char *symbol) {
+  tb_init(b);
+  uint32_t d = tb_device(b, "cpu0", 1), s = tb_stream(b, "main", d);
+  tb_io(b);
+  uint32_t x = tb_tensor(b, "x", PLAN_F32, PLAN_INPUT, d, N);
+  uint32_t y = tb_tensor(b, "y", PLAN_F32, PLAN_OUTPUT, d, N);
+  tb_launch(b, s, tb_kernel(b, symbol, 1, 2), x, y, 0);
+}
+
+START_TEST(codeobj_sha_mismatch) {
+  tb b;
+  simple_plan(&b, "t_inc");
+  tb_write(&b);
+  char path[256];
+  snprintf(path, sizeof path, "%s/kernels/host.so", b.dir);
+  FILE *f = fopen(path, "ab");
+  ck_assert_ptr_nonnull(f);
+  fputc(0, f);
+  fclose(f);
+  char want[300];
+  snprintf(want, sizeof want, "%s: sha256 mismatch (plan expects ", path);
+  expect_open_error(b.dir, want);
+  expect_open_error(b.dir, ", file has ");
+  unlink(path);
+  expect_open_error(b.dir, "kernels/host.so: cannot open");
+  tb_cleanup(&b);
+}
+END_TEST
+
+START_TEST(codeobj_load_errors) {
+  tb b;
+  simple_plan(&b, "t_missing_symbol");
+  tb_write(&b);
+  expect_open_error(b.dir, "kernel symbol t_missing_symbol not found");
+  tb_cleanup(&b);
+
+  /* Not a shared object, but its hash matches: dlopen must say so. */
+  simple_plan(&b, "t_inc");
+  tb_write(&b);
+  tb_file(&b, "kernels/host.so", "not an ELF file\n");
+  char path[256];
+  snprintf(path, sizeof path, "%s/kernels/host.so", b.dir);
+  file_digest(path, b.codeobjs[0].sha256);
+  snprintf(path, sizeof path, "%s/plan.ds4p", b.dir);
+  ck_assert_ptr_null(plan_write(&b.p, path));
+  expect_open_error(b.dir, "dlopen failed");
+  tb_cleanup(&b);
+
+  simple_plan(&b, "t_inc");
+  b.devices[0].backend = PLAN_BACKEND_HIP;
+  tb_write(&b);
+  expect_open_error(b.dir, "backend 'hip' is not available in this build");
+  tb_cleanup(&b);
+
+  expect_open_error("/nonexistent/bundle", "/nonexistent/bundle/plan.ds4p");
+}
+END_TEST
+
+START_TEST(backend_lookup) {
+  const rt_backend *be;
+  ck_assert_ptr_null(rt_backend_lookup(PLAN_BACKEND_CPU, &be));
+  ck_assert_str_eq(be->name, "cpu");
+  rt_status s = rt_backend_lookup(PLAN_BACKEND_CUDA, &be);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_str_eq(rt_status_msg(s), "backend 'cuda' is not available in this build");
+  ck_assert_ptr_null(be);
+  rt_status_free(s);
+}
+END_TEST
+
+/* ---- the seeded generator ----------------------------------------------- */
+
+static double bf16_value(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static double f16_value(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  double v = e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+  return h & 0x8000 ? -v : v;
+}
+
+START_TEST(init_values) {
+  tb b;
+  tb_init(&b);
+  uint32_t d = tb_device(&b, "cpu0", 1);
+  tb_stream(&b, "main", d);
+  tb_io(&b);
+  uint32_t w = tb_tensor(&b, "layers.0.w", PLAN_F32, PLAN_WEIGHT, d, 4096);
+  uint32_t w2 = tb_tensor(&b, "layers.1.w", PLAN_F32, PLAN_WEIGHT, d, 4096);
+  uint32_t wb = tb_tensor(&b, "wb", PLAN_BF16, PLAN_WEIGHT, d, 1024);
+  uint32_t wh = tb_tensor(&b, "wh", PLAN_F16, PLAN_WEIGHT, d, 1024);
+  uint32_t wi = tb_tensor(&b, "wi", PLAN_I32, PLAN_WEIGHT, d, 1024);
+  uint32_t st = tb_tensor(&b, "state", PLAN_F32, PLAN_STATE, d, 256);
+  b.tensors[w].init_offset = 1.0;
+  b.tensors[w].init_scale = 0.1;
+  b.tensors[wb].init_scale = 3.0;
+  b.tensors[wh].init_scale = 0.01;
+  b.tensors[wi].init_scale = 100.0;
+  const plan *p = &b.p;
+
+  double lo = 2, hi = 0, sum = 0;
+  for (uint64_t i = 0; i < 4096; i++) {
+    double v = rt_init_value(p, w, 99, i);
+    ck_assert(v >= 0.9 && v < 1.1);
+    ck_assert(v == rt_init_value(p, w, 99, i)); /* deterministic */
+    lo = fmin(lo, v);
+    hi = fmax(hi, v);
+    sum += v;
+  }
+  /* Spread over the range, centred on the offset. */
+  ck_assert(lo < 0.905 && hi > 1.095);
+  ck_assert(fabs(sum / 4096 - 1.0) < 0.01);
+  /* Name and seed change the stream; the dtype and index order do not. */
+  int same_name = 0, same_seed = 0;
+  for (uint64_t i = 0; i < 64; i++) {
+    same_name += fabs((rt_init_value(p, w, 99, i) - 1.0) / 0.1 - rt_init_value(p, w2, 99, i)) < 1e-9;
+    same_seed += rt_init_value(p, w, 99, i) == rt_init_value(p, w, 100, i);
+  }
+  ck_assert_int_lt(same_name, 2);
+  ck_assert_int_lt(same_seed, 2);
+
+  /* The bundle fills weights with these values, rounded to the dtype. */
+  tb_write(&b);
+  rt_options opts = {.weight_seed = 77};
+  rt_bundle *bd;
+  rt_status s = rt_bundle_open(b.dir, &opts, &bd);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+  float fv[4096];
+  ck_assert_ptr_null(rt_tensor_read(bd, w, fv, sizeof fv));
+  for (uint64_t i = 0; i < 4096; i++) ck_assert(fv[i] == (float)rt_init_value(p, w, 77, i));
+  uint16_t hv[1024];
+  ck_assert_ptr_null(rt_tensor_read(bd, wb, hv, sizeof hv));
+  for (uint64_t i = 0; i < 1024; i++) {
+    double v = rt_init_value(p, wb, 77, i), got = bf16_value(hv[i]);
+    int e;
+    frexp(v, &e);
+    ck_assert_msg(fabs(got - v) <= ldexp(1.0, e - 9), "bf16 %g -> %g", v, got); /* half an ulp */
+  }
+  ck_assert_ptr_null(rt_tensor_read(bd, wh, hv, sizeof hv));
+  for (uint64_t i = 0; i < 1024; i++) {
+    double v = rt_init_value(p, wh, 77, i), got = f16_value(hv[i]);
+    int e;
+    frexp(v, &e);
+    if (e < -13) e = -13; /* subnormal spacing 2^-24 */
+    ck_assert_msg(fabs(got - v) <= ldexp(1.0, e - 12), "f16 %g -> %g", v, got);
+  }
+  int32_t iv[1024];
+  ck_assert_ptr_null(rt_tensor_read(bd, wi, iv, sizeof iv));
+  for (uint64_t i = 0; i < 1024; i++) ck_assert_int_eq(iv[i], (int32_t)rt_init_value(p, wi, 77, i));
+  float sv[256];
+  ck_assert_ptr_null(rt_tensor_read(bd, st, sv, sizeof sv));
+  for (int i = 0; i < 256; i++) ck_assert(sv[i] == 0.0f);
+  rt_bundle_close(bd);
+
+  /* Without an override the plan's seed is used. */
+  ck_assert_ptr_null(rt_bundle_open(b.dir, NULL, &bd));
+  ck_assert_ptr_null(rt_tensor_read(bd, w, fv, sizeof fv));
+  ck_assert(fv[5] == (float)rt_init_value(p, w, p->info.weight_seed, 5));
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* ---- rt_generate ------------------------------------------------------- */
+
+typedef struct seen_steps {
+  int n;
+  int32_t step[16][4];
+  int32_t ids[16][4];
+  int fail_at;
+} seen_steps;
+
+static rt_status record_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
+  (void)b;
+  seen_steps *s = ctx;
+  if (s->n == s->fail_at) return rt_status_make("hook refuses step %d", s->n);
+  memcpy(s->step[s->n], step, sizeof s->step[0]);
+  memcpy(s->ids[s->n], ids, sizeof s->ids[0]);
+  s->n++;
+  return NULL;
+}
+
+static void generate_plan(tb *b) {
+  tb_init(b);
+  tb_param(b, "vocab", 1000);
+  uint32_t d = tb_device(b, "cpu0", 1), s = tb_stream(b, "main", d);
+  tb_io(b);
+  uint32_t seen = tb_tensor(b, "seen", PLAN_I32, PLAN_OUTPUT, d, 4);
+  tb_launch(b, s, tb_kernel(b, "t_next", 1, 3), b->p.info.ids_tensor, b->p.info.next_tensor, seen);
+  tb_write(b);
+}
+
+START_TEST(generate_chunks) {
+  tb b;
+  generate_plan(&b);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  int32_t prompt[10] = {5, 9, 2, 7, 11, 13, 17, 19, 23, 29};
+  seen_steps ss = {.fail_at = -1};
+  rt_report r;
+  rt_status s = rt_generate(bd, prompt, 10, 3, record_hook, &ss, &r);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+  ck_assert_int_eq(r.steps, 6);
+  ck_assert_int_eq(ss.n, 6);
+  ck_assert_int_eq(r.tokens, 4 + 4 + 2 + 3);
+  const int32_t want_step[6][2] = {{0, 4}, {4, 4}, {8, 2}, {10, 1}, {11, 1}, {12, 1}};
+  rt_sha256_ctx c;
+  rt_sha256_init(&c);
+  for (int i = 0; i < 6; i++) {
+    ck_assert_int_eq(ss.step[i][0], want_step[i][0]);
+    ck_assert_int_eq(ss.step[i][1], want_step[i][1]);
+    ck_assert_int_eq(ss.step[i][2], i);
+    ck_assert_int_eq(ss.step[i][3], 0);
+    int32_t next[4], shown[4];
+    for (int t = 0; t < 4; t++) {
+      int live = t < want_step[i][1];
+      int32_t want_id = !live ? 0 : i < 3 ? prompt[want_step[i][0] + t] : 29 + (i - 2);
+      ck_assert_int_eq(ss.ids[i][t], want_id);
+      next[t] = live ? want_id + 1 : -1;
+      shown[t] = ss.step[i][t];
+    }
+    /* The outputs in plan order: next, then seen. */
+    rt_sha256_update(&c, next, sizeof next);
+    rt_sha256_update(&c, shown, sizeof shown);
+  }
+  uint8_t want[32];
+  rt_sha256_final(&c, want);
+  ck_assert_mem_eq(r.outputs_sha256, want, 32);
+  ck_assert_int_eq(r.ngenerated, 4);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(r.generated[i], 30 + i);
+  ck_assert(r.seconds_total > 0 && r.seconds_median > 0 && r.seconds_median <= r.seconds_total);
+  free(r.generated);
+
+  /* Same inputs, same bytes; another prompt, another hash. */
+  rt_report r2;
+  ck_assert_ptr_null(rt_generate(bd, prompt, 10, 3, NULL, NULL, &r2));
+  ck_assert_mem_eq(r2.outputs_sha256, want, 32);
+  free(r2.generated);
+  prompt[3] = 8;
+  ck_assert_ptr_null(rt_generate(bd, prompt, 10, 3, NULL, NULL, &r2));
+  ck_assert(memcmp(r2.outputs_sha256, want, 32) != 0);
+  free(r2.generated);
+
+  /* A prompt of exactly one chunk, no decode. */
+  ck_assert_ptr_null(rt_generate(bd, prompt, 4, 0, NULL, NULL, &r2));
+  ck_assert_int_eq(r2.steps, 1);
+  ck_assert_int_eq(r2.ngenerated, 1);
+  ck_assert_int_eq(r2.generated[0], prompt[3] + 1);
+  free(r2.generated);
+
+  /* Errors: a hook that refuses, positions past max_seq, ids past vocab. */
+  seen_steps fail = {.fail_at = 4};
+  s = rt_generate(bd, prompt, 10, 3, record_hook, &fail, &r2);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_str_eq(rt_status_msg(s), "hook refuses step 4");
+  ck_assert_ptr_null(r2.generated);
+  rt_status_free(s);
+  s = rt_generate(bd, prompt, 10, 60, NULL, NULL, &r2);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(s), "max_seq"));
+  rt_status_free(s);
+  prompt[2] = 1000;
+  s = rt_generate(bd, prompt, 10, 1, NULL, NULL, &r2);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(s), "outside the vocabulary"));
+  rt_status_free(s);
+  s = rt_generate(bd, prompt, 0, 1, NULL, NULL, &r2);
+  ck_assert_ptr_nonnull(s);
+  rt_status_free(s);
+
+  /* The default prompt: prefill tokens below vocab, the same every time. */
+  int32_t *ids, *ids2;
+  int n, n2;
+  ck_assert_ptr_null(rt_default_prompt(rt_bundle_plan(bd), &ids, &n));
+  ck_assert_ptr_null(rt_default_prompt(rt_bundle_plan(bd), &ids2, &n2));
+  ck_assert_int_eq(n, 10);
+  ck_assert_int_eq(n2, 10);
+  ck_assert_mem_eq(ids, ids2, 10 * sizeof *ids);
+  int distinct = 0;
+  for (int i = 0; i < n; i++) {
+    ck_assert(ids[i] >= 0 && ids[i] < 1000);
+    distinct += i == 0 || ids[i] != ids[i - 1];
+  }
+  ck_assert_int_gt(distinct, 5);
+  free(ids);
+  free(ids2);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+
+/* ---- the ds4run command line --------------------------------------------- */
+
+/* ds4run lives in the build directory: DS4_BUILD_DIR under ctest, else the
+ * parent of this test's own directory. */
+static void ds4run_path(char *out, size_t n) {
+  const char *bd = getenv("DS4_BUILD_DIR");
+  if (bd) {
+    snprintf(out, n, "%s/ds4run", bd);
+    return;
+  }
+  char self[512];
+  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+  ck_assert_int_gt(k, 0);
+  self[k] = 0;
+  *strrchr(self, '/') = 0;
+  snprintf(out, n, "%s/../ds4run", self);
+}
+
+/* Run a command, capture stdout+stderr; returns the exit status. */
+static int run_capture(const char *cmd, char *out, size_t n) {
+  char full[1024];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  FILE *f = popen(full, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(out, 1, n - 1, f);
+  out[got] = 0;
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(cli) {
+  tb b;
+  generate_plan(&b);
+  char exe[512], cmd[1024], out[8192];
+  ds4run_path(exe, sizeof exe);
+
+  /* The reported hash is rt_generate's over the default prompt. */
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  int32_t *prompt;
+  int n;
+  ck_assert_ptr_null(rt_default_prompt(rt_bundle_plan(bd), &prompt, &n));
+  rt_report r;
+  ck_assert_ptr_null(rt_generate(bd, prompt, n, 3, NULL, NULL, &r));
+  char hex[65], want[256];
+  rt_hex(r.outputs_sha256, 32, hex);
+  snprintf(want, sizeof want, "\noutputs sha256: %s\n", hex);
+  free(r.generated);
+  free(prompt);
+  rt_bundle_close(bd);
+
+  snprintf(cmd, sizeof cmd, "%s %s --steps 3", exe, b.dir);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, want) != NULL, "output:\n%s", out);
+  ck_assert_ptr_nonnull(strstr(out, "3 prefill (10 prompt tokens, 4 slots) + 3 decode"));
+
+  snprintf(cmd, sizeof cmd, "%s %s --steps 1 --prompt 1,2,3 --json", exe, b.dir);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "\"generated\": [4, 5]") != NULL, "output:\n%s", out);
+
+  snprintf(cmd, sizeof cmd, "%s %s --steps", exe, b.dir);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 64);
+  ck_assert_ptr_nonnull(strstr(out, "usage: ds4run BUNDLE"));
+  snprintf(cmd, sizeof cmd, "%s --help", exe);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 0);
+  ck_assert_ptr_nonnull(strstr(out, "usage: ds4run BUNDLE"));
+  snprintf(cmd, sizeof cmd, "%s %s --prompt 1,x", exe, b.dir);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 64);
+
+  /* Runtime errors: one line, the prefix, exit 1. */
+  snprintf(cmd, sizeof cmd, "%s %s --prompt 1,2000", exe, b.dir);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 1);
+  ck_assert_msg(strncmp(out, "ds4run: error: prompt token 1 is 2000", 37) == 0, "%s", out);
+  snprintf(cmd, sizeof cmd, "%s/kernels/host.so", b.dir);
+  FILE *f = fopen(cmd, "ab");
+  ck_assert_ptr_nonnull(f);
+  fputc(1, f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "%s %s", exe, b.dir);
+  ck_assert_int_eq(run_capture(cmd, out, sizeof out), 1);
+  snprintf(want, sizeof want, "ds4run: error: %s/kernels/host.so: sha256 mismatch", b.dir);
+  ck_assert_msg(strncmp(out, want, strlen(want)) == 0, "%s", out);
+  tb_cleanup(&b);
+}
+END_TEST
+
+static Suite *runtime_suite(void) {
+  Suite *s = suite_create("runtime");
+  TCase *t = tcase_create("replay");
+  tcase_set_timeout(t, 120);
+  tcase_add_test(t, chain_one_stream);
+  tcase_add_test(t, two_streams_record_wait);
+  tcase_add_test(t, two_devices_copy_wait);
+  tcase_add_test(t, grid_spreads_over_threads);
+  tcase_add_test(t, fault_poisons_step);
+  tcase_add_test(t, close_without_steps);
+  suite_add_tcase(s, t);
+  TCase *o = tcase_create("open");
+  tcase_set_timeout(o, 120);
+  tcase_add_test(o, codeobj_sha_mismatch);
+  tcase_add_test(o, codeobj_load_errors);
+  tcase_add_test(o, backend_lookup);
+  tcase_add_test(o, init_values);
+  suite_add_tcase(s, o);
+  TCase *g = tcase_create("generate");
+  tcase_set_timeout(g, 120);
+  tcase_add_test(g, generate_chunks);
+  tcase_add_test(g, cli);
+  suite_add_tcase(s, g);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(runtime_suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
