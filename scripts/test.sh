@@ -10,3 +10,7 @@ scripts/setup.sh build
 
 DS4_CMAKE_ARGS="-DDS4_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug" scripts/setup.sh build-asan
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
+
+# The threaded runtime once more under ThreadSanitizer.
+DS4_CMAKE_ARGS="-DDS4_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" scripts/setup.sh build-tsan
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R 'test_runtime|test_e2e')
