@@ -88,7 +88,7 @@ static int emit_bundle(ir_prog *p, const char *dir, dsl_diag *d) {
   if (!rc) {
     plan pl;
     emit_plan(p, &k, &pl);
-    char path[4096];
+    char path[4096 + 32]; /* dir is at most 4096 bytes (ds4c_compile) */
     snprintf(path, sizeof path, "%s/plan.ds4p", dir);
     rt_status st = plan_write(&pl, path);
     if (st) {
@@ -110,6 +110,10 @@ int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
   ir_prog *p;
   if (ds4c_build(o, &p, d)) return -1;
   char stage[4096], old[4096];
+  if (strlen(o->out_dir) > 4000) {
+    ds4c_prog_free(p);
+    return dsl_error(d, (dsl_pos){0}, "output path is longer than 4000 bytes: %.60s...", o->out_dir);
+  }
   snprintf(stage, sizeof stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
   snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
   remove_tree(stage);

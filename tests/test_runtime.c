@@ -815,7 +815,7 @@ static int run_capture(const char *cmd, char *out, size_t n) {
 START_TEST(cli) {
   tb b;
   generate_plan(&b);
-  char exe[512], cmd[1024], out[8192];
+  char exe[600], cmd[1024], out[8192];
   ds4run_path(exe, sizeof exe);
 
   /* The reported hash is rt_generate's over the default prompt. */
