@@ -103,6 +103,21 @@ static int emit_bundle(ir_prog *p, const char *dir, dsl_diag *d) {
   return rc;
 }
 
+/* Create the folders above path that do not exist yet (mkdir -p of its
+ * parent), so `-o out/x` works in a fresh checkout. */
+static int make_parents(const char *path, dsl_diag *d) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *c = buf + 1; *c; c++) {
+    if (*c != '/') continue;
+    *c = 0;
+    if (mkdir(buf, 0777) && errno != EEXIST)
+      return dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", buf, strerror(errno));
+    *c = '/';
+  }
+  return 0;
+}
+
 /* Build in DIR.tmp-PID, then swap it into place: an error never leaves
  * a half-written bundle at DIR, and an earlier bundle stays until the new
  * one is complete. */
@@ -117,8 +132,8 @@ int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
   snprintf(stage, sizeof stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
   snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
   remove_tree(stage);
-  int rc = 0;
-  if (mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
+  int rc = make_parents(o->out_dir, d);
+  if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
   if (!rc) rc = emit_bundle(p, stage, d);
   ds4c_prog_free(p);
   if (!rc) {
