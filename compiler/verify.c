@@ -112,10 +112,10 @@ static int check_edges(const ir_prog *p, const vclocks *v, dsl_diag *d) {
   for (int i = 0; i < p->nedges; i++) {
     const ir_edge *e = &p->edges[i];
     if (!hb(p, v, e->from, e->to))
-      return dsl_error(d, p->ops[e->to].pos, "verify: '%s' must run after '%s' (%s on '%s'), but nothing orders them",
-                       p->ops[e->to].path, p->ops[e->from].path, e->hazard == PLAN_RAW ? "read after write"
-                       : e->hazard == PLAN_WAR ? "write after read" : "write after write",
-                       p->tensors[e->tensor].path);
+      return dsl_error(d, p->ops[e->to].pos, "verify: race on '%s': '%s' must run after '%s' (%s), but nothing orders them",
+                       p->tensors[e->tensor].path, p->ops[e->to].path, p->ops[e->from].path,
+                       e->hazard == PLAN_RAW ? "read after write"
+                       : e->hazard == PLAN_WAR ? "write after read" : "write after write");
   }
   return 0;
 }
