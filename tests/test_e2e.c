@@ -158,6 +158,27 @@ START_TEST(damaged_code_object_is_refused) {
 }
 END_TEST
 
+/* A damaged plan file is a clear ds4run error naming the file, never a
+ * crash: cut short, and one payload byte changed. */
+START_TEST(damaged_plan_is_refused) {
+  char path[1024], out[8192], args[700];
+  snprintf(path, sizeof path, "%s/plan.ds4p", bundle);
+  snprintf(args, sizeof args, "%s --steps 1", bundle);
+  FILE *f = fopen(path, "r+b");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 200, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, 200, SEEK_SET);
+  fputc(c ^ 1, f);
+  fclose(f);
+  ck_assert_int_eq(ds4run(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "ds4run: error: ") && strstr(out, "plan.ds4p") && strstr(out, "checksum"), "%s", out);
+  ck_assert_int_eq(truncate(path, 100), 0);
+  ck_assert_int_eq(ds4run(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "ds4run: error: ") && strstr(out, "plan.ds4p"), "%s", out);
+}
+END_TEST
+
 /* The exact oracle: another schedule of the same model (three streams with
  * events) replays to the same output bytes. */
 START_TEST(schedules_agree_bit_for_bit) {
@@ -187,6 +208,7 @@ int main(void) {
   tcase_add_test(tc, wrong_kernel_fails_the_check);
   tcase_add_test(tc, damaged_code_object_is_refused);
   tcase_add_test(tc, schedules_agree_bit_for_bit);
+  tcase_add_test(tc, damaged_plan_is_refused);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);
