@@ -39,39 +39,41 @@ static int hash_file(const char *path, uint8_t out[32], dsl_diag *d) {
 
 int emit_kernels_build(ir_prog *p, const char *dir, emit_kernels *out, dsl_diag *d) {
   memset(out, 0, sizeof *out);
-  kgen_kernel *all = calloc((size_t)p->nops, sizeof *all);
+  kgen_kernel *all = calloc((size_t)p->nops + 1, sizeof *all);
   if (!all) abort();
-  int n = 0, rc = 0;
-  for (int i = 0; i < p->nops && !rc; i++) {
+  /* One kernel per symbol; ops[i].kernel holds its index until the sort,
+   * then the symbols are matched once more to sorted positions. */
+  int n = 0;
+  for (int i = 0; i < p->nops; i++) {
+    p->ops[i].kernel = -1;
     if (p->ops[i].kind == IR_OP_COPY) continue;
     kgen_kernel k;
     if (kgen_host(p, &p->ops[i], &k, d)) {
-      rc = -1;
-      break;
+      for (int j = 0; j < n; j++) kgen_kernel_free(&all[j]);
+      free(all);
+      return -1;
     }
     int dup = -1;
     for (int j = 0; j < n && dup < 0; j++)
       if (strcmp(all[j].symbol, k.symbol) == 0) dup = j;
     if (dup >= 0) kgen_kernel_free(&k);
-    else all[n++] = k;
+    else all[dup = n++] = k;
+    p->ops[i].kernel = dup;
   }
-  if (rc) {
-    for (int j = 0; j < n; j++) kgen_kernel_free(&all[j]);
-    free(all);
-    return -1;
-  }
+  const char **unsorted = malloc((size_t)(n ? n : 1) * sizeof *unsorted);
+  if (!unsorted) abort();
+  for (int j = 0; j < n; j++) unsorted[j] = all[j].symbol;
   qsort(all, (size_t)n, sizeof *all, by_symbol);
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kernel < 0) continue;
+    const char *sym = unsorted[p->ops[i].kernel];
+    for (int j = 0; j < n; j++)
+      if (all[j].symbol == sym) p->ops[i].kernel = j;
+  }
+  free(unsorted);
   out->kernels = all;
   out->nkernels = n;
-  for (int i = 0; i < p->nops; i++) {
-    p->ops[i].kernel = -1;
-    if (p->ops[i].kind == IR_OP_COPY) continue;
-    kgen_kernel k;
-    if (kgen_host(p, &p->ops[i], &k, d)) return -1;
-    for (int j = 0; j < n; j++)
-      if (strcmp(all[j].symbol, k.symbol) == 0) p->ops[i].kernel = j;
-    kgen_kernel_free(&k);
-  }
+  int rc = 0;
 
   char path[4096];
   snprintf(path, sizeof path, "%s/kernels", dir);
