@@ -90,11 +90,11 @@ int main(int argc, char **argv) {
   plan_stream stream = {.name = S_MAIN, .device = 0};
   plan_tensor tensors[3] = {
       {.name = S_IDS, .checkpoint = PLAN_NONE, .dtype = PLAN_I32, .role = PLAN_INPUT, .ndim = 1,
-       .dim = {1}, .bytes = 4, .offset = 0},
+       .view_of = PLAN_NONE, .rows = PLAN_NONE, .dim = {1}, .bytes = 4, .offset = 0},
       {.name = S_NEXT, .checkpoint = PLAN_NONE, .dtype = PLAN_I32, .role = PLAN_OUTPUT, .ndim = 1,
-       .dim = {1}, .bytes = 4, .offset = 64},
+       .view_of = PLAN_NONE, .rows = PLAN_NONE, .dim = {1}, .bytes = 4, .offset = 64},
       {.name = S_SCRATCH, .checkpoint = PLAN_NONE, .dtype = PLAN_F32, .role = PLAN_ACTIVATION,
-       .ndim = 1, .dim = {16}, .bytes = 64, .offset = 128},
+       .ndim = 1, .view_of = PLAN_NONE, .rows = PLAN_NONE, .dim = {16}, .bytes = 64, .offset = 128},
   };
   plan_codeobj co = {.path = S_PATH, .target = S_HOST};
   char sopath[64];
@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   plan_kernel kern = {.symbol = S_SYM, .kind = S_KIND, .codeobj = 0, .grid = 1, .nbufs = 1};
-  uint32_t arg = 2;
+  plan_arg arg = {.tensor = 2, .offset = 0, .bytes = 64};
   plan_op *ops = calloc(ncmd, sizeof *ops);
   plan_command *cmds = calloc(ncmd, sizeof *cmds);
   if (!ops || !cmds) {
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
   for (uint32_t i = 0; i < ncmd; i++) {
     ops[i] = (plan_op){.path = S_OP, .stream = 0, .kernel = 0};
     cmds[i] = (plan_command){.kind = PLAN_CMD_LAUNCH, .stream = 0, .op = i, .a = 0,
-                             .args_begin = 0, .nargs = 1};
+                             .b = PLAN_NONE, .args_begin = 0, .nargs = 1};
   }
   p.devices = &dev;
   p.ndevices = 1;

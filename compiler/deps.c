@@ -1,8 +1,10 @@
-/* deps.c - dependency edges from buffer accesses: read-after-write,
- * write-after-read and write-after-write, always all three.
- * Activations and outputs are dataflow values: one writer per step, and
- * every reader depends on it wherever it is written in the file. State
- * tensors are read-modify-write and ordered as written in the model.
+/* deps.c - dependency edges from buffer accesses on byte ranges:
+ * read-after-write, write-after-read and write-after-write, always all
+ * three. An operand covers all of its tensor or a range of its rows.
+ * Activations and outputs are dataflow values: one writer per byte and
+ * step, and every reader depends on the writers of the bytes it reads
+ * wherever they are written in the file. State tensors are
+ * read-modify-write and ordered as written in the model.
  * A cycle among the edges is an error that names the ops around it. */
 #include <stdlib.h>
 #include <string.h>
@@ -21,56 +23,111 @@ static void add_edge(ir_prog *p, int from, int to, int tensor, int hazard) {
   ir_add_edge(p, &(ir_edge){from, to, tensor, hazard});
 }
 
-static int dataflow_edges(ir_prog *p, int *writer, dsl_diag *d) {
-  for (int i = 0; i < p->nops; i++) {
-    const ir_op *op = &p->ops[i];
-    for (int j = 0; j < op->nout; j++) {
-      int t = op->out[j];
-      uint32_t role = p->tensors[t].role;
-      if (role == PLAN_STATE) continue;
-      if (writer[t] >= 0)
-        return dsl_error(d, op->out_pos[j], "'%s' is written by '%s' and again by '%s'; an activation has one writer",
-                         p->tensors[t].path, p->ops[writer[t]].path, op->path);
-      writer[t] = i;
-    }
-  }
-  for (int i = 0; i < p->nops; i++) {
-    const ir_op *op = &p->ops[i];
-    for (int j = 0; j < op->nin; j++) {
-      int t = op->in[j];
-      uint32_t role = p->tensors[t].role;
-      if (role == PLAN_STATE || role == PLAN_WEIGHT || role == PLAN_INPUT) continue;
-      if (writer[t] < 0)
-        return dsl_error(d, op->in_pos[j], "op '%s' reads '%s', which no op writes", op->path, p->tensors[t].path);
-      add_edge(p, writer[t], i, t, PLAN_RAW);
-    }
-  }
-  for (int t = 0; t < p->ntensors; t++)
-    if (p->tensors[t].role == PLAN_OUTPUT && writer[t] < 0)
-      return dsl_error(d, p->tensors[t].pos, "output '%s' is never written", p->tensors[t].path);
-  return 0;
+/* One operand's bytes of its tensor. */
+typedef struct deps_access {
+  int op, slot;
+  int64_t off, len;
+} deps_access;
+
+static int overlap(const deps_access *a, const deps_access *b) {
+  return a->off < b->off + b->len && b->off < a->off + a->len;
 }
 
-/* State: program order; the last writer and the readers since. */
-static void state_edges(ir_prog *p) {
-  int *readers = ir_xrealloc(NULL, (size_t)p->nops * sizeof *readers);
-  for (int t = 0; t < p->ntensors; t++) {
-    if (p->tensors[t].role != PLAN_STATE) continue;
-    int last_writer = -1, nreaders = 0;
-    for (int i = 0; i < p->nops; i++) {
-      const ir_op *op = &p->ops[i];
-      int r = ir_op_reads(p, op, t), w = ir_op_writes(p, op, t);
-      if (r && last_writer >= 0) add_edge(p, last_writer, i, t, PLAN_RAW);
-      if (w) {
-        for (int k = 0; k < nreaders; k++) add_edge(p, readers[k], i, t, PLAN_WAR);
-        if (last_writer >= 0) add_edge(p, last_writer, i, t, PLAN_WAW);
-        last_writer = i;
-        nreaders = 0;
-      }
-      if (r && !w) readers[nreaders++] = i;
+/* Every operand access, grouped by tensor (CSR: acc[first[t] .. first[t+1])),
+ * in program order within a tensor. */
+static deps_access *collect_accesses(const ir_prog *p, int **out_first) {
+  int *first = ir_xrealloc(NULL, ((size_t)p->ntensors + 1) * sizeof *first), total = 0;
+  memset(first, 0, ((size_t)p->ntensors + 1) * sizeof *first);
+  for (int i = 0; i < p->nops; i++)
+    for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++) first[ir_operand_tensor(&p->ops[i], j) + 1]++, total++;
+  for (int t = 0; t < p->ntensors; t++) first[t + 1] += first[t];
+  deps_access *acc = ir_xrealloc(NULL, (size_t)(total ? total : 1) * sizeof *acc);
+  int *fill = ir_xrealloc(NULL, ((size_t)p->ntensors + 1) * sizeof *fill);
+  memcpy(fill, first, ((size_t)p->ntensors + 1) * sizeof *fill);
+  for (int i = 0; i < p->nops; i++)
+    for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++) {
+      deps_access *a = &acc[fill[ir_operand_tensor(&p->ops[i], j)]++];
+      a->op = i;
+      a->slot = j;
+      ir_operand_range(p, &p->ops[i], j, &a->off, &a->len);
+    }
+  free(fill);
+  *out_first = first;
+  return acc;
+}
+
+static dsl_pos slot_pos(const ir_op *op, int slot) {
+  return slot < op->nin ? op->in_pos[slot] : op->out_pos[slot - op->nin];
+}
+
+/* Bytes of r that no write in w[0..nw) covers (0 when fully covered). */
+static int64_t uncovered(const deps_access *r, const deps_access *const *w, int nw) {
+  int64_t at = r->off, end = r->off + r->len;
+  for (int moved = 1; moved && at < end;) {
+    moved = 0;
+    for (int k = 0; k < nw; k++)
+      if (w[k]->off <= at && at < w[k]->off + w[k]->len) at = w[k]->off + w[k]->len, moved = 1;
+  }
+  return at < end ? end - at : 0;
+}
+
+/* Activations and outputs are dataflow values: each byte has one writer per
+ * step, and a reader depends on every writer of the bytes it reads,
+ * wherever the writer sits in the file. */
+static int dataflow_edges(ir_prog *p, const deps_access *acc, const int *first, dsl_diag *d) {
+  const deps_access **writes = ir_xrealloc(NULL, (size_t)(p->nops + 1) * sizeof *writes);
+  int rc = 0;
+  for (int t = 0; t < p->ntensors && !rc; t++) {
+    uint32_t role = p->tensors[t].role;
+    if (role == PLAN_STATE || role == PLAN_WEIGHT || role == PLAN_INPUT) continue;
+    int nw = 0;
+    for (int k = first[t]; k < first[t + 1] && !rc; k++) {
+      const deps_access *a = &acc[k];
+      if (!ir_operand_writes(&p->ops[a->op], a->slot)) continue;
+      for (int q = 0; q < nw && !rc; q++)
+        if (overlap(writes[q], a))
+          rc = dsl_error(d, slot_pos(&p->ops[a->op], a->slot),
+                         "'%s' is written by '%s' and again by '%s'; an activation has one writer",
+                         p->tensors[t].path, p->ops[writes[q]->op].path, p->ops[a->op].path);
+      writes[nw++] = a;
+    }
+    if (!rc && role == PLAN_OUTPUT && nw == 0)
+      rc = dsl_error(d, p->tensors[t].pos, "output '%s' is never written", p->tensors[t].path);
+    for (int k = first[t]; k < first[t + 1] && !rc; k++) {
+      const deps_access *a = &acc[k];
+      const ir_op *op = &p->ops[a->op];
+      if (ir_operand_writes(op, a->slot)) continue;
+      if (uncovered(a, writes, nw))
+        rc = dsl_error(d, slot_pos(op, a->slot), "op '%s' reads '%s', which no op writes%s", op->path,
+                       p->tensors[t].path, nw ? " in full" : "");
+      for (int q = 0; q < nw && !rc; q++)
+        if (overlap(writes[q], a)) add_edge(p, writes[q]->op, a->op, t, PLAN_RAW);
     }
   }
-  free(readers);
+  free(writes);
+  return rc;
+}
+
+/* State is read-modify-write in program order: each access depends on
+ * every earlier access to overlapping bytes that conflicts with it. */
+static void state_edges(ir_prog *p, const deps_access *acc, const int *first) {
+  for (int t = 0; t < p->ntensors; t++) {
+    if (p->tensors[t].role != PLAN_STATE) continue;
+    for (int k = first[t]; k < first[t + 1]; k++) {
+      const deps_access *a = &acc[k];
+      const ir_op *op = &p->ops[a->op];
+      int aw = ir_operand_writes(op, a->slot), ar = ir_operand_reads(op, a->slot);
+      for (int q = first[t]; q < k; q++) {
+        const deps_access *b = &acc[q];
+        const ir_op *bo = &p->ops[b->op];
+        if (b->op == a->op || !overlap(a, b)) continue;
+        int bw = ir_operand_writes(bo, b->slot), br = ir_operand_reads(bo, b->slot);
+        if (ar && bw) add_edge(p, b->op, a->op, t, PLAN_RAW);
+        else if (aw && bw) add_edge(p, b->op, a->op, t, PLAN_WAW);
+        else if (aw && br) add_edge(p, b->op, a->op, t, PLAN_WAR);
+      }
+    }
+  }
 }
 
 /* Kahn's algorithm; what remains holds a cycle, which we walk to report. */
@@ -121,11 +178,11 @@ static int check_acyclic(ir_prog *p, dsl_diag *d) {
 }
 
 int pass_deps(ir_prog *p, dsl_diag *d) {
-  int *writer = ir_xrealloc(NULL, (size_t)p->ntensors * sizeof *writer);
-  for (int t = 0; t < p->ntensors; t++) writer[t] = -1;
-  int rc = dataflow_edges(p, writer, d);
-  free(writer);
-  if (rc) return -1;
-  state_edges(p);
-  return check_acyclic(p, d);
+  int *first;
+  deps_access *acc = collect_accesses(p, &first);
+  int rc = dataflow_edges(p, acc, first, d);
+  if (!rc) state_edges(p, acc, first);
+  free(acc);
+  free(first);
+  return rc ? -1 : check_acyclic(p, d);
 }

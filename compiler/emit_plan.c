@@ -53,6 +53,13 @@ static uint32_t intern(strtab *t, const char *s) {
 
 #define ALLOC(ptr, count) ((ptr) = calloc((size_t)(count) ? (size_t)(count) : 1, sizeof *(ptr)))
 
+/* The bytes one operand covers. */
+static plan_arg arg_of(const ir_prog *p, const ir_op *op, int slot) {
+  int64_t off, len;
+  ir_operand_range(p, op, slot, &off, &len);
+  return (plan_arg){(uint32_t)ir_operand_tensor(op, slot), 0, (uint64_t)off, (uint64_t)len};
+}
+
 void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   strtab st = {0};
   memset(out, 0, sizeof *out);
@@ -86,6 +93,11 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
     out->streams[i] = (plan_stream){intern(&st, p->streams[i].name), (uint32_t)p->streams[i].device};
   out->nstreams = (uint32_t)p->nstreams;
 
+  int64_t total_rows = 0;
+  for (int i = 0; i < p->ntensors; i++)
+    if (p->tensors[i].rows) total_rows += p->tensors[i].dim[0];
+  ALLOC(out->rows, total_rows);
+  uint32_t nrows = 0;
   ALLOC(out->tensors, p->ntensors);
   for (int i = 0; i < p->ntensors; i++) {
     const ir_tensor *t = &p->tensors[i];
@@ -95,7 +107,13 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
     pt->dtype = t->dtype;
     pt->role = t->role;
     pt->ndim = (uint32_t)t->ndim;
-    pt->device = (uint32_t)t->device;
+    pt->device = t->device < 0 ? PLAN_NONE : (uint32_t)t->device;
+    pt->view_of = t->view_of < 0 ? PLAN_NONE : (uint32_t)t->view_of;
+    pt->rows = PLAN_NONE;
+    if (t->rows) {
+      pt->rows = nrows;
+      for (int64_t r = 0; r < t->dim[0]; r++) out->rows[nrows++] = (uint32_t)t->rows[r];
+    }
     for (int j = 0; j < t->ndim; j++) pt->dim[j] = (uint64_t)t->dim[j];
     pt->bytes = (uint64_t)t->bytes;
     pt->offset = (uint64_t)t->offset;
@@ -103,6 +121,7 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
     pt->init_scale = t->init_scale;
   }
   out->ntensors = (uint32_t)p->ntensors;
+  out->nrows = nrows;
 
   ALLOC(out->codeobjs, 1);
   out->codeobjs[0].path = intern(&st, "kernels/host.so");
@@ -146,31 +165,30 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   }
   out->nedges = (uint32_t)p->nedges;
 
-  int nargs = 0;
-  for (int i = 0; i < p->nops; i++) nargs += p->ops[i].nin + p->ops[i].nout;
+  int nargs = 0; /* a bound: copies use two per pair, launches one per operand */
+  for (int i = 0; i < p->nops; i++) nargs += 2 * (p->ops[i].nin + p->ops[i].nout);
   ALLOC(out->args, nargs);
   ALLOC(out->commands, p->ncmds);
   uint32_t na = 0;
   for (int i = 0; i < p->ncmds; i++) {
     const ir_cmd *c = &p->cmds[i];
     plan_command *pc = &out->commands[i];
-    *pc = (plan_command){(uint32_t)c->kind, (uint32_t)c->stream, PLAN_NONE, 0, 0, 0, 0, 0};
+    *pc = (plan_command){(uint32_t)c->kind, (uint32_t)c->stream, PLAN_NONE, PLAN_NONE, PLAN_NONE, 0, 0, 0};
     if (c->kind == IR_CMD_RECORD || c->kind == IR_CMD_WAIT) {
       pc->a = (uint32_t)c->event;
-      pc->b = c->kind == IR_CMD_WAIT ? (uint32_t)c->record : 0;
+      if (c->kind == IR_CMD_WAIT) pc->b = (uint32_t)c->record;
       continue;
     }
     const ir_op *op = &p->ops[c->op];
     pc->op = (uint32_t)index[c->op];
-    if (c->kind == IR_CMD_COPY) {
-      pc->a = (uint32_t)op->in[0];
-      pc->b = (uint32_t)op->out[0];
-      continue;
-    }
-    pc->a = (uint32_t)op->kernel;
     pc->args_begin = na;
-    for (int j = 0; j < op->nin; j++) out->args[na++] = (uint32_t)op->in[j];
-    for (int j = 0; j < op->nout; j++) out->args[na++] = (uint32_t)op->out[j];
+    if (c->kind == IR_CMD_COPY) { /* one pair of a (batched) copy op */
+      out->args[na++] = arg_of(p, op, c->part);
+      out->args[na++] = arg_of(p, op, op->nin + c->part);
+    } else {
+      pc->a = (uint32_t)op->kernel;
+      for (int j = 0; j < op->nin + op->nout; j++) out->args[na++] = arg_of(p, op, j);
+    }
     pc->nargs = na - pc->args_begin;
   }
   out->ncommands = (uint32_t)p->ncmds;

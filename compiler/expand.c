@@ -123,6 +123,7 @@ static int make_tensor(ir_prog *p, const dsl_tensor *dt, const char *prefix, con
   if (dt->init_scale.text && parse_float(&dt->init_scale, &t.init_scale, d)) return -1;
   if (dt->checkpoint.text) t.checkpoint = checkpoint_name(dt->checkpoint.text, s->index);
   t.device = -1;
+  t.view_of = -1;
   t.offset = -1;
   t.path = ir_strdup(path);
   ir_add_tensor(p, &t);

@@ -137,11 +137,18 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
           expect(p, op, 2, PLAN_F32, 3, DIMS(-1, -1, H), d) || expect(p, op, 3, PLAN_F32, 3, DIMS(E, F, H), d) ||
           expect(p, op, 4, PLAN_F32, 3, DIMS(E, H, F), d) || expect(p, op, 5, PLAN_F32, 3, DIMS(T, k, H), d))
         return -1;
-      if (op->iattr[1] < 0) op->iattr[1] = E;
-      if (op->iattr[0] < 0 || op->iattr[0] >= op->iattr[1] || op->iattr[1] > E)
-        return dsl_error(d, op->pos, "moe_experts '%s': expert range [%lld, %lld) is not inside [0, %lld)",
-                         op->path, (long long)op->iattr[0], (long long)op->iattr[1], (long long)E);
       return 0;
+    }
+    case IR_OP_SUM_PARTS: {
+      const ir_tensor *a = operand(p, op, 0);
+      int64_t n = op->iattr[0];
+      if (n < 1 || a->ndim < 1 || a->dim[0] % n != 0)
+        return dsl_error(d, op->pos, "sum_parts '%s': parts = %lld must be positive and divide dim 0 of '%s'",
+                         op->path, (long long)n, a->path);
+      int64_t want[IR_MAXDIM];
+      memcpy(want, a->dim, sizeof want);
+      want[0] = a->dim[0] / n;
+      return expect(p, op, 1, a->dtype, a->ndim, want, d);
     }
     case IR_OP_MOE_COMBINE: {
       int64_t k = dim(p, op, 0, 1), H = dim(p, op, 0, 2);

@@ -41,11 +41,12 @@ void ir_prog_free(ir_prog *p) {
   for (int i = 0; i < p->ntensors; i++) {
     free(p->tensors[i].path);
     free(p->tensors[i].checkpoint);
+    free(p->tensors[i].rows);
   }
   free(p->tensors);
   for (int i = 0; i < p->nops; i++) {
     free(p->ops[i].path);
-    free(p->ops[i].clock);
+    free(p->ops[i].expert_row);
   }
   free(p->ops);
   free(p->edges);
@@ -127,6 +128,57 @@ int ir_op_reads(const ir_prog *p, const ir_op *op, int tensor) {
   return 0;
 }
 
+/* '*' matches any run of characters, dots included; '?' one character. */
+int ir_glob_match(const char *g, const char *s) {
+  for (; *g; g++, s++) {
+    if (*g == '*') {
+      while (g[1] == '*') g++;
+      if (!g[1]) return 1;
+      for (; *s; s++)
+        if (ir_glob_match(g + 1, s)) return 1;
+      return 0;
+    }
+    if (!*s || (*g != '?' && *g != *s)) return 0;
+  }
+  return !*s;
+}
+
+int ir_operand_tensor(const ir_op *op, int slot) {
+  return slot < op->nin ? op->in[slot] : op->out[slot - op->nin];
+}
+
+int ir_operand_writes(const ir_op *op, int slot) { return slot >= op->nin; }
+
+int ir_operand_reads(const ir_op *op, int slot) {
+  return slot < op->nin || (ir_opkinds[op->kind].rmw_outputs >> (slot - op->nin) & 1);
+}
+
+int64_t ir_row_bytes(const ir_tensor *t) { return t->ndim && t->dim[0] ? t->bytes / t->dim[0] : t->bytes; }
+
+void ir_operand_range(const ir_prog *p, const ir_op *op, int slot, int64_t *off, int64_t *len) {
+  const ir_tensor *t = &p->tensors[ir_operand_tensor(op, slot)];
+  int64_t row0 = slot < op->nin ? op->in_row0[slot] : op->out_row0[slot - op->nin];
+  int64_t nrows = slot < op->nin ? op->in_nrows[slot] : op->out_nrows[slot - op->nin];
+  if (!nrows) {
+    *off = 0;
+    *len = t->bytes;
+    return;
+  }
+  *off = row0 * ir_row_bytes(t);
+  *len = nrows * ir_row_bytes(t);
+}
+
+ir_tensor ir_operand_view(const ir_prog *p, const ir_op *op, int slot) {
+  ir_tensor v = p->tensors[ir_operand_tensor(op, slot)];
+  int64_t off, len;
+  ir_operand_range(p, op, slot, &off, &len);
+  if (len != v.bytes) {
+    v.dim[0] = len / ir_row_bytes(&v);
+    v.bytes = len;
+  }
+  return v;
+}
+
 static void print_shape(const ir_tensor *t, FILE *f) {
   fputc('[', f);
   for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%lld", d ? ", " : "", (long long)t->dim[d]);
@@ -143,14 +195,21 @@ void ir_print(const ir_prog *p, FILE *f) {
     const ir_tensor *t = &p->tensors[i];
     fprintf(f, "tensor %d %s %s %s ", i, t->path, plan_dtype_name(t->dtype), plan_role_name(t->role));
     print_shape(t, f);
-    fprintf(f, " dev %d off %lld\n", t->device, (long long)t->offset);
+    fprintf(f, " dev %d off %lld", t->device, (long long)t->offset);
+    if (t->view_of >= 0) fprintf(f, " view of %s", p->tensors[t->view_of].path);
+    fputc('\n', f);
   }
   for (int i = 0; i < p->nops; i++) {
     const ir_op *op = &p->ops[i];
-    fprintf(f, "op %d %s %s in", i, op->path, ir_opkinds[op->kind].name);
-    for (int j = 0; j < op->nin; j++) fprintf(f, " %s", p->tensors[op->in[j]].path);
-    fprintf(f, " out");
-    for (int j = 0; j < op->nout; j++) fprintf(f, " %s", p->tensors[op->out[j]].path);
+    fprintf(f, "op %d %s %s", i, op->path, ir_opkinds[op->kind].name);
+    for (int j = 0; j < op->nin + op->nout; j++) {
+      int64_t off, len;
+      ir_operand_range(p, op, j, &off, &len);
+      fprintf(f, "%s %s", j == 0 ? " in" : j == op->nin ? " out" : "",
+              p->tensors[ir_operand_tensor(op, j)].path);
+      if (len != p->tensors[ir_operand_tensor(op, j)].bytes)
+        fprintf(f, "@%lld+%lld", (long long)off, (long long)len);
+    }
     fprintf(f, " stream %d rank %d\n", op->stream, op->rank);
   }
   for (int i = 0; i < p->nedges; i++) {

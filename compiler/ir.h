@@ -28,6 +28,7 @@ enum ir_opkind {
   IR_OP_MOE_COMBINE,
   IR_OP_SWIGLU_FFN,
   IR_OP_ARGMAX,
+  IR_OP_SUM_PARTS,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };
@@ -41,7 +42,9 @@ typedef struct ir_tensor {
   int64_t bytes;
   char *checkpoint; /* NULL when none */
   double init_offset, init_scale;
-  int device;     /* place: the device whose arena holds it */
+  int device;     /* place: the device whose arena holds it; -1: none */
+  int view_of;    /* copies: a weight view's source tensor, or -1 */
+  int *rows;      /* view: source row of each of its dim[0] rows; NULL: same */
   int64_t offset; /* memplan: byte offset in the arena */
   int first_use, last_use; /* memplan: ranks of the first and last access */
 } ir_tensor;
@@ -53,14 +56,20 @@ typedef struct ir_op {
   int in[IR_MAXIO], nin;
   int out[IR_MAXIO], nout;
   dsl_pos in_pos[IR_MAXIO], out_pos[IR_MAXIO]; /* the operand names in the YAML */
+  /* Operands may cover rows [row0, row0 + nrows) along dim 0 of their
+   * tensor (nrows 0: all of it); see ir_operand_range. */
+  int64_t in_row0[IR_MAXIO], in_nrows[IR_MAXIO];
+  int64_t out_row0[IR_MAXIO], out_nrows[IR_MAXIO];
+  int *expert_row; /* moe_experts: each expert's row in its weights, -1 when
+                      another launch owns it; NULL: all, row = expert */
+  int nexperts;
   int64_t iattr[IR_MAXATTR]; /* by the kind's attr table, see opkinds.h */
   double fattr[IR_MAXATTR];
   int device, stream; /* place */
   int rank;           /* order: position in the submission order */
   int kernel;         /* emit: index into the kernel table, -1 for copies */
   double cost;        /* order: predicted seconds on its device */
-  int seq;            /* sync: position of its command on its stream */
-  int *clock;         /* sync: vector clock (nstreams) when it starts */
+  int seq;            /* sync: position among its stream's ops */
 } ir_op;
 
 typedef struct ir_edge {
@@ -93,6 +102,7 @@ typedef struct ir_cmd { /* sync: the command stream in submission order */
   int kind;
   int stream;
   int op;     /* LAUNCH, COPY */
+  int part;   /* COPY: which of the op's copies (a batch has several) */
   int event;  /* RECORD, WAIT */
   int record; /* WAIT: index of the RECORD command it waits for */
 } ir_cmd;
@@ -158,8 +168,21 @@ int ir_find_op(const ir_prog *p, const char *path);
 int64_t ir_param_value(const ir_prog *p, const char *name, int64_t fallback);
 int ir_op_writes(const ir_prog *p, const ir_op *op, int tensor);
 int ir_op_reads(const ir_prog *p, const ir_op *op, int tensor);
+
+/* Operand slots number inputs 0..nin-1, then outputs. */
+int ir_operand_tensor(const ir_op *op, int slot);
+int ir_operand_writes(const ir_op *op, int slot); /* an output slot */
+int ir_operand_reads(const ir_op *op, int slot);  /* an input, or a rmw output */
+/* The bytes [*off, *off + *len) of its tensor that an operand covers. */
+void ir_operand_range(const ir_prog *p, const ir_op *op, int slot, int64_t *off, int64_t *len);
+/* The tensor as the operand sees it: dim 0 and bytes cut to its rows. */
+ir_tensor ir_operand_view(const ir_prog *p, const ir_op *op, int slot);
+/* Bytes of one row (index along dim 0) of a tensor. */
+int64_t ir_row_bytes(const ir_tensor *t);
 void ir_print(const ir_prog *p, FILE *f); /* the debug dump after a pass */
 char *ir_strdup(const char *s);
+/* Path globs: '*' matches any run of characters, dots included; '?' one. */
+int ir_glob_match(const char *glob, const char *path);
 void *ir_xrealloc(void *ptr, size_t n); /* aborts only on allocation failure */
 
 #endif

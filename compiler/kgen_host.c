@@ -75,7 +75,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1,
                          {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'f', "EFH"},
                           {"w3", 'f', "EFH"}, {"w2", 'f', "EHF"}, {"slots", 'f', "TkH"}},
-                         2, {{"expert_begin", 0}, {"expert_end", 0}}},
+                         0, {{0}}},
   [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1,
                          {{"slots", 'f', "TkH"}, {"w", 'f', "Tk"}, {"y", 'f', "TH"}},
                          0, {{0}}},
@@ -84,6 +84,8 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                          {"w2", 'f', "HF"}, {"y", 'f', "TH"}},
                         0, {{0}}},
   [IR_OP_ARGMAX] = {"argmax", 1, 1, {{"logits", 'f', "TV"}, {"ids", 'i', "T"}}, 0, {{0}}},
+  [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, {{"parts", 'f', "+"}, {"y", 'f', "+"}},
+                       1, {{"parts", 0}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -178,12 +180,12 @@ typedef struct kgen_ctx {
   dsl_diag *d;
   int64_t var[128]; /* sizes bound by dim letters, 0 when unbound */
   int var_slot[128];
+  ir_tensor view[2 * IR_MAXIO]; /* each operand as the kernel sees it */
 } kgen_ctx;
 
 static const ir_tensor *kgen_tensor(const kgen_ctx *c, int slot)
 {
-  int idx = slot < c->k->nin ? c->op->in[slot] : c->op->out[slot - c->k->nin];
-  return &c->p->tensors[idx];
+  return &c->view[slot];
 }
 
 static const char *kgen_slot_dir(const kgen_ctx *c, int slot)
@@ -224,6 +226,8 @@ static int kgen_check_slot(kgen_ctx *c, int slot)
       return kgen_err(c->d, c->op->pos,
                        "%s: %s %s (%s) has shape %s; every dimension must be in [1, 2^31)",
                        kind, dir, s->name, t->path, shape);
+  if (strcmp(s->dims, "+") == 0) /* any shape: the kind checks it */
+    return 0;
   if (strcmp(s->dims, "*") == 0) { /* same shape as slot 0 */
     const ir_tensor *t0 = kgen_tensor(c, 0);
     int same = t->ndim == t0->ndim;
@@ -397,17 +401,18 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "TOPK", v['k']);
     break;
   case IR_OP_MOE_EXPERTS: {
-    int64_t b = op->iattr[0], e = op->iattr[1];
-    if (b < 0 || b > e || e > v['E'])
-      return kgen_err(c->d, op->pos, "moe_experts: expert range [%" PRId64 ", %" PRId64
-                       ") must lie inside [0, %" PRId64 "]", b, e, v['E']);
+    /* Rows of the weights this launch holds: E of the op's NEXPERTS. */
+    int64_t n = op->expert_row ? op->nexperts : v['E'];
+    for (int64_t e = 0; op->expert_row && e < n; e++)
+      if (op->expert_row[e] < -1 || op->expert_row[e] >= v['E'])
+        return kgen_err(c->d, op->pos, "moe_experts: expert %" PRId64 " maps to row %d of %" PRId64,
+                         e, op->expert_row[e], v['E']);
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "TOPK", v['k']);
     kgen_def_int(s, "E", v['E']);
+    kgen_def_int(s, "NEXPERTS", n);
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
-    kgen_def_int(s, "EBEGIN", b);
-    kgen_def_int(s, "EEND", e);
     s->grid = (uint64_t)(T * v['k']);
     s->grid_text = "token slot x expert choice";
     break;
@@ -426,6 +431,21 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "V", v['V']);
     break;
+  case IR_OP_SUM_PARTS: {
+    const ir_tensor *a = kgen_tensor(c, 0), *y = kgen_tensor(c, 1);
+    int64_t n = op->iattr[0];
+    int same = a->ndim == y->ndim && n >= 1 && a->dim[0] == n * y->dim[0];
+    for (int i = 1; same && i < a->ndim; i++)
+      same = a->dim[i] == y->dim[i];
+    if (!same)
+      return kgen_err(c->d, op->pos, "sum_parts: parts (%s) must be %" PRId64
+                       " copies of the shape of y (%s) along dimension 0", a->path, n, y->path);
+    kgen_def_int(s, "NPARTS", n);
+    kgen_def_int(s, "T", y->dim[0]);
+    kgen_def_int(s, "C", y->bytes / 4 / y->dim[0]);
+    s->grid = (uint64_t)y->dim[0];
+    break;
+  }
   default:
     return kgen_err(c->d, op->pos, "%s: no host kernel", c->k->name);
   }
@@ -433,6 +453,17 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     return kgen_err(c->d, op->pos, "%s: launch grid of %" PRIu64 " blocks is too large",
                      c->k->name, s->grid);
   return 0;
+}
+
+/* moe_experts: the row of each expert in this launch's weights, -1 for
+ * experts another launch owns. */
+static void kgen_expert_rows(const kgen_ctx *c, kgen_buf *b)
+{
+  int64_t n = c->op->expert_row ? c->op->nexperts : c->var['E'];
+  kgen_printf(b, "{");
+  for (int64_t e = 0; e < n; e++)
+    kgen_printf(b, "%s%d", e ? ", " : "", c->op->expert_row ? c->op->expert_row[e] : (int)e);
+  kgen_printf(b, "}\n");
 }
 
 /* The canonical text the symbol hashes: one line per fact, in slot and
@@ -448,6 +479,10 @@ static void kgen_canonical(kgen_ctx *c, kgen_buf *b, const char *prefix)
     else
       kgen_printf(b, "%" PRId64, c->op->iattr[a]);
     kgen_printf(b, "\n");
+  }
+  if (c->op->kind == IR_OP_MOE_EXPERTS) {
+    kgen_printf(b, "%sexpert rows ", prefix);
+    kgen_expert_rows(c, b);
   }
   for (int i = 0; i < k->nin + k->nout; i++) {
     const ir_tensor *t = kgen_tensor(c, i);
@@ -480,6 +515,8 @@ int kgen_host(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
       return kgen_err(d, op->pos, "%s: %s %s refers to tensor %d of %d", c.k->name,
                        kgen_slot_dir(&c, i), c.k->io[i].name, idx, p->ntensors);
   }
+  for (int i = 0; i < op->nin + op->nout; i++)
+    c.view[i] = ir_operand_view(p, op, i);
   for (int i = 0; i < op->nin + op->nout; i++)
     if (kgen_check_slot(&c, i))
       return -1;
@@ -515,6 +552,10 @@ int kgen_host(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
     kgen_printf(&src, "#define %s (", s.fname[i]);
     kgen_float_literal(&src, s.fval[i]);
     kgen_printf(&src, ")\n");
+  }
+  if (op->kind == IR_OP_MOE_EXPERTS) {
+    kgen_printf(&src, "#define EXPERT_ROWS ");
+    kgen_expert_rows(&c, &src);
   }
   kgen_printf(&src, "\n%s", tmpl);
   out->symbol = malloc(strlen(symbol) + 1);

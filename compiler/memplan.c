@@ -1,7 +1,9 @@
 /* memplan.c - one arena per device. Weights, state, inputs and outputs
  * own their bytes for the life of the bundle; two activations may share
  * bytes only when every access to one happens before every access to the
- * other under stream order and events (not merely in submission order). */
+ * other. That is decided on dependency paths, which every plan honours,
+ * not on program order, and not on one order's stream order, so that
+ * hints and stream choices leave the memory plan alone. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,31 +12,75 @@
 #define MEMPLAN_ALIGN 64
 
 void ir_accesses_build(const ir_prog *p, ir_accesses *a) {
-  a->first = calloc((size_t)p->ntensors + 1, sizeof *a->first);
+  a->first = ir_xrealloc(NULL, ((size_t)p->ntensors + 1) * sizeof *a->first);
+  memset(a->first, 0, ((size_t)p->ntensors + 1) * sizeof *a->first);
   int total = 0;
   for (int i = 0; i < p->nops; i++) total += p->ops[i].nin + p->ops[i].nout;
-  a->ops = malloc((size_t)(total ? total : 1) * sizeof *a->ops);
-  int *fill = malloc((size_t)p->ntensors * sizeof *fill);
-  if (!a->first || !a->ops || !fill) abort();
-  for (int i = 0; i < p->nops; i++) {
-    for (int j = 0; j < p->ops[i].nin; j++) a->first[p->ops[i].in[j] + 1]++;
-    for (int j = 0; j < p->ops[i].nout; j++) a->first[p->ops[i].out[j] + 1]++;
-  }
+  a->ops = ir_xrealloc(NULL, (size_t)(total ? total : 1) * sizeof *a->ops);
+  a->slots = ir_xrealloc(NULL, (size_t)(total ? total : 1) * sizeof *a->slots);
+  int *fill = ir_xrealloc(NULL, ((size_t)p->ntensors + 1) * sizeof *fill);
+  for (int i = 0; i < p->nops; i++)
+    for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++) a->first[ir_operand_tensor(&p->ops[i], j) + 1]++;
   for (int t = 0; t < p->ntensors; t++) a->first[t + 1] += a->first[t];
-  memcpy(fill, a->first, (size_t)p->ntensors * sizeof *fill);
-  for (int i = 0; i < p->nops; i++) {
-    for (int j = 0; j < p->ops[i].nin; j++) a->ops[fill[p->ops[i].in[j]]++] = i;
-    for (int j = 0; j < p->ops[i].nout; j++) a->ops[fill[p->ops[i].out[j]]++] = i;
-  }
+  memcpy(fill, a->first, ((size_t)p->ntensors + 1) * sizeof *fill);
+  for (int i = 0; i < p->nops; i++)
+    for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++) {
+      int k = fill[ir_operand_tensor(&p->ops[i], j)]++;
+      a->ops[k] = i;
+      a->slots[k] = j;
+    }
   free(fill);
 }
 
-/* Every access to a happens before every access to b. */
-static int all_before(const ir_prog *p, const ir_accesses *acc, int a, int b) {
+void ir_accesses_free(ir_accesses *a) {
+  free(a->first);
+  free(a->ops);
+  free(a->slots);
+}
+
+/* reach: bit v of row u is set when a path of dependency edges leads
+ * from op u to op v. */
+typedef struct mp_reach {
+  size_t words;
+  uint64_t *bits;
+} mp_reach;
+
+static int reaches(const mp_reach *r, int u, int v) { return (int)(r->bits[(size_t)u * r->words + (size_t)v / 64] >> (v % 64) & 1); }
+
+static void reach_build(const ir_prog *p, mp_reach *r) {
+  int n = p->nops;
+  r->words = ((size_t)n + 63) / 64;
+  r->bits = ir_xrealloc(NULL, (size_t)(n ? n : 1) * r->words * sizeof *r->bits);
+  memset(r->bits, 0, (size_t)(n ? n : 1) * r->words * sizeof *r->bits);
+  /* The submission order is topological: fill rows from its end. */
+  for (int k = n - 1; k >= 0; k--) {
+    int u = p->order[k];
+    uint64_t *row = &r->bits[(size_t)u * r->words];
+    for (int i = 0; i < p->nedges; i++) {
+      if (p->edges[i].from != u) continue;
+      int v = p->edges[i].to;
+      const uint64_t *vrow = &r->bits[(size_t)v * r->words];
+      row[v / 64] |= 1ull << (v % 64);
+      for (size_t w = 0; w < r->words; w++) row[w] |= vrow[w];
+    }
+  }
+}
+
+/* Every access to a is ordered before every access to b by dependencies. */
+static int all_before(const mp_reach *r, const ir_accesses *acc, int a, int b) {
   for (int i = acc->first[a]; i < acc->first[a + 1]; i++)
     for (int j = acc->first[b]; j < acc->first[b + 1]; j++)
-      if (!ir_happens_before(p, acc->ops[i], acc->ops[j])) return 0;
+      if (!reaches(r, acc->ops[i], acc->ops[j])) return 0;
   return 1;
+}
+
+/* Two activations may share bytes when dependency paths order all their
+ * accesses. Every such pair is ordered by happens-before in any plan sync
+ * can emit (verify proves the edges honoured), so the memory plan does
+ * not depend on the order, the streams or the hints. */
+static int may_share(const ir_prog *p, const mp_reach *r, const ir_accesses *acc, int a, int b) {
+  if (p->tensors[a].role != PLAN_ACTIVATION || p->tensors[b].role != PLAN_ACTIVATION) return 0;
+  return all_before(r, acc, a, b) || all_before(r, acc, b, a);
 }
 
 static int cmp_size_desc(const void *x, const void *y, void *ctx) {
@@ -46,49 +92,59 @@ static int cmp_size_desc(const void *x, const void *y, void *ctx) {
 
 static int64_t align_up(int64_t v) { return (v + MEMPLAN_ALIGN - 1) & ~(int64_t)(MEMPLAN_ALIGN - 1); }
 
-int pass_memplan(ir_prog *p, dsl_diag *d) {
-  ir_accesses acc;
-  ir_accesses_build(p, &acc);
-  int *list = malloc((size_t)p->ntensors * sizeof *list), *placed = malloc((size_t)p->ntensors * sizeof *placed);
-  if (!list || !placed) abort();
-  int rc = 0;
-  for (int dev = 0; dev < p->ndevices && !rc; dev++) {
-    /* Persistent tensors first, in path order, each its own bytes. */
-    int64_t top = 0;
-    int n = 0;
-    for (int t = 0; t < p->ntensors; t++) {
-      ir_tensor *x = &p->tensors[t];
-      if (x->device != dev) continue;
-      if (x->role == PLAN_ACTIVATION) {
-        list[n++] = t;
-        continue;
-      }
-      x->offset = top;
-      top = align_up(top + x->bytes);
+/* Lays out one device's arena; returns its size. */
+static int64_t layout_device(ir_prog *p, int dev, const mp_reach *r, const ir_accesses *acc, int *list, int *placed) {
+  /* Persistent tensors first, in path order, each its own bytes. */
+  int64_t top = 0;
+  int n = 0;
+  for (int t = 0; t < p->ntensors; t++) {
+    ir_tensor *x = &p->tensors[t];
+    if (x->device != dev) continue;
+    if (x->role == PLAN_ACTIVATION) {
+      list[n++] = t;
+      continue;
     }
-    /* Activations, largest first, at the lowest offset free of every
-     * placed activation that is not ordered with it. */
-    qsort_r(list, (size_t)n, sizeof *list, cmp_size_desc, p);
-    int nplaced = 0;
-    int64_t base = top, end = top;
-    for (int i = 0; i < n; i++) {
-      ir_tensor *x = &p->tensors[list[i]];
-      int64_t off = base;
-      for (int moved = 1; moved;) {
-        moved = 0;
-        for (int j = 0; j < nplaced; j++) {
-          const ir_tensor *y = &p->tensors[placed[j]];
-          int overlap = off < y->offset + y->bytes && y->offset < off + x->bytes;
-          if (overlap && !ir_tensors_may_share(p, &acc, list[i], placed[j])) {
-            off = align_up(y->offset + y->bytes);
-            moved = 1;
-          }
+    x->offset = top;
+    top = align_up(top + x->bytes);
+  }
+  /* Activations, largest first, at the lowest offset free of every placed
+   * activation it may not share with. */
+  qsort_r(list, (size_t)n, sizeof *list, cmp_size_desc, p);
+  int nplaced = 0;
+  int64_t end = top;
+  for (int i = 0; i < n; i++) {
+    ir_tensor *x = &p->tensors[list[i]];
+    int64_t off = top;
+    for (int moved = 1; moved;) {
+      moved = 0;
+      for (int j = 0; j < nplaced; j++) {
+        const ir_tensor *y = &p->tensors[placed[j]];
+        int overlap = off < y->offset + y->bytes && y->offset < off + x->bytes;
+        if (overlap && !may_share(p, r, acc, list[i], placed[j])) {
+          off = align_up(y->offset + y->bytes);
+          moved = 1;
         }
       }
-      x->offset = off;
-      placed[nplaced++] = list[i];
-      if (align_up(off + x->bytes) > end) end = align_up(off + x->bytes);
     }
+    x->offset = off;
+    placed[nplaced++] = list[i];
+    if (align_up(off + x->bytes) > end) end = align_up(off + x->bytes);
+  }
+  return end;
+}
+
+int pass_memplan(ir_prog *p, dsl_diag *d) {
+  ir_accesses acc;
+  mp_reach r;
+  ir_accesses_build(p, &acc);
+  reach_build(p, &r);
+  int *list = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *list);
+  int *placed = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *placed);
+  int rc = 0;
+  for (int t = 0; t < p->ntensors; t++)
+    if (p->tensors[t].device < 0) p->tensors[t].offset = 0; /* a source only: no bytes */
+  for (int dev = 0; dev < p->ndevices && !rc; dev++) {
+    int64_t end = layout_device(p, dev, &r, &acc, list, placed);
     p->devices[dev].arena_bytes = end;
     if (p->devices[dev].memory && end > p->devices[dev].memory)
       rc = dsl_error(d, p->devices[dev].pos, "device '%s' needs an arena of %lld bytes but has %lld",
@@ -96,16 +152,7 @@ int pass_memplan(ir_prog *p, dsl_diag *d) {
   }
   free(list);
   free(placed);
+  free(r.bits);
   ir_accesses_free(&acc);
   return rc ? -1 : 0;
-}
-
-void ir_accesses_free(ir_accesses *a) {
-  free(a->first);
-  free(a->ops);
-}
-
-int ir_tensors_may_share(const ir_prog *p, const ir_accesses *acc, int a, int b) {
-  if (p->tensors[a].role != PLAN_ACTIVATION || p->tensors[b].role != PLAN_ACTIVATION) return 0;
-  return all_before(p, acc, a, b) || all_before(p, acc, b, a);
 }

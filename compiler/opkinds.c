@@ -15,6 +15,7 @@ static const char *const in_add[] = {"a", "b"};
 static const char *const in_logits[] = {"logits"};
 static const char *const in_moe[] = {"x", "idx", "w1", "w3", "w2"};
 static const char *const in_comb[] = {"slots", "w"};
+static const char *const in_parts[] = {"parts"};
 static const char *const in_ffn[] = {"x", "w1", "w3", "w2"};
 static const char *const out_x[] = {"x"};
 static const char *const out_y[] = {"y"};
@@ -39,13 +40,11 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                          {{"heads", IR_ATTR_INT, 1, 0}, {"scale", IR_ATTR_FLOAT, 0, 0.0}}, 2, 0},
     [IR_OP_ADD] = {"add", 2, 1, in_add, out_c, {{0}}, 0, 0},
     [IR_OP_TOPK_ROUTE] = {"topk_route", 1, 2, in_logits, out_route, {{"k", IR_ATTR_INT, 1, 0}}, 1, 0},
-    /* expert_end -1 means all experts, resolved by infer */
-    [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1, in_moe, out_slots,
-                           {{"expert_begin", IR_ATTR_INT, 0, 0}, {"expert_end", IR_ATTR_INT, 0, -1}},
-                           2, 0},
+    [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1, in_moe, out_slots, {{0}}, 0, 0},
     [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1, in_comb, out_y, {{0}}, 0, 0},
     [IR_OP_SWIGLU_FFN] = {"swiglu_ffn", 4, 1, in_ffn, out_y, {{0}}, 0, 0},
     [IR_OP_ARGMAX] = {"argmax", 1, 1, in_logits, out_ids, {{0}}, 0, 0},
+    [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, in_parts, out_y, {{"parts", IR_ATTR_INT, 1, 0}}, 1, 0},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0},
 };
 

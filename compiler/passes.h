@@ -16,18 +16,12 @@ int pass_sync(ir_prog *p, dsl_diag *d);    /* commands, events, waits */
 int pass_memplan(ir_prog *p, dsl_diag *d); /* arenas and offsets */
 int pass_verify(ir_prog *p, dsl_diag *d);  /* race- and deadlock-freedom */
 
-/* Shared by sync, memplan and verify: does op a happen before op b
- * under stream order and events (by b's vector clock)? */
-int ir_happens_before(const ir_prog *p, int a, int b);
-
-/* The ops touching each tensor (CSR: ops[first[t] .. first[t+1])). */
+/* The operands touching each tensor (CSR: ops[first[t] .. first[t+1]),
+ * with the operand slot of each); memplan and verify. */
 typedef struct ir_accesses {
-  int *first, *ops;
+  int *first, *ops, *slots;
 } ir_accesses;
 void ir_accesses_build(const ir_prog *p, ir_accesses *out);
 void ir_accesses_free(ir_accesses *a);
-/* May tensors a and b occupy the same bytes: both activations, and every
- * access to one happens before every access to the other. */
-int ir_tensors_may_share(const ir_prog *p, const ir_accesses *acc, int a, int b);
 
 #endif

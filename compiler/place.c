@@ -1,26 +1,16 @@
 /* place.c - devices and streams from the schedule, and the owner of every
- * op: ordered glob rules, first match wins, no match is an error. A tensor
- * lives on the device of the op that first writes it (weights and inputs:
- * of their first reader). */
+ * op: ordered glob rules, first match wins, no match is an error. A rule
+ * may select experts ("layers.*.ffn.experts[0:6] -> hot"): a moe_experts
+ * op whose experts go to several streams is split here into one launch per
+ * stream, each reading views of the weights that hold its experts and
+ * writing its rows of a parts tensor, and a sum_parts merge where the
+ * result is first read. A tensor lives on the device of the op that first
+ * writes it (weights and inputs: of their first reader). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
-
-/* '*' matches any run of characters, dots included; '?' one character. */
-static int glob_match(const char *g, const char *s) {
-  for (; *g; g++, s++) {
-    if (*g == '*') {
-      while (g[1] == '*') g++;
-      if (!g[1]) return 1;
-      for (; *s; s++)
-        if (glob_match(g + 1, s)) return 1;
-      return 0;
-    }
-    if (!*s || (*g != '?' && *g != *s)) return 0;
-  }
-  return !*s;
-}
 
 static int parse_int(const dsl_str *s, int64_t lo, int64_t hi, int64_t *out, dsl_diag *d) {
   char *end;
@@ -116,23 +106,289 @@ static int rule_stream(const ir_prog *p, const dsl_owner *o, dsl_diag *d) {
   return dsl_error(d, o->stream.pos, "device '%s' has no stream '%s'", o->device.text, o->stream.text), -1;
 }
 
+/* An owner rule, resolved: its glob without the expert selector, its
+ * stream, and the experts it selects (all when nexperts < 0). */
+typedef struct place_rule {
+  char *glob;
+  int stream;
+  int *experts, nexperts;
+  const dsl_owner *src;
+  size_t sel_at; /* offset of '[' in the rule's glob text */
+} place_rule;
+
+static void free_rules(place_rule *r, int n) {
+  for (int i = 0; i < n; i++) {
+    free(r[i].glob);
+    free(r[i].experts);
+  }
+  free(r);
+}
+
+/* "[a:b]" (a < b) or "[a,b,...]" after the op glob. */
+static int parse_selector(place_rule *r, dsl_diag *d) {
+  const dsl_str *g = &r->src->glob;
+  const char *sel = g->text + r->sel_at + 1, *c = sel;
+  int64_t v[2];
+  int n = 0, range = 0;
+  for (;;) {
+    char *end;
+    long long x = strtoll(c, &end, 10);
+    if (end == c || x < 0 || x > 1 << 20)
+      return dsl_error(d, dsl_pos_at(g, (size_t)(c - g->text)), "expected an expert number in the selector");
+    r->experts = ir_xrealloc(r->experts, (size_t)(n + 1) * sizeof *r->experts);
+    r->experts[n++] = (int)x;
+    c = end;
+    if (*c == ':' && n == 1 && !range) {
+      range = 1;
+      c++;
+      continue;
+    }
+    if (*c == ',' && !range) {
+      c++;
+      continue;
+    }
+    if (*c == ']' && !c[1]) break;
+    return dsl_error(d, dsl_pos_at(g, (size_t)(c - g->text)),
+                     "expected ',' ':' or a final ']' in the expert selector (e.g. [0:6] or [0,3,5])");
+  }
+  if (range) {
+    v[0] = r->experts[0];
+    v[1] = r->experts[1];
+    if (v[0] >= v[1])
+      return dsl_error(d, dsl_pos_at(g, r->sel_at + 1), "expert range [%lld:%lld] is empty", (long long)v[0],
+                       (long long)v[1]);
+    n = (int)(v[1] - v[0]);
+    r->experts = ir_xrealloc(r->experts, (size_t)n * sizeof *r->experts);
+    for (int i = 0; i < n; i++) r->experts[i] = (int)v[0] + i;
+  }
+  r->nexperts = n;
+  return 0;
+}
+
+static int resolve_rules(ir_prog *p, place_rule **out, dsl_diag *d) {
+  const dsl_schedule *s = p->sched;
+  place_rule *r = ir_xrealloc(NULL, (size_t)(s->nowners ? s->nowners : 1) * sizeof *r);
+  memset(r, 0, (size_t)(s->nowners ? s->nowners : 1) * sizeof *r);
+  int rc = 0;
+  for (int i = 0; i < s->nowners && !rc; i++) {
+    const char *g = s->owners[i].glob.text, *br = strchr(g, '[');
+    r[i].src = &s->owners[i];
+    r[i].nexperts = -1;
+    r[i].glob = ir_strdup(g);
+    if (br) {
+      r[i].sel_at = (size_t)(br - g);
+      r[i].glob[r[i].sel_at] = 0;
+      rc = parse_selector(&r[i], d);
+    }
+    if (!rc && (r[i].stream = rule_stream(p, &s->owners[i], d)) < 0) rc = -1;
+  }
+  if (rc) {
+    free_rules(r, s->nowners);
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+/* Each expert's stream: rules in order, the first that matches the op
+ * and selects the expert wins. */
+static int assign_experts(ir_prog *p, const ir_op *op, const place_rule *r, int nr, int *owner, int E,
+                          dsl_diag *d) {
+  for (int e = 0; e < E; e++) owner[e] = -1;
+  for (int i = 0; i < nr; i++) {
+    if (!ir_glob_match(r[i].glob, op->path)) continue;
+    if (r[i].nexperts < 0) {
+      for (int e = 0; e < E; e++)
+        if (owner[e] < 0) owner[e] = r[i].stream;
+      break;
+    }
+    for (int j = 0; j < r[i].nexperts; j++) {
+      int e = r[i].experts[j];
+      if (e >= E)
+        return dsl_error(d, dsl_pos_at(&r[i].src->glob, r[i].sel_at + 1),
+                         "expert %d is out of range: '%s' has %d experts (0 to %d)", e, op->path, E, E - 1);
+      if (owner[e] < 0) owner[e] = r[i].stream;
+    }
+  }
+  for (int e = 0; e < E; e++)
+    if (owner[e] < 0)
+      return dsl_error(d, op->pos, "expert %d of op '%s' matches no owner rule of schedule '%s' (%s)", e, op->path,
+                       p->sched->name.text, p->sched->src ? p->sched->src->path : "?");
+  return 0;
+}
+
+/* "[a:b]" for a contiguous set, else "[a,b,...]". */
+static char *selector_text(const int *ex, int n) {
+  size_t cap = 16 + (size_t)n * 12;
+  char *t = ir_xrealloc(NULL, cap);
+  if (ex[n - 1] - ex[0] == n - 1) {
+    snprintf(t, cap, "[%d:%d]", ex[0], ex[n - 1] + 1);
+    return t;
+  }
+  size_t m = 0;
+  for (int i = 0; i < n; i++) m += (size_t)snprintf(t + m, cap - m, "%c%d", i ? ',' : '[', ex[i]);
+  snprintf(t + m, cap - m, "]");
+  return t;
+}
+
+static char *join(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  char *s = ir_xrealloc(NULL, na + nb + 1);
+  memcpy(s, a, na);
+  memcpy(s + na, b, nb + 1);
+  return s;
+}
+
+/* A weight holding the given expert rows of w, on a device. */
+static int expert_view(ir_prog *p, int w, const int *ex, int n, const char *sel, int device) {
+  ir_tensor v = p->tensors[w];
+  v.path = join(v.path, sel);
+  v.pos = p->tensors[w].pos;
+  v.checkpoint = NULL;
+  v.view_of = w;
+  v.rows = ir_xrealloc(NULL, (size_t)n * sizeof *v.rows);
+  memcpy(v.rows, ex, (size_t)n * sizeof *v.rows);
+  v.bytes = v.bytes / v.dim[0] * n;
+  v.dim[0] = n;
+  v.device = device;
+  return ir_add_tensor(p, &v);
+}
+
+/* The first op (in program order) that reads tensor t. */
+static int first_reader(const ir_prog *p, int t) {
+  for (int i = 0; i < p->nops; i++)
+    if (ir_op_reads(p, &p->ops[i], t)) return i;
+  return -1;
+}
+
+/* Splits expert op `i` into one launch per owning stream, each writing
+ * its rows of a parts tensor, and a sum_parts merge on the stream of the
+ * result's first reader. Slots of other owners' experts are zero in a
+ * part, so the merge reproduces the unsplit result bit for bit. Returns
+ * the number of new ops written to out. */
+static int split_experts(ir_prog *p, int i, const int *owner, int E, ir_op *out) {
+  ir_op op = p->ops[i];
+  int streams[IR_MAXIO], ng = 0;
+  for (int e = 0; e < E; e++) {
+    int g = 0;
+    while (g < ng && streams[g] != owner[e]) g++;
+    if (g == ng) streams[ng++] = owner[e];
+  }
+  int slots = op.out[0], reader = first_reader(p, slots);
+  int merge_stream = reader >= 0 && p->ops[reader].stream >= 0 ? p->ops[reader].stream : streams[0];
+  ir_tensor parts = p->tensors[slots];
+  parts.path = join(parts.path, ".parts");
+  parts.dim[0] *= ng;
+  parts.bytes *= ng;
+  parts.device = p->streams[merge_stream].device;
+  int pt = ir_add_tensor(p, &parts);
+  int64_t T = p->tensors[slots].dim[0];
+  for (int g = 0; g < ng; g++) {
+    int n = 0, *row = ir_xrealloc(NULL, (size_t)E * sizeof *row), *ex = ir_xrealloc(NULL, (size_t)E * sizeof *ex);
+    for (int e = 0; e < E; e++) {
+      row[e] = -1;
+      if (owner[e] == streams[g]) row[e] = n, ex[n++] = e;
+    }
+    char *sel = selector_text(ex, n);
+    ir_op part = op;
+    part.path = join(op.path, sel);
+    part.stream = streams[g];
+    part.device = p->streams[streams[g]].device;
+    for (int w = 2; w < 5; w++) part.in[w] = expert_view(p, op.in[w], ex, n, sel, part.device);
+    part.out[0] = pt;
+    part.out_row0[0] = g * T;
+    part.out_nrows[0] = T;
+    part.expert_row = row;
+    part.nexperts = E;
+    out[g] = part;
+    free(sel);
+    free(ex);
+  }
+  ir_op merge = {0};
+  merge.path = join(op.path, ".merge");
+  merge.pos = op.pos;
+  merge.kind = IR_OP_SUM_PARTS;
+  merge.nin = merge.nout = 1;
+  merge.in[0] = pt;
+  merge.in_pos[0] = op.out_pos[0];
+  merge.out[0] = slots;
+  merge.out_pos[0] = op.out_pos[0];
+  merge.iattr[0] = ng;
+  merge.stream = merge_stream;
+  merge.device = p->streams[merge_stream].device;
+  merge.kernel = -1;
+  out[ng] = merge;
+  free(op.path);
+  return ng + 1;
+}
+
+static int expert_count(const ir_prog *p, const ir_op *op) { return (int)p->tensors[op->in[2]].dim[0]; }
+
 static int place_ops(ir_prog *p, dsl_diag *d) {
   const dsl_schedule *s = p->sched;
-  for (int r = 0; r < s->nowners; r++) {
-    if (strchr(s->owners[r].glob.text, '['))
-      return dsl_error(d, s->owners[r].glob.pos, "expert ranges in owner rules are not supported yet");
-    if (rule_stream(p, &s->owners[r], d) < 0) return -1;
-  }
-  for (int i = 0; i < p->nops; i++) {
+  place_rule *r;
+  if (resolve_rules(p, &r, d)) return -1;
+  int rc = 0, nsplit = 0, nowned = p->nops, **owners = ir_xrealloc(NULL, (size_t)(nowned ? nowned : 1) * sizeof *owners);
+  memset(owners, 0, (size_t)(nowned ? nowned : 1) * sizeof *owners);
+  for (int i = 0; i < p->nops && !rc; i++) {
     ir_op *op = &p->ops[i];
-    for (int r = 0; r < s->nowners && op->stream < 0; r++)
-      if (glob_match(s->owners[r].glob.text, op->path)) op->stream = rule_stream(p, &s->owners[r], d);
-    if (op->stream < 0)
-      return dsl_error(d, op->pos, "op '%s' matches no owner rule of schedule '%s' (%s)", op->path,
-                       s->name.text, s->src ? s->src->path : "?");
-    op->device = p->streams[op->stream].device;
+    if (op->kind == IR_OP_MOE_EXPERTS) {
+      int E = expert_count(p, op), *own = ir_xrealloc(NULL, (size_t)E * sizeof *own);
+      if ((rc = assign_experts(p, op, r, s->nowners, own, E, d))) {
+        free(own);
+        break;
+      }
+      int one = 1;
+      for (int e = 1; e < E; e++) one &= own[e] == own[0];
+      op->stream = own[0];
+      if (one) free(own);
+      else owners[i] = own, nsplit++;
+    }
+    for (int k = 0; k < s->nowners && op->stream < 0; k++)
+      if (ir_glob_match(r[k].glob, op->path)) {
+        if (r[k].nexperts >= 0)
+          rc = dsl_error(d, dsl_pos_at(&r[k].src->glob, r[k].sel_at),
+                         "owner rule selects experts, but it matches '%s' (kind %s), not a moe_experts op",
+                         op->path, ir_opkinds[op->kind].name);
+        op->stream = r[k].stream;
+      }
+    if (!rc && op->stream < 0)
+      rc = dsl_error(d, op->pos, "op '%s' matches no owner rule of schedule '%s' (%s)", op->path, s->name.text,
+                     s->src ? s->src->path : "?");
+    if (!rc) op->device = p->streams[op->stream].device;
   }
-  return 0;
+  if (!rc && nsplit) {
+    /* Rebuild the op list with each split op's parts and merge in its place. */
+    int cap = p->nops + nsplit * (IR_MAXIO + 1), n = 0;
+    ir_op *ops = ir_xrealloc(NULL, (size_t)cap * sizeof *ops);
+    for (int i = 0; i < p->nops; i++) {
+      if (!owners[i]) {
+        ops[n++] = p->ops[i];
+        continue;
+      }
+      int distinct = 0, E = expert_count(p, &p->ops[i]);
+      for (int e = 0; e < E; e++) {
+        int seen = 0;
+        for (int f = 0; f < e; f++) seen |= owners[i][f] == owners[i][e];
+        distinct += !seen;
+      }
+      if (distinct > IR_MAXIO) {
+        rc = dsl_error(d, p->ops[i].pos, "op '%s' is split among %d owners; at most %d are supported",
+                       p->ops[i].path, distinct, IR_MAXIO);
+        for (int j = i; j < p->nops; j++) ops[n++] = p->ops[j];
+        break;
+      }
+      n += split_experts(p, i, owners[i], E, &ops[n]);
+    }
+    free(p->ops);
+    p->ops = ops;
+    p->nops = n;
+    p->capops = cap;
+  }
+  for (int i = 0; i < nowned; i++) free(owners[i]);
+  free(owners);
+  free_rules(r, s->nowners);
+  return rc;
 }
 
 /* A tensor's home: the device of its first writer; unwritten tensors
@@ -144,8 +400,10 @@ static void place_tensors(ir_prog *p) {
   for (int i = 0; i < p->nops; i++)
     for (int j = 0; j < p->ops[i].nin; j++)
       if (p->tensors[p->ops[i].in[j]].device < 0) p->tensors[p->ops[i].in[j]].device = p->ops[i].device;
+  /* A weight no op reads directly (the source of expert views, or unused)
+   * stays off every arena; other unused tensors stay on device 0. */
   for (int i = 0; i < p->ntensors; i++)
-    if (p->tensors[i].device < 0) p->tensors[i].device = 0; /* unused: kept for weight binding */
+    if (p->tensors[i].device < 0 && p->tensors[i].role != PLAN_WEIGHT) p->tensors[i].device = 0;
 }
 
 static int place_step(ir_prog *p, dsl_diag *d) {

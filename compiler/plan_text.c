@@ -43,6 +43,13 @@ static int cmp_edge(const void *a, const void *b, void *ctx) {
   return c;
 }
 
+/* A tensor, with the byte range when it is not all of it. */
+static void arg_text(const plan *pl, const plan_arg *a, FILE *f) {
+  const plan_tensor *t = &pl->tensors[a->tensor];
+  fprintf(f, "%s", S(pl, t->name));
+  if (a->offset != 0 || a->bytes != t->bytes) fprintf(f, "[+%" PRIu64 ":%" PRIu64 "]", a->offset, a->bytes);
+}
+
 void plan_text_write(const plan *pl, FILE *f) {
   static const char *hazard[] = {"raw", "war", "waw"};
   fprintf(f, "# ds4 plan %d.%d: model %s, schedule %s\n", PLAN_VERSION_MAJOR, PLAN_VERSION_MINOR,
@@ -69,9 +76,17 @@ void plan_text_write(const plan *pl, FILE *f) {
     const plan_tensor *t = &pl->tensors[i];
     fprintf(f, "%s %s ", S(pl, t->name), plan_dtype_name(t->dtype));
     shape(pl, t, f);
-    fprintf(f, " %s %s+%" PRIu64 " %" PRIu64, plan_role_name(t->role), S(pl, pl->devices[t->device].name), t->offset,
-            t->bytes);
+    if (t->device == PLAN_NONE)
+      fprintf(f, " %s unplaced %" PRIu64, plan_role_name(t->role), t->bytes);
+    else
+      fprintf(f, " %s %s+%" PRIu64 " %" PRIu64, plan_role_name(t->role), S(pl, pl->devices[t->device].name),
+              t->offset, t->bytes);
     if (t->checkpoint != PLAN_NONE) fprintf(f, " ckpt %s", S(pl, t->checkpoint));
+    if (t->view_of != PLAN_NONE) {
+      fprintf(f, " view %s", S(pl, pl->tensors[t->view_of].name));
+      if (t->rows != PLAN_NONE)
+        for (uint64_t r = 0; r < t->dim[0]; r++) fprintf(f, "%s%u", r ? "," : " rows ", pl->rows[t->rows + r]);
+    }
     fputc('\n', f);
   }
 
@@ -109,13 +124,19 @@ void plan_text_write(const plan *pl, FILE *f) {
       switch (c->kind) {
         case PLAN_CMD_LAUNCH:
           fprintf(f, "launch %s %s", S(pl, pl->ops[c->op].path), S(pl, pl->kernels[c->a].symbol));
-          for (uint32_t j = 0; j < c->nargs; j++) fprintf(f, " %s", S(pl, pl->tensors[pl->args[c->args_begin + j]].name));
+          for (uint32_t j = 0; j < c->nargs; j++) {
+            fputc(' ', f);
+            arg_text(pl, &pl->args[c->args_begin + j], f);
+          }
           fputc('\n', f);
           launches++;
           break;
         case PLAN_CMD_COPY:
-          fprintf(f, "copy %s %s -> %s\n", S(pl, pl->ops[c->op].path), S(pl, pl->tensors[c->a].name),
-                  S(pl, pl->tensors[c->b].name));
+          fprintf(f, "copy %s ", S(pl, pl->ops[c->op].path));
+          arg_text(pl, &pl->args[c->args_begin], f);
+          fprintf(f, " -> ");
+          arg_text(pl, &pl->args[c->args_begin + 1], f);
+          fputc('\n', f);
           copies++;
           break;
         case PLAN_CMD_RECORD:

@@ -3,18 +3,12 @@
  * waited before the consumer, unless stream order and earlier waits
  * already imply it. What is implied is read off vector clocks: clock[s']
  * of a stream s counts the commands of s' known complete when s reaches
- * that point. */
+ * that point. Clocks count ops, not commands: the copies of a batch are
+ * one op, recorded once after the last. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
-
-int ir_happens_before(const ir_prog *p, int a, int b) {
-  const ir_op *x = &p->ops[a], *y = &p->ops[b];
-  if (a == b) return 0;
-  if (x->stream == y->stream) return x->seq < y->seq;
-  return y->clock[x->stream] >= x->seq + 1;
-}
 
 static int by_rank_desc(const void *a, const void *b, void *ctx) {
   const ir_prog *p = ctx;
@@ -54,8 +48,6 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
     }
     ir_op *op = &p->ops[u];
     op->seq = seqs[s]++;
-    op->clock = ir_xrealloc(op->clock, (size_t)ns * sizeof *op->clock);
-    memcpy(op->clock, cur, (size_t)ns * sizeof *cur);
     cur[s] = op->seq + 1;
     memcpy(&after[(size_t)u * ns], cur, (size_t)ns * sizeof *cur);
   }
@@ -74,13 +66,15 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
     int u = p->order[k], s = p->ops[u].stream;
     for (int w = wait_first[u]; w < wait_end[u]; w++) {
       int x = wait_from[w];
-      ir_add_cmd(p, &(ir_cmd){IR_CMD_WAIT, s, -1, event[x], record_cmd[x]});
+      ir_add_cmd(p, &(ir_cmd){IR_CMD_WAIT, s, -1, 0, event[x], record_cmd[x]});
     }
-    int kind = p->ops[u].kind == IR_OP_COPY ? IR_CMD_COPY : IR_CMD_LAUNCH;
-    ir_add_cmd(p, &(ir_cmd){kind, s, u, -1, -1});
+    if (p->ops[u].kind == IR_OP_COPY) /* a batch: its copies back to back */
+      for (int j = 0; j < p->ops[u].nout; j++) ir_add_cmd(p, &(ir_cmd){IR_CMD_COPY, s, u, j, -1, -1});
+    else
+      ir_add_cmd(p, &(ir_cmd){IR_CMD_LAUNCH, s, u, 0, -1, -1});
     if (event[u] >= 0) {
       event[u] = p->nevents++;
-      record_cmd[u] = ir_add_cmd(p, &(ir_cmd){IR_CMD_RECORD, s, -1, event[u], -1});
+      record_cmd[u] = ir_add_cmd(p, &(ir_cmd){IR_CMD_RECORD, s, -1, 0, event[u], -1});
     }
   }
   free(vc);

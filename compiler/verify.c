@@ -3,8 +3,9 @@
  * records, waits), not from what sync believed, then checks:
  *   deadlock-freedom: every wait names an event recorded earlier in the
  *     submission order, each event recorded once, each op launched once;
- *   race-freedom: every pair of accesses to overlapping bytes of one arena,
- *     at least one a write, is ordered by happens-before;
+ *   race-freedom: every pair of accesses to overlapping bytes of one arena
+ *     (operand byte ranges at their tensors' offsets), at least one a
+ *     write, is ordered by happens-before;
  *   every dependency edge is honoured. */
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +57,15 @@ static int replay_clocks(const ir_prog *p, vclocks *v, dsl_diag *d) {
         break;
       default: {
         const ir_op *op = &p->ops[c->op];
-        if (launched[c->op]++ || op->stream != c->stream)
-          rc = dsl_error(d, op->pos, "verify: op '%s' is submitted twice or on a stream it does not own", op->path);
+        /* The copies of a batch follow each other on its stream. */
+        int part = c->kind == IR_CMD_COPY ? c->part : 0, nparts = c->kind == IR_CMD_COPY ? op->nout : 1;
+        if (launched[c->op] != part || part >= nparts || op->stream != c->stream ||
+            (part > 0 && (p->cmds[i - 1].op != c->op || p->cmds[i - 1].kind != c->kind)))
+          rc = dsl_error(d, op->pos,
+                         "verify: op '%s' is submitted twice, with its copies apart, or on a stream it does not own",
+                         op->path);
+        launched[c->op]++;
+        if (part > 0) break;
         memcpy(&v->start[(size_t)c->op * ns], clk, (size_t)ns * sizeof *clk);
         v->seq[c->op] = count[c->stream]++;
         clk[c->stream] = v->seq[c->op] + 1;
@@ -65,7 +73,8 @@ static int replay_clocks(const ir_prog *p, vclocks *v, dsl_diag *d) {
     }
   }
   for (int i = 0; i < p->nops && !rc; i++)
-    if (!launched[i]) rc = dsl_error(d, p->ops[i].pos, "verify: op '%s' is never submitted", p->ops[i].path);
+    if (launched[i] != (p->ops[i].kind == IR_OP_COPY ? p->ops[i].nout : 1))
+      rc = dsl_error(d, p->ops[i].pos, "verify: op '%s' is never submitted in full", p->ops[i].path);
   free(cur);
   free(snap);
   free(recorded);
@@ -74,22 +83,39 @@ static int replay_clocks(const ir_prog *p, vclocks *v, dsl_diag *d) {
   return rc;
 }
 
-static int op_writes(const ir_prog *p, int op, int t) { return ir_op_writes(p, &p->ops[op], t); }
+/* One access: an operand of an op, at arena bytes [lo, hi). */
+typedef struct vaccess {
+  int op, slot, tensor;
+  int64_t lo, hi;
+} vaccess;
 
-static int race(const ir_prog *p, const vclocks *v, int a, int b, int ta, int tb, dsl_diag *d) {
-  if (a == b || hb(p, v, a, b) || hb(p, v, b, a)) return 0;
-  if (!op_writes(p, a, ta) && !op_writes(p, b, tb)) return 0;
-  const char *ea = op_writes(p, a, ta) ? "writes" : "reads", *eb = op_writes(p, b, tb) ? "writes" : "reads";
-  if (ta == tb)
-    return dsl_error(d, p->ops[b].pos, "verify: race on '%s': '%s' %s it and '%s' %s it with no happens-before order",
-                     p->tensors[ta].path, p->ops[a].path, ea, p->ops[b].path, eb);
-  return dsl_error(d, p->ops[b].pos,
-                   "verify: race on shared bytes: '%s' %s '%s' and '%s' %s '%s', which overlap in the arena of '%s', "
-                   "with no happens-before order",
-                   p->ops[a].path, ea, p->tensors[ta].path, p->ops[b].path, eb, p->tensors[tb].path,
-                   p->devices[p->tensors[ta].device].name);
+static vaccess access_at(const ir_prog *p, const ir_accesses *acc, int k) {
+  vaccess a = {acc->ops[k], acc->slots[k], ir_operand_tensor(&p->ops[acc->ops[k]], acc->slots[k]), 0, 0};
+  int64_t off, len;
+  ir_operand_range(p, &p->ops[a.op], a.slot, &off, &len);
+  a.lo = p->tensors[a.tensor].offset + off;
+  a.hi = a.lo + len;
+  return a;
 }
 
+static int race(const ir_prog *p, const vclocks *v, const vaccess *a, const vaccess *b, dsl_diag *d) {
+  int aw = ir_operand_writes(&p->ops[a->op], a->slot), bw = ir_operand_writes(&p->ops[b->op], b->slot);
+  if (a->op == b->op || (!aw && !bw) || a->lo >= b->hi || b->lo >= a->hi) return 0;
+  if (hb(p, v, a->op, b->op) || hb(p, v, b->op, a->op)) return 0;
+  const char *ea = aw ? "writes" : "reads", *eb = bw ? "writes" : "reads";
+  const char *pa = p->ops[a->op].path, *pb = p->ops[b->op].path;
+  if (a->tensor == b->tensor)
+    return dsl_error(d, p->ops[b->op].pos, "verify: race on '%s': '%s' %s it and '%s' %s it with no happens-before order",
+                     p->tensors[a->tensor].path, pa, ea, pb, eb);
+  return dsl_error(d, p->ops[b->op].pos,
+                   "verify: race on shared bytes: '%s' %s '%s' and '%s' %s '%s', which overlap in the arena of '%s', "
+                   "with no happens-before order",
+                   pa, ea, p->tensors[a->tensor].path, pb, eb, p->tensors[b->tensor].path,
+                   p->devices[p->tensors[a->tensor].device].name);
+}
+
+/* Every pair of accesses to overlapping bytes of one arena, at least one
+ * a write, must be ordered by happens-before. */
 static int check_races(const ir_prog *p, const vclocks *v, dsl_diag *d) {
   ir_accesses acc;
   ir_accesses_build(p, &acc);
@@ -98,10 +124,14 @@ static int check_races(const ir_prog *p, const vclocks *v, dsl_diag *d) {
     const ir_tensor *x = &p->tensors[ta];
     for (int tb = ta; tb < p->ntensors && !rc; tb++) {
       const ir_tensor *y = &p->tensors[tb];
-      if (x->device != y->device || x->offset >= y->offset + y->bytes || y->offset >= x->offset + x->bytes) continue;
+      if (x->device < 0 || x->device != y->device || x->offset >= y->offset + y->bytes ||
+          y->offset >= x->offset + x->bytes)
+        continue;
       for (int i = acc.first[ta]; i < acc.first[ta + 1] && !rc; i++)
-        for (int j = acc.first[tb]; j < acc.first[tb + 1] && !rc; j++)
-          rc = race(p, v, acc.ops[i], acc.ops[j], ta, tb, d);
+        for (int j = acc.first[tb]; j < acc.first[tb + 1] && !rc; j++) {
+          vaccess a = access_at(p, &acc, i), b = access_at(p, &acc, j);
+          rc = race(p, v, &a, &b, d);
+        }
     }
   }
   ir_accesses_free(&acc);

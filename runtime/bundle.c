@@ -1,7 +1,7 @@
-/* bundle.c - opening a bundle: read and re-check the plan, verify every code
- * object's SHA-256, open devices, allocate arenas, fill weights from the
- * seeded generator, load kernels, and resolve every command once so that
- * replay (replay.c) only walks arrays. */
+/* bundle.c - opening a bundle: read and check the plan, verify every code
+ * object's SHA-256, open devices, allocate arenas, fill weights (views
+ * included) from the seeded generator, load kernels, and resolve every
+ * command once so that replay (replay.c) only walks arrays. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,8 +13,22 @@
 
 /* ---- the seeded generator and dtype rounding ---- */
 
+/* Element i of a view is element (row rows[r] or r, same column) of its
+ * source, where r is i's row: so a view holds exactly its source's bytes. */
+static uint64_t view_source_index(const plan *p, const plan_tensor *t, uint64_t i) {
+  uint64_t row_elems = 1;
+  for (uint32_t d = 1; d < t->ndim; d++) row_elems *= t->dim[d];
+  if (row_elems == 0) return i; /* no elements: nothing to map */
+  uint64_t r = i / row_elems, src_row = t->rows == PLAN_NONE ? r : p->rows[t->rows + r];
+  return src_row * row_elems + i % row_elems;
+}
+
 double rt_init_value(const plan *p, uint32_t tensor, uint64_t seed, uint64_t i) {
   const plan_tensor *t = &p->tensors[tensor];
+  if (t->view_of != PLAN_NONE) {
+    i = view_source_index(p, t, i);
+    t = &p->tensors[t->view_of];
+  }
   double u = rt_uniform(seed, plan_str(p, t->name), i);
   return t->init_offset + t->init_scale * u;
 }
@@ -111,95 +125,26 @@ static int path_escapes(const char *rel) {
   return 0;
 }
 
-/* The runtime's own checks, on top of plan_decode's: the facts replay relies
- * on to never touch memory outside an arena or wait forever. */
+/* The runtime's own checks, on top of plan_decode's (which bounds every
+ * tensor, byte range, index and device): what replay needs beyond the
+ * format, so that it never reads outside the bundle or waits forever. */
 static rt_status check_plan(const plan *p, const char *name) {
-  const plan_info *in = &p->info;
-  for (uint32_t i = 0; i < p->ntensors; i++) {
-    const plan_tensor *t = &p->tensors[i];
-    if (t->device >= p->ndevices || t->dtype >= PLAN_NDTYPE)
-      return rt_status_make("%s: tensor %s: bad device or dtype", name, plan_str(p, t->name));
-    uint64_t arena = p->devices[t->device].arena_bytes;
-    if (t->offset > arena || t->bytes > arena - t->offset)
-      return rt_status_make("%s: tensor %s: bytes [%llu, +%llu) outside the arena of %llu bytes",
-                            name, plan_str(p, t->name), (unsigned long long)t->offset,
-                            (unsigned long long)t->bytes, (unsigned long long)arena);
-    if (t->bytes % plan_dtype_size(t->dtype))
-      return rt_status_make("%s: tensor %s: %llu bytes is not a whole number of %s", name,
-                            plan_str(p, t->name), (unsigned long long)t->bytes,
-                            plan_dtype_name(t->dtype));
-  }
-  for (uint32_t i = 0; i < p->nstreams; i++)
-    if (p->streams[i].device >= p->ndevices)
-      return rt_status_make("%s: stream %u: bad device", name, i);
   for (uint32_t i = 0; i < p->nkernels; i++)
-    if (p->kernels[i].codeobj >= p->ncodeobjs)
-      return rt_status_make("%s: kernel %s: bad code object", name, plan_str(p, p->kernels[i].symbol));
+    if (p->kernels[i].grid == 0)
+      return rt_status_make("%s: kernel %s: empty grid", name, plan_str(p, p->kernels[i].symbol));
   for (uint32_t i = 0; i < p->ncodeobjs; i++)
     if (path_escapes(plan_str(p, p->codeobjs[i].path)))
       return rt_status_make("%s: code object path '%s' leaves the bundle", name,
                             plan_str(p, p->codeobjs[i].path));
-  uint32_t *recorded = calloc(in->nevents ? in->nevents : 1, sizeof *recorded);
+  /* Events count steps, not records: a second record of one event in a
+   * step would release the waits meant for it at the first. */
+  uint32_t *recorded = calloc(p->info.nevents ? p->info.nevents : 1, sizeof *recorded);
   if (!recorded) return rt_status_make("%s: out of memory", name);
   rt_status err = NULL;
   for (uint32_t i = 0; i < p->ncommands && !err; i++) {
     const plan_command *c = &p->commands[i];
-    if (c->stream >= p->nstreams) {
-      err = rt_status_make("%s: command %u: bad stream", name, i);
-      break;
-    }
-    uint32_t dev = p->streams[c->stream].device;
-    switch (c->kind) {
-    case PLAN_CMD_LAUNCH: {
-      if (c->a >= p->nkernels) {
-        err = rt_status_make("%s: command %u: bad kernel", name, i);
-        break;
-      }
-      const plan_kernel *k = &p->kernels[c->a];
-      if (c->nargs != k->nbufs || c->args_begin > p->nargs || c->nargs > p->nargs - c->args_begin) {
-        err = rt_status_make("%s: command %u (kernel %s): bad argument range", name, i,
-                             plan_str(p, k->symbol));
-        break;
-      }
-      if (k->grid == 0) {
-        err = rt_status_make("%s: kernel %s: empty grid", name, plan_str(p, k->symbol));
-        break;
-      }
-      for (uint32_t j = 0; j < c->nargs && !err; j++) {
-        uint32_t t = p->args[c->args_begin + j];
-        if (t >= p->ntensors)
-          err = rt_status_make("%s: command %u: bad tensor argument", name, i);
-        else if (p->tensors[t].device != dev)
-          err = rt_status_make("%s: command %u (kernel %s) on device %s uses tensor %s of device %s",
-                               name, i, plan_str(p, k->symbol), plan_str(p, p->devices[dev].name),
-                               plan_str(p, p->tensors[t].name),
-                               plan_str(p, p->devices[p->tensors[t].device].name));
-      }
-      break;
-    }
-    case PLAN_CMD_COPY:
-      if (c->a >= p->ntensors || c->b >= p->ntensors)
-        err = rt_status_make("%s: command %u: bad copy tensor", name, i);
-      else if (p->tensors[c->a].bytes != p->tensors[c->b].bytes)
-        err = rt_status_make("%s: command %u: copy %s -> %s between different sizes", name, i,
-                             plan_str(p, p->tensors[c->a].name), plan_str(p, p->tensors[c->b].name));
-      break;
-    case PLAN_CMD_RECORD:
-      if (c->a >= in->nevents)
-        err = rt_status_make("%s: command %u: bad event %u", name, i, c->a);
-      else if (recorded[c->a]++)
-        err = rt_status_make("%s: command %u: event %u is recorded twice in a step", name, i, c->a);
-      break;
-    case PLAN_CMD_WAIT:
-      if (c->a >= in->nevents)
-        err = rt_status_make("%s: command %u: bad event %u", name, i, c->a);
-      else if (c->b >= i || p->commands[c->b].kind != PLAN_CMD_RECORD || p->commands[c->b].a != c->a)
-        err = rt_status_make("%s: command %u: waits on event %u but command %u is not an earlier "
-                             "record of it", name, i, c->a, c->b);
-      break;
-    default:
-      err = rt_status_make("%s: command %u: bad kind %u", name, i, c->kind);
-    }
+    if (c->kind == PLAN_CMD_RECORD && recorded[c->a]++)
+      err = rt_status_make("%s: command %u: event %u is recorded twice in a step", name, i, c->a);
   }
   free(recorded);
   return err;
@@ -296,7 +241,7 @@ static rt_status fill_weights(rt_bundle *b) {
   rt_status s = NULL;
   for (uint32_t t = 0; t < p->ntensors && !s; t++) {
     const plan_tensor *pt = &p->tensors[t];
-    if (pt->role != PLAN_WEIGHT) continue;
+    if (pt->role != PLAN_WEIGHT || pt->device == PLAN_NONE) continue;
     uint32_t esz = plan_dtype_size(pt->dtype);
     uint64_t n = pt->bytes / esz;
     rt_dev *v = &b->devs[pt->device];
@@ -334,8 +279,11 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
     if (s) return rt_status_wrap(s, "device %s: arena of %llu bytes", plan_str(p, pd->name),
                                  (unsigned long long)pd->arena_bytes);
   }
-  for (uint32_t t = 0; t < p->ntensors; t++)
-    b->tensor_ptr[t] = (uint8_t *)b->devs[p->tensors[t].device].arena + p->tensors[t].offset;
+  for (uint32_t t = 0; t < p->ntensors; t++) {
+    const plan_tensor *pt = &p->tensors[t];
+    if (pt->device != PLAN_NONE)
+      b->tensor_ptr[t] = (uint8_t *)b->devs[pt->device].arena + pt->offset;
+  }
   return NULL;
 }
 
@@ -391,6 +339,13 @@ static rt_status load_kernel(rt_bundle *b, uint32_t k, uint32_t d, rt_kernel **o
   return NULL;
 }
 
+/* The start of an arg's byte range (plan_decode checked it is resident and
+ * inside its tensor). */
+static void *arg_ptr(const rt_bundle *b, uint32_t arg) {
+  const plan_arg *a = &b->p.args[arg];
+  return (uint8_t *)b->tensor_ptr[a->tensor] + a->offset;
+}
+
 /* Every command becomes an rt_cmd on its device's list, in global order. */
 static rt_status resolve_commands(rt_bundle *b) {
   const plan *p = &b->p;
@@ -442,12 +397,12 @@ static rt_status resolve_commands(rt_bundle *b) {
       r->grid = p->kernels[c->a].grid;
       r->step = v->step_block;
       r->bufs = next_buf;
-      for (uint32_t j = 0; j < c->nargs; j++) *next_buf++ = b->tensor_ptr[p->args[c->args_begin + j]];
+      for (uint32_t j = 0; j < c->nargs; j++) *next_buf++ = arg_ptr(b, c->args_begin + j);
       break;
     case PLAN_CMD_COPY:
-      r->src = b->tensor_ptr[c->a];
-      r->dst = b->tensor_ptr[c->b];
-      r->bytes = p->tensors[c->a].bytes;
+      r->src = arg_ptr(b, c->args_begin);
+      r->dst = arg_ptr(b, c->args_begin + 1);
+      r->bytes = p->args[c->args_begin].bytes;
       break;
     case PLAN_CMD_RECORD:
       r->event = b->events[c->a];
@@ -555,6 +510,10 @@ static rt_status tensor_check(const rt_bundle *b, uint32_t tensor, size_t bytes,
   const plan *p = &b->p;
   if (tensor >= p->ntensors)
     return rt_status_make("%s: tensor index %u out of range (%u tensors)", what, tensor, p->ntensors);
+  if (p->tensors[tensor].device == PLAN_NONE)
+    return rt_status_make("%s: tensor %s is not resident (device none): its values live only "
+                          "in its views",
+                          what, plan_str(p, p->tensors[tensor].name));
   if (bytes > p->tensors[tensor].bytes)
     return rt_status_make("%s: %zu bytes asked of tensor %s, which has %llu", what, bytes,
                           plan_str(p, p->tensors[tensor].name),

@@ -84,10 +84,12 @@ static uint64_t elements_of(const plan_tensor *t) {
   return n;
 }
 
+/* The reference takes each logical weight once: from the tensors that are
+ * not views (resident or not), since a view's values are its source's. */
 static rt_status set_weights(ds4run_check *c, const plan *p, uint64_t seed) {
   for (uint32_t ti = 0; ti < p->ntensors; ti++) {
     const plan_tensor *t = &p->tensors[ti];
-    if (t->role != PLAN_WEIGHT) continue;
+    if (t->role != PLAN_WEIGHT || t->view_of != PLAN_NONE) continue;
     const char *path = plan_str(p, t->name);
     uint64_t n = elements_of(t);
     size_t want_n = 0;

@@ -62,6 +62,7 @@ static const field_desc tensor_fields[] = {
     FD(plan_tensor, name, F_U32),        FD(plan_tensor, checkpoint, F_U32),
     FD(plan_tensor, dtype, F_U32),       FD(plan_tensor, role, F_U32),
     FD(plan_tensor, ndim, F_U32),        FD(plan_tensor, device, F_U32),
+    FD(plan_tensor, view_of, F_U32),     FD(plan_tensor, rows, F_U32),
     FD(plan_tensor, dim[0], F_U64),      FD(plan_tensor, dim[1], F_U64),
     FD(plan_tensor, dim[2], F_U64),      FD(plan_tensor, dim[3], F_U64),
     FD(plan_tensor, bytes, F_U64),       FD(plan_tensor, offset, F_U64),
@@ -89,7 +90,11 @@ static const field_desc command_fields[] = {
     FD(plan_command, b, F_U32),          FD(plan_command, args_begin, F_U32),
     FD(plan_command, nargs, F_U32),      FD(plan_command, reserved, F_RSV32),
 };
-static const field_desc arg_fields[] = {{0, F_U32}};
+static const field_desc arg_fields[] = {
+    FD(plan_arg, tensor, F_U32), FD(plan_arg, reserved, F_RSV32), FD(plan_arg, offset, F_U64),
+    FD(plan_arg, bytes, F_U64),
+};
+static const field_desc row_fields[] = {{0, F_U32}};
 
 typedef struct section_desc {
   const char *name;           /* plural, for section-level messages */
@@ -108,13 +113,14 @@ static const section_desc sections[PLAN_NSECTIONS + 1] = {
     [PLAN_SEC_PARAMS] = SD("params", param_fields, plan_param, 16),
     [PLAN_SEC_DEVICES] = SD("devices", device_fields, plan_device, 40),
     [PLAN_SEC_STREAMS] = SD("streams", stream_fields, plan_stream, 8),
-    [PLAN_SEC_TENSORS] = SD("tensors", tensor_fields, plan_tensor, 88),
+    [PLAN_SEC_TENSORS] = SD("tensors", tensor_fields, plan_tensor, 96),
     [PLAN_SEC_CODEOBJS] = SD("codeobjs", codeobj_fields, plan_codeobj, 40),
     [PLAN_SEC_KERNELS] = SD("kernels", kernel_fields, plan_kernel, 24),
     [PLAN_SEC_OPS] = SD("ops", op_fields, plan_op, 16),
     [PLAN_SEC_EDGES] = SD("edges", edge_fields, plan_edge, 16),
     [PLAN_SEC_COMMANDS] = SD("commands", command_fields, plan_command, 32),
-    [PLAN_SEC_ARGS] = SD("args", arg_fields, uint32_t, 4),
+    [PLAN_SEC_ARGS] = SD("args", arg_fields, plan_arg, 24),
+    [PLAN_SEC_ROWS] = SD("rows", row_fields, uint32_t, 4),
 };
 
 /* The in-memory array and count behind a section. A switch rather than
@@ -133,6 +139,7 @@ static const void *sec_array(const plan *p, uint32_t id, uint32_t *count) {
   case PLAN_SEC_EDGES: *count = p->nedges; return p->edges;
   case PLAN_SEC_COMMANDS: *count = p->ncommands; return p->commands;
   case PLAN_SEC_ARGS: *count = p->nargs; return p->args;
+  case PLAN_SEC_ROWS: *count = p->nrows; return p->rows;
   }
   *count = 0;
   return NULL;
@@ -152,6 +159,7 @@ static void sec_set(plan *p, uint32_t id, void *arr, uint32_t count) {
   case PLAN_SEC_EDGES: p->edges = arr; p->nedges = count; break;
   case PLAN_SEC_COMMANDS: p->commands = arr; p->ncommands = count; break;
   case PLAN_SEC_ARGS: p->args = arr; p->nargs = count; break;
+  case PLAN_SEC_ROWS: p->rows = arr; p->nrows = count; break;
   }
 }
 
@@ -292,6 +300,231 @@ static rt_status check_arrays(const char *name, const plan *p) {
   return NULL;
 }
 
+static rt_status check_tensor(const char *name, const plan *p, uint32_t i) {
+  const plan_tensor *t = &p->tensors[i];
+  char where[64];
+  snprintf(where, sizeof where, "tensor %" PRIu32, i);
+  RT_TRY(check_str(name, p, where, "name", t->name, false));
+  RT_TRY(check_str(name, p, where, "checkpoint", t->checkpoint, true));
+  RT_TRY(check_enum(name, where, "dtype", t->dtype, PLAN_NDTYPE));
+  RT_TRY(check_enum(name, where, "role", t->role, PLAN_NROLE));
+  if (t->ndim > PLAN_MAXDIM)
+    return rt_status_make("%s: %s: ndim %" PRIu32 " exceeds %d", name, where, t->ndim,
+                          PLAN_MAXDIM);
+  uint64_t want = plan_dtype_size(t->dtype);
+  for (uint32_t d = 0; d < t->ndim; d++) {
+    if (t->dim[d] && want > UINT64_MAX / t->dim[d])
+      return rt_status_make("%s: %s: shape overflows 64-bit byte count", name, where);
+    want *= t->dim[d];
+  }
+  if (t->bytes != want)
+    return rt_status_make("%s: %s: bytes %" PRIu64 " does not match shape and dtype %s (%" PRIu64
+                          " bytes)",
+                          name, where, t->bytes, plan_dtype_name(t->dtype), want);
+  if (t->device == PLAN_NONE) {
+    /* Only a view's source may stay off every device: launches, copies and
+     * host reads need an address. */
+    if (t->role != PLAN_WEIGHT)
+      return rt_status_make("%s: %s: device none, but only a weight may be non-resident (role %s)",
+                            name, where, plan_role_name(t->role));
+    if (t->view_of != PLAN_NONE)
+      return rt_status_make("%s: %s: device none, but a view must be resident (view of tensor "
+                            "%" PRIu32 ")",
+                            name, where, t->view_of);
+    if (t->offset != 0)
+      return rt_status_make("%s: %s: non-resident (device none) but offset %" PRIu64
+                            " (must be 0)",
+                            name, where, t->offset);
+    return NULL;
+  }
+  RT_TRY(check_idx(name, where, "device", t->device, p->ndevices, "devices"));
+  uint64_t arena = p->devices[t->device].arena_bytes;
+  if (t->bytes > arena || t->offset > arena - t->bytes)
+    return rt_status_make("%s: %s: offset %" PRIu64 " + %" PRIu64
+                          " bytes exceeds device %" PRIu32 "'s arena (%" PRIu64 " bytes)",
+                          name, where, t->offset, t->bytes, t->device, arena);
+  return NULL;
+}
+
+/* A view's row r is its source's row rows[r] (or r): the source must be a
+ * plain weight of the same dtype and row shape, and every mapped row must
+ * exist. */
+static rt_status check_view(const char *name, const plan *p, uint32_t i) {
+  const plan_tensor *t = &p->tensors[i];
+  char where[64];
+  snprintf(where, sizeof where, "tensor %" PRIu32, i);
+  if (t->view_of == PLAN_NONE) {
+    if (t->rows != PLAN_NONE)
+      return rt_status_make("%s: %s: rows %" PRIu32 " on a tensor that is not a view", name,
+                            where, t->rows);
+    return NULL;
+  }
+  if (t->role != PLAN_WEIGHT)
+    return rt_status_make("%s: %s: a view (view_of %" PRIu32 ") of role %s: only weights may be "
+                          "views",
+                          name, where, t->view_of, plan_role_name(t->role));
+  RT_TRY(check_idx(name, where, "view_of", t->view_of, p->ntensors, "tensors"));
+  uint32_t si = t->view_of;
+  const plan_tensor *src = &p->tensors[si];
+  if (src->role != PLAN_WEIGHT)
+    return rt_status_make("%s: %s: view of tensor %" PRIu32 ", whose role is %s (not weight)",
+                          name, where, si, plan_role_name(src->role));
+  if (src->view_of != PLAN_NONE)
+    return rt_status_make("%s: %s: view of tensor %" PRIu32 ", which is itself a view (of tensor "
+                          "%" PRIu32 ")",
+                          name, where, si, src->view_of);
+  if (src->dtype != t->dtype || src->ndim != t->ndim)
+    return rt_status_make("%s: %s: %s with ndim %" PRIu32 " but its source tensor %" PRIu32
+                          " is %s with ndim %" PRIu32,
+                          name, where, plan_dtype_name(t->dtype), t->ndim, si,
+                          plan_dtype_name(src->dtype), src->ndim);
+  for (uint32_t d = t->rows == PLAN_NONE ? 0 : 1; d < t->ndim; d++)
+    if (t->dim[d] != src->dim[d])
+      return rt_status_make("%s: %s: dim[%" PRIu32 "] is %" PRIu64 " but its source tensor %" PRIu32
+                            " has %" PRIu64 "%s",
+                            name, where, d, t->dim[d], si, src->dim[d],
+                            d == 0 ? " (a view without rows holds every source row)" : "");
+  if (t->rows == PLAN_NONE) return NULL;
+  if (t->ndim == 0)
+    return rt_status_make("%s: %s: rows %" PRIu32 " on a view with no dim 0", name, where,
+                          t->rows);
+  if (t->rows > p->nrows || t->dim[0] > p->nrows - t->rows)
+    return rt_status_make("%s: %s: rows [%" PRIu32 ", +%" PRIu64 ") out of range (%" PRIu32
+                          " rows)",
+                          name, where, t->rows, t->dim[0], p->nrows);
+  for (uint64_t r = 0; r < t->dim[0]; r++) {
+    uint32_t sr = p->rows[t->rows + r];
+    if (sr >= src->dim[0])
+      return rt_status_make("%s: %s: row %" PRIu64 " maps to row %" PRIu32 " of tensor %" PRIu32
+                            ", which has %" PRIu64 " rows",
+                            name, where, r, sr, si, src->dim[0]);
+  }
+  return NULL;
+}
+
+static rt_status check_arg(const char *name, const plan *p, uint32_t i) {
+  const plan_arg *a = &p->args[i];
+  char where[64];
+  snprintf(where, sizeof where, "arg %" PRIu32, i);
+  RT_TRY(check_idx(name, where, "tensor", a->tensor, p->ntensors, "tensors"));
+  const plan_tensor *t = &p->tensors[a->tensor];
+  if (t->device == PLAN_NONE)
+    return rt_status_make("%s: %s: tensor %" PRIu32 " is not resident (device none)", name, where,
+                          a->tensor);
+  if (a->bytes == 0) return rt_status_make("%s: %s: an empty range (bytes 0)", name, where);
+  if (a->offset > t->bytes || a->bytes > t->bytes - a->offset)
+    return rt_status_make("%s: %s: bytes [%" PRIu64 ", +%" PRIu64 ") run past the end of tensor "
+                          "%" PRIu32 " (%" PRIu64 " bytes)",
+                          name, where, a->offset, a->bytes, a->tensor, t->bytes);
+  /* Kernels index whole elements; a split element would be a misaligned
+   * access on every backend. */
+  uint32_t esz = plan_dtype_size(t->dtype);
+  if (a->offset % esz || a->bytes % esz)
+    return rt_status_make("%s: %s: bytes [%" PRIu64 ", +%" PRIu64 ") of tensor %" PRIu32
+                          " split its %s elements (%" PRIu32 " bytes)",
+                          name, where, a->offset, a->bytes, a->tensor, plan_dtype_name(t->dtype), esz);
+  return NULL;
+}
+
+static rt_status check_args_range(const char *name, const char *where, const plan *p,
+                                  const plan_command *c) {
+  if (c->args_begin > p->nargs || c->nargs > p->nargs - c->args_begin)
+    return rt_status_make("%s: %s: args range [%" PRIu32 ", +%" PRIu32 ") out of range (%" PRIu32
+                          " args)",
+                          name, where, c->args_begin, c->nargs, p->nargs);
+  return NULL;
+}
+
+static rt_status check_launch(const char *name, const char *where, const plan *p,
+                              const plan_command *c) {
+  const plan_op *o = &p->ops[c->op];
+  RT_TRY(check_idx(name, where, "kernel", c->a, p->nkernels, "kernels"));
+  if (o->kernel != c->a)
+    return rt_status_make("%s: %s: launches kernel %" PRIu32 " but op %" PRIu32
+                          " has kernel %" PRIu32,
+                          name, where, c->a, c->op, o->kernel);
+  if (c->nargs != p->kernels[c->a].nbufs)
+    return rt_status_make("%s: %s: nargs %" PRIu32 " but kernel %" PRIu32 " takes %" PRIu32
+                          " buffers",
+                          name, where, c->nargs, c->a, p->kernels[c->a].nbufs);
+  RT_TRY(check_args_range(name, where, p, c));
+  /* A kernel addresses only its own device's arena. */
+  uint32_t dev = p->streams[c->stream].device;
+  for (uint32_t ai = c->args_begin; ai < c->args_begin + c->nargs; ai++) {
+    uint32_t ti = p->args[ai].tensor;
+    if (p->tensors[ti].device != dev)
+      return rt_status_make("%s: %s: arg %" PRIu32 " is tensor %" PRIu32 " of device %" PRIu32
+                            ", but the launch's stream %" PRIu32 " is on device %" PRIu32,
+                            name, where, ai, ti, p->tensors[ti].device, c->stream, dev);
+  }
+  return NULL;
+}
+
+/* A copy moves args[args_begin] (source) into args[args_begin + 1]
+ * (destination), on a stream of either end's device: the schedule's copies
+ * policy may put it on the source's side or the destination's. */
+static rt_status check_copy(const char *name, const char *where, const plan *p,
+                            const plan_command *c) {
+  const plan_op *o = &p->ops[c->op];
+  if (o->kernel != PLAN_NONE)
+    return rt_status_make("%s: %s: copy of op %" PRIu32 ", which has kernel %" PRIu32, name,
+                          where, c->op, o->kernel);
+  if (c->a != PLAN_NONE || c->b != PLAN_NONE)
+    return rt_status_make("%s: %s: copy with a %" PRIu32 " and b %" PRIu32
+                          " (both must be none: a copy's ranges are its args)",
+                          name, where, c->a, c->b);
+  if (c->nargs != 2)
+    return rt_status_make("%s: %s: copy with nargs %" PRIu32 " (must be 2: source, destination)",
+                          name, where, c->nargs);
+  RT_TRY(check_args_range(name, where, p, c));
+  const plan_arg *src = &p->args[c->args_begin], *dst = src + 1;
+  if (src->bytes != dst->bytes)
+    return rt_status_make("%s: %s: copy of %" PRIu64 " bytes (arg %" PRIu32 ") into %" PRIu64
+                          " bytes (arg %" PRIu32 ")",
+                          name, where, src->bytes, c->args_begin, dst->bytes, c->args_begin + 1);
+  uint32_t dev = p->streams[c->stream].device;
+  uint32_t sdev = p->tensors[src->tensor].device, ddev = p->tensors[dst->tensor].device;
+  if (sdev != dev && ddev != dev)
+    return rt_status_make("%s: %s: copy from device %" PRIu32 " to device %" PRIu32
+                          " on stream %" PRIu32 " of device %" PRIu32
+                          " (a copy runs on a stream of its source's or its destination's device)",
+                          name, where, sdev, ddev, c->stream, dev);
+  return NULL;
+}
+
+static rt_status check_command(const char *name, const plan *p, uint32_t i) {
+  const plan_command *c = &p->commands[i];
+  char where[64];
+  snprintf(where, sizeof where, "command %" PRIu32, i);
+  RT_TRY(check_enum(name, where, "kind", c->kind, PLAN_CMD_WAIT + 1));
+  RT_TRY(check_idx(name, where, "stream", c->stream, p->nstreams, "streams"));
+  if (c->kind == PLAN_CMD_RECORD || c->kind == PLAN_CMD_WAIT) {
+    if (c->nargs != 0)
+      return rt_status_make("%s: %s: nargs %" PRIu32 " on an event command", name, where,
+                            c->nargs);
+    if (c->op != PLAN_NONE)
+      return rt_status_make("%s: %s: event command names op %" PRIu32 " (must be none)", name,
+                            where, c->op);
+    RT_TRY(check_idx(name, where, "event", c->a, p->info.nevents, "events"));
+    /* The record must come first in submission order, or the wait would be
+     * a no-op on HIP and CUDA. */
+    if (c->kind == PLAN_CMD_WAIT &&
+        (c->b >= i || p->commands[c->b].kind != PLAN_CMD_RECORD || p->commands[c->b].a != c->a))
+      return rt_status_make("%s: %s: waits on command %" PRIu32
+                            ", which is not an earlier record of event %" PRIu32,
+                            name, where, c->b, c->a);
+    return NULL;
+  }
+  RT_TRY(check_idx(name, where, "op", c->op, p->nops, "ops"));
+  const plan_op *o = &p->ops[c->op];
+  if (o->stream != c->stream)
+    return rt_status_make("%s: %s: on stream %" PRIu32 " but op %" PRIu32
+                          " belongs to stream %" PRIu32,
+                          name, where, c->stream, c->op, o->stream);
+  if (c->kind == PLAN_CMD_LAUNCH) return check_launch(name, where, p, c);
+  return check_copy(name, where, p, c);
+}
+
 static rt_status plan_check(const char *name, const plan *p) {
   char where[64];
   if (p->strings_len == 0 || p->strings[p->strings_len - 1] != '\0')
@@ -318,33 +551,10 @@ static rt_status plan_check(const char *name, const plan *p) {
     RT_TRY(check_str(name, p, where, "name", s->name, false));
     RT_TRY(check_idx(name, where, "device", s->device, p->ndevices, "devices"));
   }
-  for (uint32_t i = 0; i < p->ntensors; i++) {
-    const plan_tensor *t = &p->tensors[i];
-    snprintf(where, sizeof where, "tensor %" PRIu32, i);
-    RT_TRY(check_str(name, p, where, "name", t->name, false));
-    RT_TRY(check_str(name, p, where, "checkpoint", t->checkpoint, true));
-    RT_TRY(check_enum(name, where, "dtype", t->dtype, PLAN_NDTYPE));
-    RT_TRY(check_enum(name, where, "role", t->role, PLAN_NROLE));
-    if (t->ndim > PLAN_MAXDIM)
-      return rt_status_make("%s: %s: ndim %" PRIu32 " exceeds %d", name, where, t->ndim,
-                            PLAN_MAXDIM);
-    RT_TRY(check_idx(name, where, "device", t->device, p->ndevices, "devices"));
-    uint64_t want = plan_dtype_size(t->dtype);
-    for (uint32_t d = 0; d < t->ndim; d++) {
-      if (t->dim[d] && want > UINT64_MAX / t->dim[d])
-        return rt_status_make("%s: %s: shape overflows 64-bit byte count", name, where);
-      want *= t->dim[d];
-    }
-    if (t->bytes != want)
-      return rt_status_make("%s: %s: bytes %" PRIu64 " does not match shape and dtype %s (%" PRIu64
-                            " bytes)",
-                            name, where, t->bytes, plan_dtype_name(t->dtype), want);
-    uint64_t arena = p->devices[t->device].arena_bytes;
-    if (t->bytes > arena || t->offset > arena - t->bytes)
-      return rt_status_make("%s: %s: offset %" PRIu64 " + %" PRIu64
-                            " bytes exceeds device %" PRIu32 "'s arena (%" PRIu64 " bytes)",
-                            name, where, t->offset, t->bytes, t->device, arena);
-  }
+  for (uint32_t i = 0; i < p->ntensors; i++) RT_TRY(check_tensor(name, p, i));
+  /* Views after every tensor, so a view's message never reports a source
+   * field that the source's own check would refuse first. */
+  for (uint32_t i = 0; i < p->ntensors; i++) RT_TRY(check_view(name, p, i));
   for (uint32_t i = 0; i < p->ncodeobjs; i++) {
     snprintf(where, sizeof where, "codeobj %" PRIu32, i);
     RT_TRY(check_str(name, p, where, "path", p->codeobjs[i].path, false));
@@ -375,73 +585,8 @@ static rt_status plan_check(const char *name, const plan *p) {
     RT_TRY(check_idx(name, where, "tensor", e->tensor, p->ntensors, "tensors"));
     RT_TRY(check_enum(name, where, "hazard", e->hazard, PLAN_WAW + 1));
   }
-  for (uint32_t i = 0; i < p->nargs; i++) {
-    snprintf(where, sizeof where, "arg %" PRIu32, i);
-    RT_TRY(check_idx(name, where, "tensor", p->args[i], p->ntensors, "tensors"));
-  }
-  for (uint32_t i = 0; i < p->ncommands; i++) {
-    const plan_command *c = &p->commands[i];
-    snprintf(where, sizeof where, "command %" PRIu32, i);
-    RT_TRY(check_enum(name, where, "kind", c->kind, PLAN_CMD_WAIT + 1));
-    RT_TRY(check_idx(name, where, "stream", c->stream, p->nstreams, "streams"));
-    if (c->kind != PLAN_CMD_LAUNCH && c->nargs != 0)
-      return rt_status_make("%s: %s: nargs %" PRIu32 " on a command that is not a launch", name,
-                            where, c->nargs);
-    switch (c->kind) {
-    case PLAN_CMD_LAUNCH:
-    case PLAN_CMD_COPY: {
-      RT_TRY(check_idx(name, where, "op", c->op, p->nops, "ops"));
-      const plan_op *o = &p->ops[c->op];
-      if (o->stream != c->stream)
-        return rt_status_make("%s: %s: on stream %" PRIu32 " but op %" PRIu32
-                              " belongs to stream %" PRIu32,
-                              name, where, c->stream, c->op, o->stream);
-      if (c->kind == PLAN_CMD_COPY) {
-        RT_TRY(check_idx(name, where, "source tensor", c->a, p->ntensors, "tensors"));
-        RT_TRY(check_idx(name, where, "destination tensor", c->b, p->ntensors, "tensors"));
-        if (o->kernel != PLAN_NONE)
-          return rt_status_make("%s: %s: copy of op %" PRIu32 ", which has kernel %" PRIu32, name,
-                                where, c->op, o->kernel);
-        if (p->tensors[c->a].bytes != p->tensors[c->b].bytes)
-          return rt_status_make("%s: %s: copy from tensor %" PRIu32 " (%" PRIu64
-                                " bytes) to tensor %" PRIu32 " (%" PRIu64 " bytes)",
-                                name, where, c->a, p->tensors[c->a].bytes, c->b,
-                                p->tensors[c->b].bytes);
-        break;
-      }
-      RT_TRY(check_idx(name, where, "kernel", c->a, p->nkernels, "kernels"));
-      if (o->kernel != c->a)
-        return rt_status_make("%s: %s: launches kernel %" PRIu32 " but op %" PRIu32
-                              " has kernel %" PRIu32,
-                              name, where, c->a, c->op, o->kernel);
-      if (c->nargs != p->kernels[c->a].nbufs)
-        return rt_status_make("%s: %s: nargs %" PRIu32 " but kernel %" PRIu32 " takes %" PRIu32
-                              " buffers",
-                              name, where, c->nargs, c->a, p->kernels[c->a].nbufs);
-      if (c->args_begin > p->nargs || c->nargs > p->nargs - c->args_begin)
-        return rt_status_make("%s: %s: args range [%" PRIu32 ", +%" PRIu32
-                              ") out of range (%" PRIu32 " args)",
-                              name, where, c->args_begin, c->nargs, p->nargs);
-      break;
-    }
-    case PLAN_CMD_RECORD:
-    case PLAN_CMD_WAIT:
-      if (c->op != PLAN_NONE)
-        return rt_status_make("%s: %s: event command names op %" PRIu32 " (must be none)", name,
-                              where, c->op);
-      RT_TRY(check_idx(name, where, "event", c->a, in->nevents, "events"));
-      if (c->kind == PLAN_CMD_WAIT) {
-        /* The record must come first in submission order, or the wait
-         * would be a no-op on HIP and CUDA. */
-        if (c->b >= i || p->commands[c->b].kind != PLAN_CMD_RECORD ||
-            p->commands[c->b].a != c->a)
-          return rt_status_make("%s: %s: waits on command %" PRIu32
-                                ", which is not an earlier record of event %" PRIu32,
-                                name, where, c->b, c->a);
-      }
-      break;
-    }
-  }
+  for (uint32_t i = 0; i < p->nargs; i++) RT_TRY(check_arg(name, p, i));
+  for (uint32_t i = 0; i < p->ncommands; i++) RT_TRY(check_command(name, p, i));
 
   RT_TRY(check_idx(name, "info", "ids_tensor", in->ids_tensor, p->ntensors, "tensors"));
   RT_TRY(check_idx(name, "info", "next_tensor", in->next_tensor, p->ntensors, "tensors"));
@@ -553,6 +698,7 @@ void plan_free(plan *p) {
   free(p->edges);
   free(p->commands);
   free(p->args);
+  free(p->rows);
   memset(p, 0, sizeof *p);
 }
 

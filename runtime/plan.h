@@ -16,7 +16,7 @@
 #include "status.h"
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
-#define PLAN_VERSION_MAJOR 1
+#define PLAN_VERSION_MAJOR 2
 #define PLAN_VERSION_MINOR 0
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
@@ -42,8 +42,9 @@ enum plan_section_id {
   PLAN_SEC_OPS,         /* one per scheduled op (launches and copies) */
   PLAN_SEC_EDGES,       /* dependency edges between ops */
   PLAN_SEC_COMMANDS,    /* all commands in global submission order */
-  PLAN_SEC_ARGS,        /* u32 tensor indices referenced by launches */
-  PLAN_NSECTIONS = PLAN_SEC_ARGS
+  PLAN_SEC_ARGS,        /* plan_arg: the byte ranges launches and copies touch */
+  PLAN_SEC_ROWS,        /* u32 source rows of weight views (plan_tensor.rows) */
+  PLAN_NSECTIONS = PLAN_SEC_ROWS
 };
 
 typedef struct plan_section {
@@ -93,10 +94,18 @@ enum plan_role {
   PLAN_INPUT = 0, PLAN_OUTPUT, PLAN_WEIGHT, PLAN_STATE, PLAN_ACTIVATION, PLAN_NROLE
 };
 
+/* A weight may be a view of another weight (its source): a replica on a
+ * second device, or the experts one owner holds. Row r of the view (its
+ * index along dim 0) holds row rows[r] of the source (ROWS section), or row
+ * r itself when rows is PLAN_NONE; the other dims equal the source's. A
+ * source that no launch reads directly has device PLAN_NONE: it names the
+ * values (seeded generator, checkpoint) but occupies no arena. */
 typedef struct plan_tensor {
   uint32_t name;       /* string: stable path, e.g. layers.0.wq */
   uint32_t checkpoint; /* string, or PLAN_NONE */
   uint32_t dtype, role, ndim, device;
+  uint32_t view_of;    /* source tensor index, or PLAN_NONE */
+  uint32_t rows;       /* first index into ROWS, or PLAN_NONE */
   uint64_t dim[PLAN_MAXDIM];
   uint64_t bytes;
   uint64_t offset;     /* in its device's arena */
@@ -139,12 +148,21 @@ typedef struct plan_command {
   uint32_t kind;
   uint32_t stream;     /* index */
   uint32_t op;         /* LAUNCH, COPY: op index; RECORD, WAIT: PLAN_NONE */
-  uint32_t a;          /* LAUNCH: kernel; COPY: source tensor; RECORD, WAIT: event */
-  uint32_t b;          /* COPY: destination tensor; WAIT: index of the RECORD command */
-  uint32_t args_begin; /* LAUNCH: first index into ARGS */
-  uint32_t nargs;      /* LAUNCH: number of tensors (the kernel's nbufs) */
+  uint32_t a;          /* LAUNCH: kernel; RECORD, WAIT: event; COPY: PLAN_NONE */
+  uint32_t b;          /* WAIT: index of the RECORD command; else PLAN_NONE */
+  uint32_t args_begin; /* LAUNCH, COPY: first index into ARGS */
+  uint32_t nargs;      /* LAUNCH: the kernel's nbufs; COPY: 2 (source, destination) */
   uint32_t reserved;
 } plan_command;
+
+/* One operand of a launch or copy: bytes [offset, offset + bytes) of a
+ * resident tensor. A copy's two ranges have equal sizes. */
+typedef struct plan_arg {
+  uint32_t tensor;
+  uint32_t reserved;
+  uint64_t offset;
+  uint64_t bytes;
+} plan_arg;
 
 /* The in-memory plan; its arrays are owned by it (plan_free). */
 typedef struct plan {
@@ -160,7 +178,8 @@ typedef struct plan {
   plan_op *ops;           uint32_t nops;
   plan_edge *edges;       uint32_t nedges;
   plan_command *commands; uint32_t ncommands;
-  uint32_t *args;         uint32_t nargs;
+  plan_arg *args;         uint32_t nargs;
+  uint32_t *rows;         uint32_t nrows;
 } plan;
 
 /* Serialize to a file, atomically (temporary file, then rename). */

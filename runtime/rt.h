@@ -23,13 +23,15 @@ rt_status rt_bundle_open(const char *dir, const rt_options *opts, rt_bundle **ou
 void rt_bundle_close(rt_bundle *b);
 const plan *rt_bundle_plan(const rt_bundle *b);
 
-/* Tensors by stable path; host copies in and out (any backend). */
+/* Tensors by stable path; host copies in and out (any backend) of resident
+ * tensors (a weight source on no device is refused). */
 rt_status rt_tensor_find(const rt_bundle *b, const char *path, uint32_t *out_index);
 rt_status rt_tensor_read(rt_bundle *b, uint32_t tensor, void *dst, size_t bytes);
 rt_status rt_tensor_write(rt_bundle *b, uint32_t tensor, const void *src, size_t bytes);
 
 /* The seeded weight generator: value i of tensor t, before rounding to the
- * tensor's dtype. Independent of load order; the reference uses it too. */
+ * tensor's dtype; for a weight view, its source's value at the element the
+ * view maps i to. Independent of load order; the reference uses it too. */
 double rt_init_value(const plan *p, uint32_t tensor, uint64_t seed, uint64_t i);
 
 /* Replay one step: upload the step block {pos, ntok, step, 0}, submit every

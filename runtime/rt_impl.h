@@ -21,7 +21,7 @@ typedef struct rt_cmd {
   int publish;    /* RECORD: some WAIT on another device follows its enqueue */
   rt_stream *stream;
   rt_kernel *kernel;
-  void *const *bufs;   /* LAUNCH: arena pointers of the op's tensors */
+  void *const *bufs;   /* LAUNCH: arena pointers of the launch's arg ranges */
   const int32_t *step; /* LAUNCH: the device's step block */
   void *dst;           /* COPY */
   const void *src;
@@ -58,7 +58,7 @@ struct rt_bundle {
   uint32_t *event_dev;   /* [p.info.nevents] device that owns each event */
   rt_module **modules;   /* [ncodeobjs * ndevices], loaded on demand */
   rt_kernel **kernels;   /* [nkernels * ndevices] */
-  void **tensor_ptr;     /* [p.ntensors] */
+  void **tensor_ptr;     /* [p.ntensors]; NULL for a non-resident weight source */
   void **bufs;           /* every launch's buffer array, back to back */
   _Atomic uint64_t *enqueued; /* [p.ncommands]: the step generation in which
                                  a published RECORD was last enqueued */

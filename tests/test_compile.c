@@ -126,9 +126,12 @@ START_TEST(dump_after_every_pass) {
 END_TEST
 
 /* Every wait sync emits for a multi-stream schedule is necessary: without
- * any one of them the verifier finds a race. */
+ * any one of them the verifier finds a race. One device with three
+ * streams, then two devices with copies. */
+static const char *const multi_stream[] = {"schedules/tiny-streams.yaml", "schedules/tiny-hotcold.yaml"};
+
 START_TEST(every_wait_is_necessary) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-streams.yaml"};
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = multi_stream[_i]};
   ir_prog *p;
   dsl_diag d = {0};
   ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
@@ -152,6 +155,7 @@ START_TEST(every_wait_is_necessary) {
     ck_assert_msg(strstr(dv.msg, "verify: race on '"), "wait %d: %s", w, dv.msg);
   }
   ck_assert_int_ge(nwaits, 4);
+  ck_assert_int_eq(nwaits, p->nevents); /* every record has a wait that needs it */
   memcpy(p->cmds, orig, (size_t)n * sizeof *orig);
   p->ncmds = n;
   dsl_diag dv = {0};
@@ -182,14 +186,179 @@ START_TEST(overlapping_live_tensors_are_refused) {
 }
 END_TEST
 
+/* On two devices: the arenas hold less than their tensors (activations
+ * share bytes), and placing h2 on the rows of the slots' parts that the
+ * cold side's copy writes while the hot experts read h2 is refused. */
+START_TEST(hotcold_memory_plan) {
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-hotcold.yaml"};
+  ir_prog *p;
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ck_assert_int_eq(p->ndevices, 2);
+  int64_t arenas = 0, tensors = 0;
+  for (int i = 0; i < p->ndevices; i++) arenas += p->devices[i].arena_bytes;
+  for (int t = 0; t < p->ntensors; t++)
+    if (p->tensors[t].device >= 0) tensors += p->tensors[t].bytes;
+  ck_assert_msg(arenas < tensors, "arenas %lld bytes, tensors %lld", (long long)arenas, (long long)tensors);
+  for (int i = 0; i < p->ndevices; i++) ck_assert_int_gt(p->devices[i].arena_bytes, 0);
+
+  int parts = ir_find_tensor(p, "layers.0.slots.parts"), h2 = ir_find_tensor(p, "layers.0.h2");
+  ck_assert_int_ge(parts, 0);
+  ck_assert_int_ge(h2, 0);
+  ck_assert_int_eq(p->tensors[parts].device, p->tensors[h2].device);
+  dsl_diag dv = {0};
+  ck_assert_msg(pass_verify(p, &dv) == 0, "%s", dv.msg);
+  p->tensors[h2].offset = p->tensors[parts].offset + p->tensors[parts].bytes / 2;
+  ck_assert_int_ne(pass_verify(p, &dv), 0);
+  ck_assert_msg(strstr(dv.msg, "verify: race on shared bytes") && strstr(dv.msg, "'layers.0.slots.parts'") &&
+                    strstr(dv.msg, "'layers.0.h2'"),
+                "%s", dv.msg);
+  ds4c_prog_free(p);
+}
+END_TEST
+
+static int find_op(const plan *pl, const char *path) {
+  for (uint32_t i = 0; i < pl->nops; i++)
+    if (strcmp(plan_str(pl, pl->ops[i].path), path) == 0) return (int)i;
+  return -1;
+}
+
+/* The index of the first command of op `path` in the global order. */
+static int command_of(const plan *pl, const char *path) {
+  int op = find_op(pl, path);
+  ck_assert_msg(op >= 0, "no op %s", path);
+  for (uint32_t i = 0; i < pl->ncommands; i++)
+    if ((pl->commands[i].kind == PLAN_CMD_LAUNCH || pl->commands[i].kind == PLAN_CMD_COPY) &&
+        pl->commands[i].op == (uint32_t)op)
+      return (int)i;
+  ck_abort_msg("op %s has no command", path);
+  return -1;
+}
+
+static void compile_to(const char *sched, const char *out, plan *pl) {
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = sched, .out_dir = out};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+  char path[700];
+  snprintf(path, sizeof path, "%s/plan.ds4p", out);
+  rt_status st = plan_read(path, pl);
+  ck_assert_msg(!st, "%s", rt_status_msg(st));
+}
+
+/* tiny-hotcold states no hint, yet the cold side's input copies go ahead
+ * of the hot experts in every layer: the cold experts are the longer pole,
+ * so their inputs' copies rank higher on the critical path. */
+START_TEST(hotcold_cold_input_goes_first) {
+  char tmpl[] = "/tmp/ds4-hc-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  char out[600];
+  snprintf(out, sizeof out, "%s/hc", tmpl);
+  plan pl;
+  compile_to("schedules/tiny-hotcold.yaml", out, &pl);
+  for (int l = 0; l < 2; l++) {
+    char hot[128], sel[128], h2[128];
+    snprintf(hot, sizeof hot, "layers.%d.ffn.experts[0:6]", l);
+    snprintf(sel, sizeof sel, "copy.layers.%d.sel@cold", l);
+    snprintf(h2, sizeof h2, "copy.layers.%d.h2@cold", l);
+    ck_assert_msg(command_of(&pl, sel) < command_of(&pl, hot), "layer %d: %s after %s", l, sel, hot);
+    ck_assert_msg(command_of(&pl, h2) < command_of(&pl, hot), "layer %d: %s after %s", l, h2, hot);
+  }
+  plan_free(&pl);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* Each op's position on its stream, by path: the order a plan gives. */
+static int same_order(const plan *a, const plan *b) {
+  for (uint32_t i = 0; i < a->ncommands; i++) {
+    const plan_command *x = &a->commands[i], *y = &b->commands[i];
+    if (x->kind != y->kind) return 0;
+    if ((x->kind == PLAN_CMD_LAUNCH || x->kind == PLAN_CMD_COPY) &&
+        strcmp(plan_str(a, a->ops[x->op].path), plan_str(b, b->ops[y->op].path)) != 0)
+      return 0;
+  }
+  return 1;
+}
+
+/* early_resolve changes the order and nothing else: tiny-hotcold with and
+ * without early_resolve on the router's gate matmul has the same edges
+ * (by op paths), the same kernel for each op, the same tensors at the
+ * same offsets and the same arenas, read from the two plans. */
+START_TEST(early_resolve_changes_order_only) {
+  char tmpl[] = "/tmp/ds4-er-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  char sched[600], a_dir[600], b_dir[600];
+  snprintf(sched, sizeof sched, "%s/early.yaml", tmpl);
+  snprintf(a_dir, sizeof a_dir, "%s/a", tmpl);
+  snprintf(b_dir, sizeof b_dir, "%s/b", tmpl);
+  size_t n;
+  unsigned char *text = slurp("schedules/tiny-hotcold.yaml", &n);
+  ck_assert_ptr_nonnull(text);
+  FILE *f = fopen(sched, "w");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(text, 1, n, f), n);
+  fputs("early_resolve:\n  - \"layers.*.ffn.gate\"\n", f);
+  ck_assert_int_eq(fclose(f), 0);
+  free(text);
+  plan a, b;
+  compile_to("schedules/tiny-hotcold.yaml", a_dir, &a);
+  compile_to(sched, b_dir, &b);
+
+  ck_assert_uint_eq(a.ncommands, b.ncommands);
+  ck_assert_msg(!same_order(&a, &b), "early_resolve left the order as it was");
+  /* The router's consumer is staged right behind it, ahead of the shared
+   * expert, which went first without the hint. */
+  ck_assert_int_lt(command_of(&a, "layers.0.ffn.shared"), command_of(&a, "layers.0.ffn.route"));
+  ck_assert_int_lt(command_of(&b, "layers.0.ffn.route"), command_of(&b, "layers.0.ffn.shared"));
+  ck_assert_uint_eq(a.nops, b.nops);
+  for (uint32_t i = 0; i < a.nops; i++) {
+    int j = find_op(&b, plan_str(&a, a.ops[i].path));
+    ck_assert_int_ge(j, 0);
+    ck_assert_uint_eq(a.ops[i].stream, b.ops[j].stream);
+    if (a.ops[i].kernel == PLAN_NONE) {
+      ck_assert_uint_eq(b.ops[j].kernel, PLAN_NONE);
+      continue;
+    }
+    ck_assert_str_eq(plan_str(&a, a.kernels[a.ops[i].kernel].symbol), plan_str(&b, b.kernels[b.ops[j].kernel].symbol));
+  }
+  ck_assert_uint_eq(a.nedges, b.nedges);
+  for (uint32_t i = 0; i < a.nedges; i++) {
+    const plan_edge *e = &a.edges[i];
+    int from = find_op(&b, plan_str(&a, a.ops[e->from].path)), to = find_op(&b, plan_str(&a, a.ops[e->to].path));
+    int found = 0;
+    for (uint32_t k = 0; k < b.nedges && !found; k++)
+      found = (int)b.edges[k].from == from && (int)b.edges[k].to == to && b.edges[k].tensor == e->tensor &&
+              b.edges[k].hazard == e->hazard;
+    ck_assert_msg(found, "edge %s -> %s is gone", plan_str(&a, a.ops[e->from].path), plan_str(&a, a.ops[e->to].path));
+  }
+  ck_assert_uint_eq(a.ntensors, b.ntensors);
+  for (uint32_t t = 0; t < a.ntensors; t++) {
+    ck_assert_str_eq(plan_str(&a, a.tensors[t].name), plan_str(&b, b.tensors[t].name));
+    ck_assert_uint_eq(a.tensors[t].device, b.tensors[t].device);
+    ck_assert_uint_eq(a.tensors[t].offset, b.tensors[t].offset);
+  }
+  for (uint32_t i = 0; i < a.ndevices; i++) ck_assert_uint_eq(a.devices[i].arena_bytes, b.devices[i].arena_bytes);
+  plan_free(&a);
+  plan_free(&b);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("tiny-moe");
   tcase_add_checked_fixture(tc, setup, NULL);
   tcase_add_test(tc, compiling_twice_gives_identical_bundles);
   tcase_add_test(tc, dump_after_every_pass);
-  tcase_add_test(tc, every_wait_is_necessary);
+  tcase_add_loop_test(tc, every_wait_is_necessary, 0, 2);
   tcase_add_test(tc, overlapping_live_tensors_are_refused);
+  tcase_add_test(tc, hotcold_memory_plan);
+  tcase_add_test(tc, hotcold_cold_input_goes_first);
+  tcase_add_test(tc, early_resolve_changes_order_only);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);

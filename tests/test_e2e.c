@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "ds4run_check.h"
 #include "emit.h"
 #include "pipeline.h"
@@ -181,20 +183,79 @@ END_TEST
 
 /* The exact oracle: another schedule of the same model (three streams with
  * events) replays to the same output bytes. */
-START_TEST(schedules_agree_bit_for_bit) {
-  char streams[700];
-  snprintf(streams, sizeof streams, "%s/streams", tmpdir);
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-streams.yaml",
-                    .out_dir = streams};
+static void compile_schedule(const char *name, char *out, size_t n) {
+  char sched[256];
+  snprintf(out, n, "%s/%s", tmpdir, name);
+  snprintf(sched, sizeof sched, "schedules/%s.yaml", name);
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = sched, .out_dir = out};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
-  char a[8192], b[8192], args[800];
+}
+
+/* The shipped schedules replay to the same bytes as tiny-1dev, and the
+ * two-device one passes the check against the float64 reference. */
+START_TEST(schedules_agree_bit_for_bit) {
+  static const char *const names[] = {"tiny-streams", "tiny-hotcold"};
+  char a[8192], b[8192], args[800], dir[700];
   snprintf(args, sizeof args, "%s --steps 12", bundle);
   ck_assert_int_eq(ds4run(args, a, sizeof a), 0);
-  snprintf(args, sizeof args, "%s --steps 12", streams);
-  ck_assert_int_eq(ds4run(args, b, sizeof b), 0);
   ck_assert_ptr_nonnull(strstr(a, "outputs sha256: "));
-  ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
+  for (int i = 0; i < 2; i++) {
+    compile_schedule(names[i], dir, sizeof dir);
+    snprintf(args, sizeof args, "%s --steps 12 --check", dir);
+    int rc = ds4run(args, b, sizeof b);
+    ck_assert_msg(rc == 0 && strstr(b, "PASS"), "%s: exit %d\n%s", names[i], rc, b);
+    ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
+  }
+}
+END_TEST
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A kernel fails in step k of the two-device tiny-hotcold replay, on
+ * either device: the step returns that error within a second, the steps
+ * before it ran, and closing the bundle joins every thread (the sanitizer
+ * builds check for leaks and races). */
+START_TEST(fault_in_a_two_device_replay) {
+  char dir[700];
+  compile_schedule("tiny-hotcold", dir, sizeof dir);
+  rt_bundle *b;
+  rt_status s = rt_bundle_open(dir, NULL, &b);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  const plan *p = rt_bundle_plan(b);
+  uint64_t per_step[2] = {0, 0};
+  for (uint32_t i = 0; i < p->ncommands; i++)
+    if (p->commands[i].kind == PLAN_CMD_LAUNCH) per_step[p->streams[p->commands[i].stream].device]++;
+  ck_assert_int_eq(p->ndevices, 2);
+  ck_assert_uint_gt(per_step[1], 0);
+  rt_bundle_close(b);
+
+  int32_t *prompt;
+  int nprompt;
+  for (uint32_t dev = 0; dev < 2; dev++)
+    for (int k = 2; k <= 5; k += 3) { /* a prefill chunk, then a decode step */
+      rt_fault f = {.device = dev, .fail_launch = per_step[dev] * (uint64_t)(k - 1) + 1 + dev};
+      s = rt_bundle_open_faulty(dir, NULL, &f, &b);
+      ck_assert_msg(!s, "%s", rt_status_msg(s));
+      ck_assert_ptr_null(rt_default_prompt(rt_bundle_plan(b), &prompt, &nprompt));
+      rt_report r = {0};
+      double t0 = seconds();
+      s = rt_generate(b, prompt, nprompt, 8, NULL, NULL, &r);
+      double dt = seconds() - t0;
+      ck_assert_msg(s != NULL, "device %u, step %d: no error", dev, k);
+      ck_assert_msg(strstr(rt_status_msg(s), "injected"), "%s", rt_status_msg(s));
+      ck_assert_msg(strstr(rt_status_msg(s), dev ? "cold" : "hot"), "%s", rt_status_msg(s));
+      ck_assert_int_eq(r.steps, k - 1);
+      ck_assert_msg(dt < 1.0, "the run took %.3f s", dt);
+      rt_status_free(s);
+      free(r.generated);
+      free(prompt);
+      rt_bundle_close(b);
+    }
 }
 END_TEST
 
@@ -209,6 +270,7 @@ int main(void) {
   tcase_add_test(tc, damaged_code_object_is_refused);
   tcase_add_test(tc, schedules_agree_bit_for_bit);
   tcase_add_test(tc, damaged_plan_is_refused);
+  tcase_add_test(tc, fault_in_a_two_device_replay);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);

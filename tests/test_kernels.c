@@ -671,18 +671,29 @@ END_TEST
 
 /* ---- moe_experts ---- */
 
-static void moe_case(int begin, int end)
+/* A launch holding experts ex[0..n) of E = 5 (all when ex is NULL): its
+ * weights have n rows, row r holding expert ex[r]. Slots of other experts
+ * must be zero; the returned slots (caller frees) are the launch's output
+ * for the last step, all tokens live. */
+static float *moe_case(const int *ex, int n)
 {
   enum { T = 4, K = 3, E = 5, H = 12, F = 7 };
+  int rows = ex ? n : E, row_of[E];
   kt k;
   kt_init(&k, IR_OP_MOE_EXPERTS);
-  k.op.iattr[0] = begin;
-  k.op.iattr[1] = end;
+  for (int e = 0; e < E; e++)
+    row_of[e] = ex ? -1 : e;
+  for (int r = 0; ex && r < n; r++)
+    row_of[ex[r]] = r;
+  if (ex) {
+    k.op.expert_row = row_of;
+    k.op.nexperts = E;
+  }
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
   kt_add(&k, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
-  kt_add(&k, 0, PLAN_F32, 3, (int64_t)E, (int64_t)F, (int64_t)H);
-  kt_add(&k, 0, PLAN_F32, 3, (int64_t)E, (int64_t)F, (int64_t)H);
-  kt_add(&k, 0, PLAN_F32, 3, (int64_t)E, (int64_t)H, (int64_t)F);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)rows, (int64_t)F, (int64_t)H);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)rows, (int64_t)F, (int64_t)H);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)rows, (int64_t)H, (int64_t)F);
   kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
   built b;
   build(&k, &b);
@@ -691,12 +702,25 @@ static void moe_case(int begin, int end)
   bufs_alloc(&bs, &k);
   /* Every expert, plus ids outside [0, E) that must give zero slots. */
   static const int32_t idset[T * K] = {0, 4, 2, 3, -1, 1, E, 2, 0, INT32_MIN, 4, 3};
+  float *last = malloc(T * K * H * sizeof *last);
+  ck_assert_ptr_nonnull(last);
   for (int s = 0; s < NSTEPS; s++) {
     int ntok = g_steps[s][1];
+    g_rng = 0x5eed + (uint64_t)s; /* the same inputs for every expert set */
     fill_f32(bs.b[0], T * H, 1.0);
     memcpy(bs.b[1], idset, sizeof idset);
-    for (int i = 2; i < 5; i++)
-      fill_f32(bs.b[i], kt_elems(&k, i), 0.5);
+    /* Each held row r gets the values expert ex[r] has in the full
+     * weights: the generator is keyed by the expert, not the row. */
+    for (int i = 2; i < 5; i++) {
+      int64_t per = kt_elems(&k, i) / rows;
+      float *full = malloc((size_t)(E * per) * sizeof *full);
+      ck_assert_ptr_nonnull(full);
+      fill_f32(full, E * per, 0.5 + i);
+      for (int e = 0; e < E; e++)
+        if (row_of[e] >= 0)
+          memcpy((float *)bs.b[i] + row_of[e] * per, full + e * per, (size_t)per * sizeof *full);
+      free(full);
+    }
     fill_garbage(bs.b[5], T * K * H);
     run_checked(&b, &k, &bs, g_steps[s][0], ntok);
     const float *x = bs.b[0], *w1 = bs.b[2], *w3 = bs.b[3], *w2 = bs.b[4];
@@ -704,42 +728,75 @@ static void moe_case(int begin, int end)
     double *ref = dalloc(T * K * H);
     for (int t = 0; t < ntok; t++)
       for (int j = 0; j < K; j++) {
-        int e = idset[t * K + j];
-        if (e < begin || e >= end) {
+        int e = idset[t * K + j], r = e >= 0 && e < E ? row_of[e] : -1;
+        if (r < 0) {
           for (int c = 0; c < H; c++)
-            ck_assert_msg(slots[(t * K + j) * H + c] == 0.0f,
-                          "moe_experts: slot (%d,%d) of expert %d not zero", t, j, e);
+            ck_assert_msg(slots[(t * K + j) * H + c] == 0.0f && !signbit(slots[(t * K + j) * H + c]),
+                          "moe_experts: slot (%d,%d) of expert %d not +0", t, j, e);
           continue;
         }
         double act[F];
         for (int f = 0; f < F; f++) {
           double g = 0.0, u = 0.0;
           for (int c = 0; c < H; c++) {
-            g += (double)x[t * H + c] * w1[(e * F + f) * H + c];
-            u += (double)x[t * H + c] * w3[(e * F + f) * H + c];
+            g += (double)x[t * H + c] * w1[(r * F + f) * H + c];
+            u += (double)x[t * H + c] * w3[(r * F + f) * H + c];
           }
           act[f] = silu(g) * u;
         }
         for (int c = 0; c < H; c++) {
           double acc = 0.0;
           for (int f = 0; f < F; f++)
-            acc += act[f] * w2[(e * H + c) * F + f];
+            acc += act[f] * w2[(r * H + c) * F + f];
           ref[(t * K + j) * H + c] = acc;
         }
       }
     /* Per slot: each is its own sum, so scale the tolerance per slot. */
     check_rows("moe_experts", slots, ref, T * K, H, ntok * K, REL_TOL);
     free(ref);
+    memcpy(last, slots, T * K * H * sizeof *last);
   }
   bufs_free(&bs);
   unbuild(&b);
+  return last;
 }
 
 START_TEST(test_moe_experts)
 {
-  moe_case(0, 5); /* one owner for all experts */
-  moe_case(2, 4); /* a split: experts 2 and 3 only */
-  moe_case(3, 3); /* an empty range: all zero */
+  static const int range[] = {2, 3}, list[] = {0, 4, 1};
+  free(moe_case(NULL, 0)); /* one launch for all experts */
+  free(moe_case(range, 2)); /* a split: experts 2 and 3 */
+  free(moe_case(list, 3));  /* a list, rows out of expert order */
+}
+END_TEST
+
+/* The parts of a split sum to the unsplit slots bit for bit, through the
+ * sum_parts kernel that merges them. */
+START_TEST(test_moe_split_is_exact)
+{
+  enum { T = 4, K = 3, H = 12, N = T * K * H };
+  static const int a[] = {0, 2, 4}, b2[] = {1, 3};
+  float *whole = moe_case(NULL, 0), *pa = moe_case(a, 3), *pb = moe_case(b2, 2);
+  kt k;
+  kt_init(&k, IR_OP_SUM_PARTS);
+  k.op.iattr[0] = 2;
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)(2 * T), (int64_t)K, (int64_t)H);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  memcpy(bs.b[0], pa, N * sizeof(float));
+  memcpy((float *)bs.b[0] + N, pb, N * sizeof(float));
+  fill_garbage(bs.b[1], N);
+  run_checked(&b, &k, &bs, 0, T);
+  ck_assert_msg(memcmp(bs.b[1], whole, N * sizeof(float)) == 0, "merged parts differ from the unsplit slots");
+  bufs_free(&bs);
+  unbuild(&b);
+  free(whole);
+  free(pa);
+  free(pb);
 }
 END_TEST
 
@@ -958,7 +1015,8 @@ START_TEST(test_templates)
 {
   static const char *const kinds[] = {"embed", "rmsnorm", "matmul", "rope",
                                       "cache_write", "attention", "add", "topk_route",
-                                      "moe_experts", "moe_combine", "swiglu_ffn", "argmax"};
+                                      "moe_experts", "moe_combine", "swiglu_ffn", "argmax",
+                                      "sum_parts"};
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
     const char *t = ds4_template_find("host", kinds[i]);
     ck_assert_msg(t != NULL, "no host template for %s", kinds[i]);
@@ -1075,18 +1133,25 @@ START_TEST(test_errors)
   expect_error(&k, "be at most the 8 experts");
 
   kt_init(&k, IR_OP_MOE_EXPERTS);
-  k.op.iattr[0] = 2;
-  k.op.iattr[1] = 9;
+  int rows[3] = {0, 8, -1};
+  k.op.expert_row = rows;
+  k.op.nexperts = 3;
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
   kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
   kt_add(&k, 0, PLAN_F32, 3, (int64_t)8, (int64_t)6, (int64_t)8);
   kt_add(&k, 0, PLAN_F32, 3, (int64_t)8, (int64_t)6, (int64_t)8);
   kt_add(&k, 0, PLAN_F32, 3, (int64_t)8, (int64_t)8, (int64_t)6);
   kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)8);
-  expect_error(&k, "moe_experts: expert range [2, 9) must lie inside [0, 8]");
-  k.op.iattr[1] = 8;
+  expect_error(&k, "moe_experts: expert 1 maps to row 8 of 8");
+  rows[1] = 7;
   k.tensors[1].dtype = PLAN_BF16;
   expect_error(&k, "moe_experts: input idx (t1) has dtype bf16; expected i32");
+
+  kt_init(&k, IR_OP_SUM_PARTS);
+  k.op.iattr[0] = 3;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)8, (int64_t)5);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)5);
+  expect_error(&k, "sum_parts: parts (t0) must be 3 copies of the shape of y (t1) along dimension 0");
 
   kt_init(&k, IR_OP_COPY);
   expect_error(&k, "has no host kernel");
@@ -1112,6 +1177,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_add);
   tcase_add_test(tc, test_topk_route);
   tcase_add_test(tc, test_moe_experts);
+  tcase_add_test(tc, test_moe_split_is_exact);
   tcase_add_test(tc, test_moe_combine);
   tcase_add_test(tc, test_swiglu_ffn);
   tcase_add_test(tc, test_argmax);

@@ -109,22 +109,25 @@ static uint32_t str_add(strtab *t, const char *s) {
   return off;
 }
 
-/* Two devices, three streams, six tensors, one code object, two kernels,
- * three ops (launch, copy, launch), two edges, seven commands with two
- * record/wait pairs, five args. Arrays are static storage in the fixture. */
+/* Two devices, three streams, nine tensors (among them a weight source on
+ * no device, an expert-style view of it with a rows list and a replica of a
+ * resident weight), one code object, two kernels, three ops (launch, copy,
+ * launch), two edges, seven commands with two record/wait pairs, seven args
+ * (some with offsets), two rows. Arrays are static storage in the fixture. */
 typedef struct fixture {
   strtab st;
   plan p;
   plan_param params[2];
   plan_device devices[2];
   plan_stream streams[3];
-  plan_tensor tensors[6];
+  plan_tensor tensors[9];
   plan_codeobj codeobjs[1];
   plan_kernel kernels[2];
   plan_op ops[3];
   plan_edge edges[2];
   plan_command commands[7];
-  uint32_t args[5];
+  plan_arg args[7];
+  uint32_t rows[2];
 } fixture;
 
 static void tensor_set(plan_tensor *t, uint32_t name, uint32_t dtype, uint32_t role,
@@ -135,6 +138,8 @@ static void tensor_set(plan_tensor *t, uint32_t name, uint32_t dtype, uint32_t r
   t->dtype = dtype;
   t->role = role;
   t->device = device;
+  t->view_of = PLAN_NONE;
+  t->rows = PLAN_NONE;
   t->ndim = ndim;
   uint64_t bytes = plan_dtype_size(dtype);
   for (uint32_t i = 0; i < ndim; i++) {
@@ -186,6 +191,19 @@ static void fixture_build(fixture *f) {
   tensor_set(&f->tensors[3], str_add(s, "h@cpu1"), PLAN_F32, PLAN_ACTIVATION, 1, 0, 2, d48);
   tensor_set(&f->tensors[4], str_add(s, "next"), PLAN_I32, PLAN_OUTPUT, 1, 256, 1, d4);
   tensor_set(&f->tensors[5], str_add(s, "kv"), PLAN_BF16, PLAN_STATE, 1, 512, 3, d248);
+  /* Experts 3 and 1 of a non-resident source, and a replica of tensor 1. */
+  const uint64_t d28[] = {2, 8};
+  tensor_set(&f->tensors[6], str_add(s, "layers.0.experts"), PLAN_F32, PLAN_WEIGHT, PLAN_NONE, 0,
+             2, d48);
+  f->tensors[6].checkpoint = str_add(s, "model.layers.0.experts.weight");
+  tensor_set(&f->tensors[7], str_add(s, "layers.0.experts@cpu1"), PLAN_F32, PLAN_WEIGHT, 1, 1024,
+             2, d28);
+  f->tensors[7].view_of = 6;
+  f->tensors[7].rows = 0;
+  f->rows[0] = 3;
+  f->rows[1] = 1;
+  tensor_set(&f->tensors[8], str_add(s, "layers.0.w@cpu1"), PLAN_F32, PLAN_WEIGHT, 1, 1536, 2, d48);
+  f->tensors[8].view_of = 1;
 
   f->codeobjs[0].path = str_add(s, "kernels/host.so");
   f->codeobjs[0].target = host;
@@ -204,30 +222,35 @@ static void fixture_build(fixture *f) {
   f->edges[0] = (plan_edge){.from = 0, .to = 1, .tensor = 2, .hazard = PLAN_RAW};
   f->edges[1] = (plan_edge){.from = 1, .to = 2, .tensor = 3, .hazard = PLAN_WAR};
 
-  const uint32_t args[5] = {0, 1, 2, 3, 4};
+  /* Launch 0 takes args 0-2; the copy moves bytes [32, 96) of h into
+   * bytes [64, 128) of h@cpu1 (args 3, 4) on the source's device; launch 6
+   * takes args 5-6. */
+  const plan_arg args[7] = {{0, 0, 0, 16},  {1, 0, 0, 128}, {2, 0, 0, 128}, {2, 0, 32, 64},
+                            {3, 0, 64, 64}, {7, 0, 0, 64},  {4, 0, 0, 16}};
   memcpy(f->args, args, sizeof args);
 
   plan_command *c = f->commands;
   c[0] = (plan_command){PLAN_CMD_LAUNCH, 0, 0, 0, PLAN_NONE, 0, 3, 0};
   c[1] = (plan_command){PLAN_CMD_RECORD, 0, PLAN_NONE, 0, PLAN_NONE, 0, 0, 0};
   c[2] = (plan_command){PLAN_CMD_WAIT, 1, PLAN_NONE, 0, 1, 0, 0, 0};
-  c[3] = (plan_command){PLAN_CMD_COPY, 1, 1, 2, 3, 0, 0, 0};
+  c[3] = (plan_command){PLAN_CMD_COPY, 1, 1, PLAN_NONE, PLAN_NONE, 3, 2, 0};
   c[4] = (plan_command){PLAN_CMD_RECORD, 1, PLAN_NONE, 1, PLAN_NONE, 0, 0, 0};
   c[5] = (plan_command){PLAN_CMD_WAIT, 2, PLAN_NONE, 1, 4, 0, 0, 0};
-  c[6] = (plan_command){PLAN_CMD_LAUNCH, 2, 2, 1, PLAN_NONE, 3, 2, 0};
+  c[6] = (plan_command){PLAN_CMD_LAUNCH, 2, 2, 1, PLAN_NONE, 5, 2, 0};
 
   p->strings = s->buf;
   p->strings_len = s->len;
   p->params = f->params; p->nparams = 2;
   p->devices = f->devices; p->ndevices = 2;
   p->streams = f->streams; p->nstreams = 3;
-  p->tensors = f->tensors; p->ntensors = 6;
+  p->tensors = f->tensors; p->ntensors = 9;
   p->codeobjs = f->codeobjs; p->ncodeobjs = 1;
   p->kernels = f->kernels; p->nkernels = 2;
   p->ops = f->ops; p->nops = 3;
   p->edges = f->edges; p->nedges = 2;
   p->commands = f->commands; p->ncommands = 7;
-  p->args = f->args; p->nargs = 5;
+  p->args = f->args; p->nargs = 7;
+  p->rows = f->rows; p->nrows = 2;
 }
 
 static uint8_t *encode_fixture(size_t *len) {
@@ -268,7 +291,7 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   ck_assert_uint_eq(x->ntensors, y->ntensors);
   for (uint32_t i = 0; i < x->ntensors; i++) {
     const plan_tensor *a = &x->tensors[i], *b = &y->tensors[i];
-    EQ(name); EQ(checkpoint); EQ(dtype); EQ(role); EQ(ndim); EQ(device);
+    EQ(name); EQ(checkpoint); EQ(dtype); EQ(role); EQ(ndim); EQ(device); EQ(view_of); EQ(rows);
     EQ(dim[0]); EQ(dim[1]); EQ(dim[2]); EQ(dim[3]); EQ(bytes); EQ(offset);
     ck_assert(a->init_offset == b->init_offset);
     ck_assert(a->init_scale == b->init_scale);
@@ -300,7 +323,12 @@ static void assert_plans_equal(const plan *x, const plan *y) {
     EQ(kind); EQ(stream); EQ(op); EQ(a); EQ(b); EQ(args_begin); EQ(nargs);
   }
   ck_assert_uint_eq(x->nargs, y->nargs);
-  for (uint32_t i = 0; i < x->nargs; i++) ck_assert_uint_eq(x->args[i], y->args[i]);
+  for (uint32_t i = 0; i < x->nargs; i++) {
+    const plan_arg *a = &x->args[i], *b = &y->args[i];
+    EQ(tensor); EQ(offset); EQ(bytes);
+  }
+  ck_assert_uint_eq(x->nrows, y->nrows);
+  for (uint32_t i = 0; i < x->nrows; i++) ck_assert_uint_eq(x->rows[i], y->rows[i]);
 }
 
 START_TEST(round_trip) {
@@ -323,6 +351,10 @@ START_TEST(round_trip) {
   ck_assert_str_eq(plan_str(&d, d.tensors[1].checkpoint), "model.layers.0.w.weight");
   ck_assert_str_eq(plan_str(&d, d.tensors[0].checkpoint), "");
   ck_assert_int_eq(d.params[1].value, -3);
+  ck_assert_uint_eq(d.tensors[6].device, PLAN_NONE);
+  ck_assert_uint_eq(d.tensors[7].view_of, 6);
+  ck_assert_uint_eq(d.rows[d.tensors[7].rows], 3);
+  ck_assert_uint_eq(d.args[4].offset, 64);
 
   /* The decoded plan owns its arrays: scribbling over the bytes after
    * decoding does not change it, and re-encoding gives the same file. */
@@ -394,6 +426,11 @@ static size_t sec_at(const uint8_t *b, uint32_t id) {
   return 0;
 }
 
+/* Record `rec` of section `id`. */
+static uint8_t *record_at(uint8_t *b, uint32_t id, uint32_t recsize, uint32_t rec) {
+  return b + sec_at(b, id) + (size_t)rec * recsize;
+}
+
 /* Patched bytes keep a valid checksum, so the field checks are reached. */
 static void reseal(uint8_t *b, size_t len) { rt_sha256(b + 64, len - 64, b + 24); }
 
@@ -421,7 +458,7 @@ static void expect_field_fail(uint32_t id, uint32_t recsize, uint32_t rec, uint3
                               uint32_t value, const char *want) {
   size_t len;
   uint8_t *b = encode_fixture(&len);
-  wr32(b + sec_at(b, id) + (size_t)rec * recsize + field_off, value);
+  wr32(record_at(b, id, recsize, rec) + field_off, value);
   reseal(b, len);
   expect_fail(b, len, want);
   free(b);
@@ -454,11 +491,17 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 2); /* this format is 2.0 */
+  ck_assert_uint_eq(rd32(b + 8) >> 16, 0);
   memcpy(m, b, len);
-  m[8] = 2; /* major 2 */
+  m[8] = 1; /* a 1.x plan: args were tensor indices, tensors 88 bytes */
   m[10] = 0;
   reseal(m, len);
-  expect_fail(m, len, "plan format version 2.0, this ds4run reads 1.x");
+  expect_fail(m, len, "plan format version 1.0, this ds4run reads 2.x");
+  m[8] = 3;
+  m[10] = 4;
+  reseal(m, len);
+  expect_fail(m, len, "plan format version 3.4, this ds4run reads 2.x");
 
   /* A newer minor version is accepted. */
   memcpy(m, b, len);
@@ -493,9 +536,9 @@ START_TEST(bad_sections) {
   expect_fail(m, len, "section table (100000 sections) runs past the end");
 
   memcpy(m, b, len);
-  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop ARGS from the table */
+  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop ROWS, the last entry, from the table */
   reseal(m, len);
-  expect_fail(m, len, "required args section is missing");
+  expect_fail(m, len, "required rows section is missing");
 
   memcpy(m, b, len);
   wr32(targs, 99);
@@ -532,9 +575,15 @@ START_TEST(bad_sections) {
   expect_fail(m, len, "overlap");
 
   memcpy(m, b, len);
-  wr32(targs + 4, 4); /* count 4, size still 20 */
+  wr32(targs + 4, 8); /* count 8, size still 7 records */
   reseal(m, len);
-  expect_fail(m, len, "size 20 != 4 records * 4 bytes");
+  expect_fail(m, len, "size 168 != 8 records * 24 bytes");
+
+  memcpy(m, b, len);
+  uint8_t *trows = m + 64 + 24 * (PLAN_SEC_ROWS - 1);
+  wr32(trows + 4, 3); /* count 3, size still 2 rows */
+  reseal(m, len);
+  expect_fail(m, len, "size 8 != 3 records * 4 bytes");
 
   memcpy(m, b, len);
   uint8_t *tinfo = m + 64 + 24 * (PLAN_SEC_INFO - 1);
@@ -554,8 +603,11 @@ START_TEST(bad_sections) {
 END_TEST
 
 /* File record sizes and field offsets, as docs/PLAN.md gives them. */
-enum { R_INFO = 48, R_DEVICE = 40, R_STREAM = 8, R_TENSOR = 88, R_KERNEL = 24, R_OP = 16,
-       R_EDGE = 16, R_CMD = 32, R_ARG = 4, R_CODEOBJ = 40, R_PARAM = 16 };
+enum { R_INFO = 48, R_DEVICE = 40, R_STREAM = 8, R_TENSOR = 96, R_KERNEL = 24, R_OP = 16,
+       R_EDGE = 16, R_CMD = 32, R_ARG = 24, R_ROW = 4, R_CODEOBJ = 40, R_PARAM = 16 };
+/* Field offsets of TENSORS and ARGS records. */
+enum { T_DEVICE = 20, T_VIEW_OF = 24, T_ROWS = 28, T_DIM = 32, T_BYTES = 64, T_OFFSET = 72 };
+enum { A_TENSOR = 0, A_RESERVED = 4, A_OFFSET = 8, A_BYTES = 16 };
 
 START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_STREAMS, R_STREAM, 1, 4, 7,
@@ -574,9 +626,10 @@ START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_OPS, R_OP, 2, 0, 5000, "op 2: path string offset");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 1, 12, 5,
                     "command 1: event index 5 out of range (2 events)");
-  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 5, 64, 2000,
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 5, T_OFFSET, 2000,
                     "tensor 5: offset 2000 + 128 bytes exceeds device 1's arena (2048 bytes)");
-  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 6, 20, 4, "command 6: args range [4, +2)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 6, 20, 6,
+                    "command 6: args range [6, +2) out of range (7 args)");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 6, 20, 0xfffffffeu, "command 6: args range");
   expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 2, 8, 9, "tensor 2: dtype 9 is not a known value");
   expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 2, 12, 5, "tensor 2: role 5 is not a known value");
@@ -584,7 +637,7 @@ START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 1, 12, 3, "edge 1: hazard 3 is not a known");
   expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 4, 3, "edge 0: to op index 3 out of range (3 ops)");
   expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 4, 0, "edge 0: op 0 depends on itself");
-  expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 8, 6, "edge 0: tensor index 6 out of range");
+  expect_field_fail(PLAN_SEC_EDGES, R_EDGE, 0, 8, 9, "edge 0: tensor index 9 out of range");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 0, 4, "command 3: kind 4 is not a known value");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 4, 3, "command 3: stream index 3 out of range");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 0, 8, 3, "command 0: op index 3 out of range");
@@ -593,29 +646,25 @@ START_TEST(bad_fields) {
                     "command 0: launches kernel 1 but op 0 has kernel 0");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 0, 24, 2,
                     "command 0: nargs 2 but kernel 0 takes 3 buffers");
-  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 16, 6,
-                    "command 3: destination tensor index 6 out of range");
-  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 12, 6,
-                    "command 3: source tensor index 6 out of range");
-  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 16, 4,
-                    "command 3: copy from tensor 2 (128 bytes) to tensor 4 (16 bytes)");
-  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 24, 1, "command 3: nargs 1 on a command");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 1, 24, 1, "command 1: nargs 1 on an event command");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 1, 8, 0, "command 1: event command names op 0");
   /* WAIT's b must be an earlier RECORD of the same event. */
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 5, 16, 3,
                     "command 5: waits on command 3, which is not an earlier record of event 1");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 5, 16, 1, "command 5: waits on command 1");
   expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 2, 16, 4, "command 2: waits on command 4");
-  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 4, 0, 6, "arg 4: tensor index 6 out of range (6 tensors)");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 4, A_TENSOR, 9,
+                    "arg 4: tensor index 9 out of range (9 tensors)");
   expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 16, 5, "tensor 1: ndim 5 exceeds 4");
-  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 20, 2, "tensor 1: device index 2 out of range");
-  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 56, 100,
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, T_DEVICE, 2,
+                    "tensor 1: device index 2 out of range");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, T_BYTES, 100,
                     "tensor 1: bytes 100 does not match shape and dtype f32 (128 bytes)");
   expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 4, 3, "tensor 1: checkpoint string offset 3");
   expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 0, 8, 1, "kernel 0: codeobj index 1 out of range");
   expect_field_fail(PLAN_SEC_OPS, R_OP, 0, 4, 3, "op 0: stream index 3 out of range");
   expect_field_fail(PLAN_SEC_OPS, R_OP, 0, 8, 2, "op 0: kernel index 2 out of range");
-  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 6, "info: ids_tensor index 6 out of range");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 9, "info: ids_tensor index 9 out of range");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 1, "info: ids_tensor 1 has dtype f32, not i32");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 28, 2, "info: next_tensor 2 has dtype f32, not i32");
 
@@ -623,17 +672,187 @@ START_TEST(bad_fields) {
   size_t len;
   uint8_t *b = encode_fixture(&len);
   uint8_t *t = b + sec_at(b, PLAN_SEC_TENSORS) + 1 * R_TENSOR;
-  wr64(t + 24, 1ull << 40);
-  wr64(t + 32, 1ull << 40);
+  wr64(t + T_DIM, 1ull << 40);
+  wr64(t + T_DIM + 8, 1ull << 40);
   reseal(b, len);
   expect_fail(b, len, "tensor 1: shape overflows");
   /* An offset so large that offset + bytes wraps. */
   free(b);
   b = encode_fixture(&len);
-  wr64(b + sec_at(b, PLAN_SEC_TENSORS) + 1 * R_TENSOR + 64, UINT64_MAX - 8);
+  wr64(b + sec_at(b, PLAN_SEC_TENSORS) + 1 * R_TENSOR + T_OFFSET, UINT64_MAX - 8);
   reseal(b, len);
   expect_fail(b, len, "tensor 1: offset");
   free(b);
+}
+END_TEST
+
+/* Tensors 6 (a weight source on no device), 7 (its experts 3 and 1, rows
+ * 0..1) and 8 (a replica of tensor 1), damaged one rule at a time. */
+START_TEST(bad_views) {
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 7, T_VIEW_OF, 99,
+                    "plan.ds4p: tensor 7: view_of index 99 out of range (9 tensors)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 8, T_VIEW_OF, 2,
+                    "tensor 8: view of tensor 2, whose role is activation (not weight)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 8, T_VIEW_OF, 7,
+                    "tensor 8: view of tensor 7, which is itself a view (of tensor 6)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 8, T_VIEW_OF, 8,
+                    "tensor 8: view of tensor 8, which is itself a view (of tensor 8)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 3, T_VIEW_OF, 2,
+                    "tensor 3: a view (view_of 2) of role activation: only weights may be views");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, T_ROWS, 0,
+                    "tensor 1: rows 0 on a tensor that is not a view");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 7, T_ROWS, PLAN_NONE,
+                    "tensor 7: dim[0] is 2 but its source tensor 6 has 4 (a view without rows "
+                    "holds every source row)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 7, T_ROWS, 1,
+                    "tensor 7: rows [1, +2) out of range (2 rows)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 7, T_ROWS, 0xfffffffeu,
+                    "tensor 7: rows [4294967294, +2) out of range (2 rows)");
+  expect_field_fail(PLAN_SEC_ROWS, R_ROW, 0, 0, 4,
+                    "tensor 7: row 0 maps to row 4 of tensor 6, which has 4 rows");
+  expect_field_fail(PLAN_SEC_ROWS, R_ROW, 1, 0, PLAN_NONE,
+                    "tensor 7: row 1 maps to row 4294967295 of tensor 6");
+  /* Residency: only a weight that is not a view may have no device, and
+   * then it has no arena offset either. */
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 2, T_DEVICE, PLAN_NONE,
+                    "tensor 2: device none, but only a weight may be non-resident (role "
+                    "activation)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 8, T_DEVICE, PLAN_NONE,
+                    "tensor 8: device none, but a view must be resident (view of tensor 1)");
+  expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 6, T_OFFSET, 8,
+                    "tensor 6: non-resident (device none) but offset 8 (must be 0)");
+
+  /* Shape and dtype against the source, bytes kept consistent so that the
+   * view rule is what refuses them. */
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *t = record_at(b, PLAN_SEC_TENSORS, R_TENSOR, 7);
+  wr64(t + T_DIM + 8, 4); /* [2, 4] of a [4, 8] source */
+  wr64(t + T_BYTES, 32);
+  reseal(b, len);
+  expect_fail(b, len, "tensor 7: dim[1] is 4 but its source tensor 6 has 8");
+  free(b);
+
+  b = encode_fixture(&len);
+  t = record_at(b, PLAN_SEC_TENSORS, R_TENSOR, 8);
+  wr32(t + 8, PLAN_BF16);
+  wr64(t + T_BYTES, 64);
+  reseal(b, len);
+  expect_fail(b, len, "tensor 8: bf16 with ndim 2 but its source tensor 1 is f32 with ndim 2");
+  free(b);
+
+  b = encode_fixture(&len);
+  t = record_at(b, PLAN_SEC_TENSORS, R_TENSOR, 8);
+  wr32(t + 16, 3); /* [4, 8, 1]: same bytes, one more dim */
+  wr64(t + T_DIM + 16, 1);
+  reseal(b, len);
+  expect_fail(b, len, "tensor 8: f32 with ndim 3 but its source tensor 1 is f32 with ndim 2");
+  free(b);
+
+  /* A rows list needs a dim 0 to index. */
+  fixture f;
+  fixture_build(&f);
+  f.tensors[1].ndim = f.tensors[8].ndim = 0;
+  f.tensors[1].bytes = f.tensors[8].bytes = 4;
+  f.tensors[8].rows = 0;
+  uint8_t *bytes;
+  rt_status st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: tensor 8: rows 0 on a view with no dim 0");
+  rt_status_free(st);
+}
+END_TEST
+
+START_TEST(bad_args) {
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 5, A_TENSOR, 6,
+                    "plan.ds4p: arg 5: tensor 6 is not resident (device none)");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 0, A_BYTES, 0, "arg 0: an empty range (bytes 0)");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 3, A_OFFSET, 80,
+                    "arg 3: bytes [80, +64) run past the end of tensor 2 (128 bytes)");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 3, A_BYTES, 97,
+                    "arg 3: bytes [32, +97) run past the end of tensor 2 (128 bytes)");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 3, A_OFFSET, 34,
+                    "arg 3: bytes [34, +64) of tensor 2 split its f32 elements (4 bytes)");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 3, A_BYTES, 62,
+                    "arg 3: bytes [32, +62) of tensor 2 split its f32 elements (4 bytes)");
+  /* A launch reads only its own device's arena. */
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 2, A_TENSOR, 3,
+                    "command 0: arg 2 is tensor 3 of device 1, but the launch's stream 0 is on "
+                    "device 0");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 1, A_TENSOR, 8,
+                    "command 0: arg 1 is tensor 8 of device 1");
+
+  /* offset + bytes must not wrap around. */
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  wr64(record_at(b, PLAN_SEC_ARGS, R_ARG, 3) + A_OFFSET, UINT64_MAX - 8);
+  reseal(b, len);
+  expect_fail(b, len, "arg 3: bytes [18446744073709551607, +64) run past the end");
+  free(b);
+  b = encode_fixture(&len);
+  wr64(record_at(b, PLAN_SEC_ARGS, R_ARG, 3) + A_BYTES, UINT64_MAX);
+  reseal(b, len);
+  expect_fail(b, len, "arg 3: bytes [32, +18446744073709551615) run past the end");
+  free(b);
+}
+END_TEST
+
+/* The reserved word of an arg follows the format's rule for every reserved
+ * field: written as zero, ignored on read (a later minor may use it). */
+START_TEST(arg_reserved_ignored) {
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  ck_assert_uint_eq(rd32(record_at(b, PLAN_SEC_ARGS, R_ARG, 2) + A_RESERVED), 0);
+  uint8_t *m = malloc(len);
+  memcpy(m, b, len);
+  wr32(record_at(m, PLAN_SEC_ARGS, R_ARG, 2) + A_RESERVED, 7);
+  reseal(m, len);
+  plan d;
+  rt_status st = plan_decode("plan.ds4p", m, len, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  ck_assert_uint_eq(d.args[2].reserved, 0);
+  uint8_t *again;
+  size_t n;
+  ck_assert_ptr_null(plan_encode(&d, &again, &n));
+  ck_assert_uint_eq(n, len);
+  ck_assert_mem_eq(again, b, len);
+  free(again);
+  plan_free(&d);
+  free(m);
+  free(b);
+}
+END_TEST
+
+/* Command 3 copies args 3 -> 4 (h on device 0 into h@cpu1 on device 1) on
+ * stream 1 of device 0. */
+START_TEST(bad_copies) {
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 24, 1,
+                    "plan.ds4p: command 3: copy with nargs 1 (must be 2: source, destination)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 24, 3, "command 3: copy with nargs 3");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 20, 6,
+                    "command 3: args range [6, +2) out of range (7 args)");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 12, 2,
+                    "command 3: copy with a 2 and b 4294967295 (both must be none");
+  expect_field_fail(PLAN_SEC_COMMANDS, R_CMD, 3, 16, 3,
+                    "command 3: copy with a 4294967295 and b 3");
+  expect_field_fail(PLAN_SEC_OPS, R_OP, 1, 8, 0, "command 3: copy of op 1, which has kernel 0");
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 4, A_BYTES, 32,
+                    "command 3: copy of 64 bytes (arg 3) into 32 bytes (arg 4)");
+  /* From device 1 to device 1, on a stream of device 0. */
+  expect_field_fail(PLAN_SEC_ARGS, R_ARG, 3, A_TENSOR, 3,
+                    "command 3: copy from device 1 to device 1 on stream 1 of device 0 (a copy "
+                    "runs on a stream of its source's or its destination's device)");
+
+  /* The same copy on the destination's side is valid too. */
+  fixture f;
+  fixture_build(&f);
+  f.ops[1].stream = 2;
+  f.commands[3].stream = 2;
+  uint8_t *bytes;
+  size_t len;
+  rt_status st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  free(bytes);
 }
 END_TEST
 
@@ -685,7 +904,7 @@ START_TEST(encode_refuses_invalid) {
   f.p.tensors = NULL;
   st = plan_encode(&f.p, &bytes, &len);
   ck_assert_ptr_nonnull(st);
-  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "tensors: 6 records but no array"));
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(st), "tensors: 9 records but no array"));
   rt_status_free(st);
 
   fixture_build(&f);
@@ -810,6 +1029,10 @@ int main(void) {
   tcase_add_test(tc, bad_header);
   tcase_add_test(tc, bad_sections);
   tcase_add_test(tc, bad_fields);
+  tcase_add_test(tc, bad_views);
+  tcase_add_test(tc, bad_args);
+  tcase_add_test(tc, arg_reserved_ignored);
+  tcase_add_test(tc, bad_copies);
   tcase_add_test(tc, every_byte_flip);
   tcase_add_test(tc, encode_refuses_invalid);
   tcase_add_test(tc, write_and_read);

@@ -66,7 +66,8 @@ typedef struct tb {
   plan_kernel kernels[16];
   plan_op ops[64];
   plan_command commands[128];
-  uint32_t args[256];
+  plan_arg args[256];
+  uint32_t rows[64];
   char dir[64];
 } tb;
 
@@ -92,6 +93,7 @@ static void tb_init(tb *b) {
   p->ops = b->ops;
   p->commands = b->commands;
   p->args = b->args;
+  p->rows = b->rows;
   tb_str(b, "");
   p->info.model = tb_str(b, "test-model");
   p->info.schedule = tb_str(b, "test-schedule");
@@ -127,21 +129,52 @@ static uint32_t tb_stream(tb *b, const char *name, uint32_t dev) {
   return b->p.nstreams++;
 }
 
-static uint32_t tb_tensor(tb *b, const char *name, uint32_t dtype, uint32_t role, uint32_t dev,
-                          uint64_t n) {
+/* A tensor of the given shape; on device PLAN_NONE it takes no arena. */
+static uint32_t tb_tensor_nd(tb *b, const char *name, uint32_t dtype, uint32_t role, uint32_t dev,
+                             uint32_t ndim, const uint64_t *dims) {
   plan_tensor *t = &b->tensors[b->p.ntensors];
   t->name = tb_str(b, name);
   t->checkpoint = PLAN_NONE;
   t->dtype = dtype;
   t->role = role;
-  t->ndim = 1;
-  t->dim[0] = n;
+  t->ndim = ndim;
   t->device = dev;
-  t->bytes = n * plan_dtype_size(dtype);
-  t->offset = b->devices[dev].arena_bytes;
+  t->view_of = PLAN_NONE;
+  t->rows = PLAN_NONE;
+  t->bytes = plan_dtype_size(dtype);
+  for (uint32_t d = 0; d < ndim; d++) {
+    t->dim[d] = dims[d];
+    t->bytes *= dims[d];
+  }
   t->init_scale = 1.0;
-  b->devices[dev].arena_bytes += (t->bytes + 63) & ~(uint64_t)63;
+  if (dev != PLAN_NONE) {
+    t->offset = b->devices[dev].arena_bytes;
+    b->devices[dev].arena_bytes += (t->bytes + 63) & ~(uint64_t)63;
+  }
   return b->p.ntensors++;
+}
+
+static uint32_t tb_tensor(tb *b, const char *name, uint32_t dtype, uint32_t role, uint32_t dev,
+                          uint64_t n) {
+  return tb_tensor_nd(b, name, dtype, role, dev, 1, &n);
+}
+
+/* A view on dev of weight src: rows[0..nrows) of src, or every row of it
+ * (a replica) when rows is NULL. */
+static uint32_t tb_view(tb *b, const char *name, uint32_t src, uint32_t dev, const uint32_t *rows,
+                        uint32_t nrows) {
+  uint64_t dims[PLAN_MAXDIM];
+  memcpy(dims, b->tensors[src].dim, sizeof dims);
+  if (rows) dims[0] = nrows;
+  uint32_t v = tb_tensor_nd(b, name, b->tensors[src].dtype, PLAN_WEIGHT, dev,
+                            b->tensors[src].ndim, dims);
+  b->tensors[v].view_of = src;
+  if (rows) {
+    b->tensors[v].rows = b->p.nrows;
+    memcpy(b->rows + b->p.nrows, rows, nrows * sizeof *rows);
+    b->p.nrows += nrows;
+  }
+  return v;
 }
 
 static uint32_t tb_kernel(tb *b, const char *sym, uint32_t grid, uint32_t nbufs) {
@@ -173,23 +206,45 @@ static uint32_t tb_op(tb *b, uint32_t stream, uint32_t kernel) {
   return b->p.nops++;
 }
 
+/* Bytes [offset, offset + bytes) of tensor t, as the next ARGS entry. */
+static uint32_t tb_arg(tb *b, uint32_t t, uint64_t offset, uint64_t bytes) {
+  b->args[b->p.nargs] = (plan_arg){.tensor = t, .offset = offset, .bytes = bytes};
+  return b->p.nargs++;
+}
+
+static uint32_t tb_whole(tb *b, uint32_t t) { return tb_arg(b, t, 0, b->tensors[t].bytes); }
+
+/* A launch of kernel on the kernel's nbufs args from `begin` on. */
+static void tb_launch_args(tb *b, uint32_t stream, uint32_t kernel, uint32_t begin) {
+  uint32_t c = tb_cmd(b, PLAN_CMD_LAUNCH, stream, tb_op(b, stream, kernel), kernel, PLAN_NONE);
+  b->commands[c].args_begin = begin;
+  b->commands[c].nargs = b->kernels[kernel].nbufs;
+}
+
+/* A launch on whole tensors t0, t1, t2 (as many as the kernel takes). */
 static void tb_launch(tb *b, uint32_t stream, uint32_t kernel, uint32_t t0, uint32_t t1,
                       uint32_t t2) {
-  uint32_t nb = b->kernels[kernel].nbufs;
   uint32_t ts[3] = {t0, t1, t2};
   uint32_t begin = b->p.nargs;
-  for (uint32_t i = 0; i < nb; i++) b->args[b->p.nargs++] = ts[i];
-  uint32_t c = tb_cmd(b, PLAN_CMD_LAUNCH, stream, tb_op(b, stream, kernel), kernel, 0);
+  for (uint32_t i = 0; i < b->kernels[kernel].nbufs; i++) tb_whole(b, ts[i]);
+  tb_launch_args(b, stream, kernel, begin);
+}
+
+/* A copy from arg `begin` into arg `begin + 1`. */
+static void tb_copy_args(tb *b, uint32_t stream, uint32_t begin) {
+  uint32_t c = tb_cmd(b, PLAN_CMD_COPY, stream, tb_op(b, stream, PLAN_NONE), PLAN_NONE, PLAN_NONE);
   b->commands[c].args_begin = begin;
-  b->commands[c].nargs = nb;
+  b->commands[c].nargs = 2;
 }
 
 static void tb_copy(tb *b, uint32_t stream, uint32_t src, uint32_t dst) {
-  tb_cmd(b, PLAN_CMD_COPY, stream, tb_op(b, stream, PLAN_NONE), src, dst);
+  uint32_t begin = tb_whole(b, src);
+  tb_whole(b, dst);
+  tb_copy_args(b, stream, begin);
 }
 
 static uint32_t tb_record(tb *b, uint32_t stream) {
-  return tb_cmd(b, PLAN_CMD_RECORD, stream, PLAN_NONE, b->p.info.nevents++, 0);
+  return tb_cmd(b, PLAN_CMD_RECORD, stream, PLAN_NONE, b->p.info.nevents++, PLAN_NONE);
 }
 
 static void tb_wait(tb *b, uint32_t stream, uint32_t record) {
@@ -386,6 +441,45 @@ START_TEST(two_devices_copy_wait) {
     step_ok(bd, k, 1, k);
     expect_f32(bd, y1, 2.0f, 4.0f, (float)(1000 * k));
     expect_f32(bd, z0, 2.0f, 5.0f, (float)(1000 * k));
+  }
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* Launch args and copies address byte ranges, not whole tensors: t_inc
+ * reads the second half of x and writes the middle third of y, then a copy
+ * moves that third to the front of z. Bytes outside the ranges stay zero. */
+START_TEST(arg_offsets) {
+  tb b;
+  tb_init(&b);
+  uint32_t d = tb_device(&b, "cpu0", 1), s = tb_stream(&b, "main", d);
+  tb_io(&b);
+  uint32_t x = tb_tensor(&b, "x", PLAN_F32, PLAN_INPUT, d, 2 * N);
+  uint32_t y = tb_tensor(&b, "y", PLAN_F32, PLAN_OUTPUT, d, 3 * N);
+  uint32_t z = tb_tensor(&b, "z", PLAN_F32, PLAN_OUTPUT, d, 2 * N);
+  const uint64_t part = N * sizeof(float);
+  uint32_t begin = tb_arg(&b, x, part, part);
+  tb_arg(&b, y, part, part);
+  tb_launch_args(&b, s, tb_kernel(&b, "t_inc", 1, 2), begin);
+  begin = tb_arg(&b, y, part, part);
+  tb_arg(&b, z, 0, part);
+  tb_copy_args(&b, s, begin);
+  tb_write(&b);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  float xs[2 * N], ys[3 * N], zs[2 * N];
+  for (int i = 0; i < 2 * N; i++) xs[i] = (float)(1000 + i);
+  ck_assert_ptr_null(rt_tensor_write(bd, x, xs, sizeof xs));
+  step_ok(bd, 0, 1, 0);
+  ck_assert_ptr_null(rt_tensor_read(bd, y, ys, sizeof ys));
+  ck_assert_ptr_null(rt_tensor_read(bd, z, zs, sizeof zs));
+  for (int i = 0; i < 3 * N; i++) {
+    float want = i >= N && i < 2 * N ? xs[i] + 1.0f : 0.0f;
+    ck_assert_msg(ys[i] == want, "y[%d]: got %g, want %g", i, (double)ys[i], (double)want);
+  }
+  for (int i = 0; i < 2 * N; i++) {
+    float want = i < N ? xs[N + i] + 1.0f : 0.0f;
+    ck_assert_msg(zs[i] == want, "z[%d]: got %g, want %g", i, (double)zs[i], (double)want);
   }
   rt_bundle_close(bd);
   tb_cleanup(&b);
@@ -654,6 +748,68 @@ START_TEST(init_values) {
 }
 END_TEST
 
+/* A view holds exactly its source's generated bytes at the mapped rows: an
+ * expert-style slice (experts 3, 0, 2) of a source on no device, and a
+ * replica (no rows) on another device of a resident bf16 weight. */
+START_TEST(weight_views) {
+  enum { E = 4, ROW = 3 * 5 }; /* experts of [3, 5] values each */
+  tb b;
+  tb_init(&b);
+  uint32_t d0 = tb_device(&b, "cpu0", 1), d1 = tb_device(&b, "cpu1", 1);
+  tb_stream(&b, "main", d0);
+  tb_io(&b);
+  const uint64_t edims[] = {E, 3, 5}, wdims[] = {6, 7};
+  uint32_t experts =
+      tb_tensor_nd(&b, "layers.0.experts", PLAN_F32, PLAN_WEIGHT, PLAN_NONE, 3, edims);
+  b.tensors[experts].init_offset = 0.5;
+  b.tensors[experts].init_scale = 2.0;
+  uint32_t w = tb_tensor_nd(&b, "layers.0.w", PLAN_BF16, PLAN_WEIGHT, d0, 2, wdims);
+  b.tensors[w].init_scale = 3.0;
+  const uint32_t owned[3] = {3, 0, 2};
+  uint32_t slice = tb_view(&b, "layers.0.experts@cpu1", experts, d1, owned, 3);
+  uint32_t replica = tb_view(&b, "layers.0.w@cpu1", w, d1, NULL, 0);
+  tb_write(&b);
+  rt_options opts = {.weight_seed = 5};
+  rt_bundle *bd;
+  rt_status s = rt_bundle_open(b.dir, &opts, &bd);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+  const plan *p = rt_bundle_plan(bd);
+
+  float got[3 * ROW];
+  ck_assert_ptr_null(rt_tensor_read(bd, slice, got, sizeof got));
+  for (uint32_t r = 0; r < 3; r++)
+    for (uint32_t k = 0; k < ROW; k++) {
+      double want = rt_init_value(p, experts, 5, owned[r] * ROW + k);
+      ck_assert_msg(got[r * ROW + k] == (float)want, "slice row %u [%u]: got %g, want %g", r, k,
+                    (double)got[r * ROW + k], want);
+      ck_assert(rt_init_value(p, slice, 5, r * ROW + k) == want);
+    }
+  /* Row 0 is expert 3, not expert 0: the rows list is honoured. */
+  ck_assert(got[0] != (float)rt_init_value(p, experts, 5, 0));
+
+  uint16_t src[6 * 7], rep[6 * 7];
+  ck_assert_ptr_null(rt_tensor_read(bd, w, src, sizeof src));
+  ck_assert_ptr_null(rt_tensor_read(bd, replica, rep, sizeof rep));
+  ck_assert_mem_eq(src, rep, sizeof src);
+  for (uint64_t i = 0; i < 6 * 7; i++)
+    ck_assert(rt_init_value(p, replica, 5, i) == rt_init_value(p, w, 5, i));
+
+  /* The source has no device: no host copies in or out. */
+  s = rt_tensor_read(bd, experts, got, sizeof(float));
+  ck_assert_ptr_nonnull(s);
+  ck_assert_str_eq(rt_status_msg(s), "rt_tensor_read: tensor layers.0.experts is not resident "
+                                     "(device none): its values live only in its views");
+  rt_status_free(s);
+  s = rt_tensor_write(bd, experts, got, sizeof(float));
+  ck_assert_ptr_nonnull(s);
+  ck_assert_ptr_nonnull(strstr(rt_status_msg(s), "rt_tensor_write: tensor layers.0.experts is "
+                                                 "not resident"));
+  rt_status_free(s);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
 /* ---- rt_generate ------------------------------------------------------- */
 
 typedef struct seen_steps {
@@ -874,6 +1030,7 @@ static Suite *runtime_suite(void) {
   tcase_add_test(t, chain_one_stream);
   tcase_add_test(t, two_streams_record_wait);
   tcase_add_test(t, two_devices_copy_wait);
+  tcase_add_test(t, arg_offsets);
   tcase_add_test(t, grid_spreads_over_threads);
   tcase_add_test(t, fault_poisons_step);
   tcase_add_test(t, close_without_steps);
@@ -884,6 +1041,7 @@ static Suite *runtime_suite(void) {
   tcase_add_test(o, codeobj_load_errors);
   tcase_add_test(o, backend_lookup);
   tcase_add_test(o, init_values);
+  tcase_add_test(o, weight_views);
   suite_add_tcase(s, o);
   TCase *g = tcase_create("generate");
   tcase_set_timeout(g, 120);

@@ -1,10 +1,15 @@
 /* moe_experts host kernel template: for slot (t, j) with expert e = idx[t,j]
- * in [EBEGIN, EEND), slots[t,j] = (silu(x[t].w1[e]^T) * (x[t].w3[e]^T)) .
- * w2[e]^T; other slots are zero. kgen_host prepends <stdint.h>, <math.h> and
- * the defines T, TOPK, E, H, F, EBEGIN, EEND, GRID and KERNEL_NAME; grid: one
- * block per (token slot, choice), T*TOPK. */
+ * held by this launch (r = expert_rows[e] >= 0), slots[t,j] =
+ * (silu(x[t].w1[r]^T) * (x[t].w3[r]^T)) . w2[r]^T; every other slot is
+ * zero, so the parts of a split expert op sum to the unsplit result bit
+ * for bit (a slot's accumulator starts at +0 and is never -0). kgen_host
+ * prepends <stdint.h>, <math.h> and the defines T, TOPK, E (rows held),
+ * NEXPERTS, EXPERT_ROWS, H, F, GRID and KERNEL_NAME; grid: one block per
+ * (token slot, choice), T*TOPK. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
@@ -19,17 +24,18 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   int64_t t = block / TOPK;
   float *out = slots + (int64_t)block * H;
-  /* Experts of other owners, dead rows and ids outside [0, E) (never read
-   * out of bounds) leave a zero slot. EBEGIN/EEND lie inside [0, E]. */
+  /* Experts of other launches, dead rows and ids outside [0, NEXPERTS)
+   * (never read out of bounds) leave a zero slot. */
   int64_t e = t < ntok ? idx[block] : -1;
-  if (e < EBEGIN || e >= EEND) {
+  int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
+  if (r < 0) {
     for (int64_t c = 0; c < H; c++)
       out[c] = 0.0f;
     return;
   }
   const float *xr = x + t * H;
-  const float *w1e = w1 + e * (F * H), *w3e = w3 + e * (F * H);
-  const float *w2e = w2 + e * (H * F);
+  const float *w1e = w1 + r * (F * H), *w3e = w3 + r * (F * H);
+  const float *w2e = w2 + r * (H * F);
   float act[F];
   for (int64_t f = 0; f < F; f++) {
     float g = 0.0f, u = 0.0f;
