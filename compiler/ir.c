@@ -210,7 +210,7 @@ void ir_print(const ir_prog *p, FILE *f) {
       if (len != p->tensors[ir_operand_tensor(op, j)].bytes)
         fprintf(f, "@%lld+%lld", (long long)off, (long long)len);
     }
-    fprintf(f, " stream %d rank %d\n", op->stream, op->rank);
+    fprintf(f, " stream %d rank %d cost %.3gus\n", op->stream, op->rank, op->cost * 1e6);
   }
   for (int i = 0; i < p->nedges; i++) {
     static const char *hz[] = {"raw", "war", "waw"};

@@ -264,6 +264,32 @@ START_TEST(hotcold_cold_input_goes_first) {
     ck_assert_msg(command_of(&pl, h2) < command_of(&pl, hot), "layer %d: %s after %s", l, h2, hot);
   }
   plan_free(&pl);
+
+  /* Swap the two cost profiles: the hot side becomes the longer pole and
+   * its experts now go before the cold side's input copy. */
+  size_t n;
+  char *text = (char *)slurp("schedules/tiny-hotcold.yaml", &n), sched[600];
+  text[n] = 0;
+  static const char hot[] = "bandwidth: 2.0e10, flops: 5.0e10, launch: 2.0e-6";
+  static const char cold[] = "bandwidth: 4.0e9, flops: 2.0e9, launch: 5.0e-6";
+  char *h = strstr(text, hot), *c = strstr(text, cold);
+  ck_assert_msg(h && c && h < c, "tiny-hotcold's cost profiles changed; update this test");
+  char *swapped = malloc(n + 1);
+  ck_assert_ptr_nonnull(swapped);
+  snprintf(swapped, n + 1, "%.*s%s%.*s%s%s", (int)(h - text), text, cold, (int)(c - h - strlen(hot)),
+           h + strlen(hot), hot, c + strlen(cold));
+  free(text);
+  text = swapped;
+  snprintf(sched, sizeof sched, "%s/swapped.yaml", tmpl);
+  FILE *f = fopen(sched, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  ck_assert_int_eq(fclose(f), 0);
+  free(text);
+  snprintf(out, sizeof out, "%s/swapped", tmpl);
+  compile_to(sched, out, &pl);
+  ck_assert_int_lt(command_of(&pl, "layers.0.ffn.experts[0:6]"), command_of(&pl, "copy.layers.0.sel@cold"));
+  plan_free(&pl);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
   ck_assert_int_eq(system(cmd), 0);
