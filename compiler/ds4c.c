@@ -3,13 +3,16 @@
 #include <string.h>
 
 #include "pipeline.h"
+#include "plan.h"
 
 static const char usage[] =
     "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target host] [--dump-after PASS|all]\n"
     "\n"
     "Compiles a model and a schedule description into BUNDLE/: plan.ds4p (the\n"
     "binary launch plan), plan.txt (its canonical text, for review) and\n"
-    "kernels/ (generated kernel sources and the code objects built from them).\n"
+    "kernels/ (generated kernel sources and the code objects built from them),\n"
+    "then prints one line: the plan's launches, copies, records and waits, and\n"
+    "each device's arena.\n"
     "\n"
     "  -o BUNDLE          output folder; replaced only when the compile succeeds\n"
     "  --target LIST      code object targets; this build supports: host\n"
@@ -20,6 +23,29 @@ static const char usage[] =
 static int bad_usage(const char *why) {
   fprintf(stderr, "ds4c: error: %s\n%s", why, usage);
   return 64;
+}
+
+/* One line a reviewer reads after every compile: the plan's commands and
+ * each device's arena, read back from the bundle just written. */
+static int report(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/plan.ds4p", dir);
+  plan p;
+  rt_status st = plan_read(path, &p);
+  if (st) {
+    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
+    rt_status_free(st);
+    return 1;
+  }
+  uint32_t n[4] = {0, 0, 0, 0};
+  for (uint32_t i = 0; i < p.ncommands; i++) n[p.commands[i].kind]++;
+  printf("ds4c: %s: %u launches, %u copies, %u records, %u waits on %u streams; arenas:", dir,
+         n[PLAN_CMD_LAUNCH], n[PLAN_CMD_COPY], n[PLAN_CMD_RECORD], n[PLAN_CMD_WAIT], p.nstreams);
+  for (uint32_t i = 0; i < p.ndevices; i++)
+    printf(" %s %llu bytes%s", plan_str(&p, p.devices[i].name), (unsigned long long)p.devices[i].arena_bytes,
+           i + 1 < p.ndevices ? "," : "\n");
+  plan_free(&p);
+  return 0;
 }
 
 static int cmd_compile(int argc, char **argv) {
@@ -52,7 +78,7 @@ static int cmd_compile(int argc, char **argv) {
     else fprintf(stderr, "ds4c: error: %s\n", d.msg);
     return 1;
   }
-  return 0;
+  return report(o.out_dir);
 }
 
 int main(int argc, char **argv) {
