@@ -296,6 +296,55 @@ START_TEST(hotcold_cold_input_goes_first) {
 }
 END_TEST
 
+/* Is there an edge from -> to on tensor t with this hazard? */
+static int has_edge(const ir_prog *p, const char *from, const char *to, const char *t, int hazard) {
+  int a = ir_find_op(p, from), b = ir_find_op(p, to), x = ir_find_tensor(p, t);
+  ck_assert_msg(a >= 0 && b >= 0 && x >= 0, "no %s, %s or %s", from, to, t);
+  for (int i = 0; i < p->nedges; i++)
+    if (p->edges[i].from == a && p->edges[i].to == b && p->edges[i].tensor == x && p->edges[i].hazard == hazard)
+      return 1;
+  return 0;
+}
+
+static int linked(const ir_prog *p, const char *x, const char *y) {
+  int a = ir_find_op(p, x), b = ir_find_op(p, y);
+  ck_assert_msg(a >= 0 && b >= 0, "no %s or %s", x, y);
+  for (int i = 0; i < p->nedges; i++)
+    if ((p->edges[i].from == a && p->edges[i].to == b) || (p->edges[i].from == b && p->edges[i].to == a)) return 1;
+  return 0;
+}
+
+/* A state read, overwritten twice and read again gives all three hazards. */
+START_TEST(state_hazards) {
+  ds4c_options o = {.model_path = "tests/cases/deps/hazards.yaml",
+                    .sched_path = "tests/cases/compile/one-cpu.sched.yaml"};
+  ir_prog *p;
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ck_assert(has_edge(p, "net.r1", "net.w1", "net.s", PLAN_WAR));
+  ck_assert(has_edge(p, "net.r1", "net.w2", "net.s", PLAN_WAR));
+  ck_assert(has_edge(p, "net.w1", "net.w2", "net.s", PLAN_WAW));
+  ck_assert(has_edge(p, "net.w2", "net.r2", "net.s", PLAN_RAW));
+  ck_assert(!linked(p, "net.r1", "net.r2")); /* two reads never conflict */
+  ds4c_prog_free(p);
+}
+END_TEST
+
+/* The hot experts and the copy of the cold part write disjoint rows of one
+ * tensor: no edge between them, and the merge reads after both. */
+START_TEST(disjoint_rows_do_not_conflict) {
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-hotcold.yaml"};
+  ir_prog *p;
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  const char *hot = "layers.0.ffn.experts[0:6]", *back = "copy.layers.0.slots.parts[4:8]@cold";
+  ck_assert(!linked(p, hot, back));
+  ck_assert(has_edge(p, hot, "layers.0.ffn.experts.merge", "layers.0.slots.parts", PLAN_RAW));
+  ck_assert(has_edge(p, back, "layers.0.ffn.experts.merge", "layers.0.slots.parts", PLAN_RAW));
+  ds4c_prog_free(p);
+}
+END_TEST
+
 /* Each op's position on its stream, by path: the order a plan gives. */
 static int same_order(const plan *a, const plan *b) {
   for (uint32_t i = 0; i < a->ncommands; i++) {
@@ -385,6 +434,8 @@ int main(void) {
   tcase_add_test(tc, hotcold_memory_plan);
   tcase_add_test(tc, hotcold_cold_input_goes_first);
   tcase_add_test(tc, early_resolve_changes_order_only);
+  tcase_add_test(tc, state_hazards);
+  tcase_add_test(tc, disjoint_rows_do_not_conflict);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);
