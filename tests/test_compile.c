@@ -17,6 +17,15 @@ static void setup(void) {
   ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
 }
 
+/* The IR of a model and schedule, through verify. */
+static ir_prog *build(const char *model, const char *sched) {
+  ds4c_options o = {.model_path = model, .sched_path = sched};
+  ir_prog *p;
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  return p;
+}
+
 static unsigned char *slurp(const char *path, size_t *out_len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
@@ -131,10 +140,7 @@ END_TEST
 static const char *const multi_stream[] = {"schedules/tiny-streams.yaml", "schedules/tiny-hotcold.yaml"};
 
 START_TEST(every_wait_is_necessary) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = multi_stream[_i]};
-  ir_prog *p;
-  dsl_diag d = {0};
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ir_prog *p = build("models/tiny-moe.yaml", multi_stream[_i]);
   int n = p->ncmds, nwaits = 0;
   ir_cmd *orig = malloc((size_t)n * sizeof *orig);
   memcpy(orig, p->cmds, (size_t)n * sizeof *orig);
@@ -168,10 +174,7 @@ END_TEST
 /* Two tensors live at once on different streams placed on the same bytes:
  * the verifier refuses the plan and names both ops and tensors. */
 START_TEST(overlapping_live_tensors_are_refused) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-streams.yaml"};
-  ir_prog *p;
-  dsl_diag d = {0};
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ir_prog *p = build("models/tiny-moe.yaml", "schedules/tiny-streams.yaml");
   int a = ir_find_tensor(p, "layers.0.slots"), b = ir_find_tensor(p, "layers.0.shared_out");
   ck_assert_int_ge(a, 0);
   ck_assert_int_ge(b, 0);
@@ -190,10 +193,7 @@ END_TEST
  * share bytes), and placing h2 on the rows of the slots' parts that the
  * cold side's copy writes while the hot experts read h2 is refused. */
 START_TEST(hotcold_memory_plan) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-hotcold.yaml"};
-  ir_prog *p;
-  dsl_diag d = {0};
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ir_prog *p = build("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml");
   ck_assert_int_eq(p->ndevices, 2);
   int64_t arenas = 0, tensors = 0;
   for (int i = 0; i < p->ndevices; i++) arenas += p->devices[i].arena_bytes;
@@ -316,11 +316,7 @@ static int linked(const ir_prog *p, const char *x, const char *y) {
 
 /* A state read, overwritten twice and read again gives all three hazards. */
 START_TEST(state_hazards) {
-  ds4c_options o = {.model_path = "tests/cases/deps/hazards.yaml",
-                    .sched_path = "tests/cases/compile/one-cpu.sched.yaml"};
-  ir_prog *p;
-  dsl_diag d = {0};
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ir_prog *p = build("tests/cases/deps/hazards.yaml", "tests/cases/compile/one-cpu.sched.yaml");
   ck_assert(has_edge(p, "net.r1", "net.w1", "net.s", PLAN_WAR));
   ck_assert(has_edge(p, "net.r1", "net.w2", "net.s", PLAN_WAR));
   ck_assert(has_edge(p, "net.w1", "net.w2", "net.s", PLAN_WAW));
@@ -333,10 +329,7 @@ END_TEST
 /* The hot experts and the copy of the cold part write disjoint rows of one
  * tensor: no edge between them, and the merge reads after both. */
 START_TEST(disjoint_rows_do_not_conflict) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-hotcold.yaml"};
-  ir_prog *p;
-  dsl_diag d = {0};
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  ir_prog *p = build("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml");
   const char *hot = "layers.0.ffn.experts[0:6]", *back = "copy.layers.0.slots.parts[4:8]@cold";
   ck_assert(!linked(p, hot, back));
   ck_assert(has_edge(p, hot, "layers.0.ffn.experts.merge", "layers.0.slots.parts", PLAN_RAW));
