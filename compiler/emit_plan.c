@@ -51,7 +51,14 @@ static uint32_t intern(strtab *t, const char *s) {
   return t->len - n;
 }
 
-#define ALLOC(ptr, count) ((ptr) = calloc((size_t)(count) ? (size_t)(count) : 1, sizeof *(ptr)))
+/* A zeroed array of the plan (at least one element, so never NULL); the
+ * compiler treats exhausted memory as fatal, like ir_xrealloc. */
+static void *alloc_zeroed(int64_t count, size_t size) {
+  void *q = calloc(count > 0 ? (size_t)count : 1, size);
+  if (!q) ir_out_of_memory();
+  return q;
+}
+#define ALLOC(ptr, count) ((ptr) = alloc_zeroed((count), sizeof *(ptr)))
 
 /* The bytes one operand covers. */
 static plan_arg arg_of(const ir_prog *p, const ir_op *op, int slot) {

@@ -6,12 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+void ir_out_of_memory(void) {
+  fputs("ds4c: error: out of memory\n", stderr);
+  abort();
+}
+
 void *ir_xrealloc(void *ptr, size_t n) {
   void *q = realloc(ptr, n ? n : 1);
-  if (!q) {
-    fputs("ds4c: error: out of memory\n", stderr);
-    abort();
-  }
+  if (!q) ir_out_of_memory();
   return q;
 }
 

@@ -184,5 +184,6 @@ char *ir_strdup(const char *s);
 /* Path globs: '*' matches any run of characters, dots included; '?' one. */
 int ir_glob_match(const char *glob, const char *path);
 void *ir_xrealloc(void *ptr, size_t n); /* aborts only on allocation failure */
+_Noreturn void ir_out_of_memory(void);  /* the message, then abort */
 
 #endif

@@ -203,6 +203,8 @@ static void bundle_free(rt_bundle *b) {
   free(b->tensor_ptr);
   free(b->bufs);
   free(b->enqueued);
+  free(b->trace_start);
+  free(b->trace_end);
   if (b->sync_ready) rt_sync_destroy(&b->sync);
   if (b->plan_loaded) plan_free(&b->p);
   free(b->dir);
@@ -287,11 +289,25 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
   return NULL;
 }
 
+/* Launches and copies are the commands that get timestamps under trace. */
+static int is_timed(const plan_command *c) {
+  return c->kind == PLAN_CMD_LAUNCH || c->kind == PLAN_CMD_COPY;
+}
+
+/* The resolved commands plan command c becomes: itself, plus a timestamp
+ * before and after when it is timed. */
+static uint32_t resolved_count(const rt_bundle *b, const plan_command *c) {
+  return b->trace_start && is_timed(c) ? 3 : 1;
+}
+
 static rt_status open_streams_events(rt_bundle *b) {
   const plan *p = &b->p;
   uint32_t *per_stream = calloc(p->nstreams ? p->nstreams : 1, sizeof *per_stream);
   if (!per_stream) return rt_status_make("out of memory");
-  for (uint32_t i = 0; i < p->ncommands; i++) per_stream[p->commands[i].stream]++;
+  /* Room for a whole step, timestamps included: a submitter that waited for
+   * room could otherwise hold back a record its own stream waits on. */
+  for (uint32_t i = 0; i < p->ncommands; i++)
+    per_stream[p->commands[i].stream] += resolved_count(b, &p->commands[i]);
   rt_status s = NULL;
   for (uint32_t i = 0; i < p->nstreams && !s; i++) {
     rt_dev *v = &b->devs[p->streams[i].device];
@@ -346,13 +362,24 @@ static void *arg_ptr(const rt_bundle *b, uint32_t arg) {
   return (uint8_t *)b->tensor_ptr[a->tensor] + a->offset;
 }
 
-/* Every command becomes an rt_cmd on its device's list, in global order. */
+/* A timestamp into slot `stamp`, on the stream of plan command i. */
+static void add_timestamp(rt_dev *v, rt_stream *stream, uint32_t i, uint64_t *stamp) {
+  rt_cmd *r = &v->cmds[v->ncmds++];
+  r->kind = RT_CMD_TIMESTAMP;
+  r->index = i;
+  r->after = PLAN_NONE;
+  r->stream = stream;
+  r->stamp = stamp;
+}
+
+/* Every command becomes an rt_cmd on its device's list, in global order;
+ * under trace, each launch and copy sits between two timestamps. */
 static rt_status resolve_commands(rt_bundle *b) {
   const plan *p = &b->p;
   uint64_t nbufs = 0;
   for (uint32_t i = 0; i < p->ncommands; i++) {
     const plan_command *c = &p->commands[i];
-    b->devs[p->streams[c->stream].device].ncmds++;
+    b->devs[p->streams[c->stream].device].ncmds += resolved_count(b, c);
     if (c->kind == PLAN_CMD_LAUNCH) nbufs += c->nargs;
   }
   b->bufs = calloc(nbufs ? nbufs : 1, sizeof *b->bufs);
@@ -386,6 +413,9 @@ static rt_status resolve_commands(rt_bundle *b) {
     const plan_command *c = &p->commands[i];
     uint32_t d = p->streams[c->stream].device;
     rt_dev *v = &b->devs[d];
+    int timed = b->trace_start && is_timed(c);
+    /* After the command's waits, which precede it on its stream. */
+    if (timed) add_timestamp(v, b->streams[c->stream], i, &b->trace_start[i]);
     rt_cmd *r = &v->cmds[v->ncmds++];
     r->kind = c->kind;
     r->index = i;
@@ -413,6 +443,7 @@ static rt_status resolve_commands(rt_bundle *b) {
       if (b->event_dev[c->a] != d) r->after = c->b;
       break;
     }
+    if (timed) add_timestamp(v, b->streams[c->stream], i, &b->trace_end[i]);
   }
   free(publish);
   if (err) return err;
@@ -467,6 +498,12 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   if (!b->devs || !b->streams || !b->events || !b->event_dev || !b->modules || !b->kernels ||
       !b->tensor_ptr)
     return rt_status_make("out of memory");
+  if (opts && opts->trace) {
+    /* Zero stays in the slots of commands that are not timed. */
+    b->trace_start = calloc(p->ncommands ? p->ncommands : 1, sizeof *b->trace_start);
+    b->trace_end = calloc(p->ncommands ? p->ncommands : 1, sizeof *b->trace_end);
+    if (!b->trace_start || !b->trace_end) return rt_status_make("out of memory");
+  }
   RT_TRY(open_devices(b, opts, fault));
   RT_TRY(fill_weights(b));
   RT_TRY(open_streams_events(b));

@@ -1,7 +1,8 @@
 /* replay.c - one step of the static plan: upload the step block, let each
  * device's submitter enqueue that device's resolved commands (honouring the
  * plan's enqueue-after constraints across devices), then wait for the
- * streams. No dependency resolution happens here; bundle.c did it all. */
+ * streams. No dependency resolution happens here; bundle.c did it all,
+ * timestamps included when the bundle traces. */
 #include <string.h>
 
 #include "rt_impl.h"
@@ -47,6 +48,9 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
       }
       s = be->event_wait(c->stream, c->event, gen);
       break;
+    case RT_CMD_TIMESTAMP:
+      s = be->timestamp(c->stream, c->stamp);
+      break;
     }
   }
   if (s) rt_sync_poison(&b->sync, s);
@@ -75,6 +79,7 @@ void *rt_submitter_main(void *arg) {
 rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   const plan *p = &b->p;
   int32_t block[4] = {step[0], step[1], step[2], 0};
+  b->trace_valid = 0;
   /* The previous step drained every stream, so the block can be written
    * synchronously without racing a kernel that reads it. */
   for (uint32_t d = 0; d < p->ndevices; d++) {
@@ -101,5 +106,20 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   }
   rt_status err = rt_sync_take(&b->sync);
   if (err) err = rt_status_wrap(err, "step %d (pos %d, %d tokens)", step[2], step[0], step[1]);
+  b->trace_valid = err == NULL;
   return err;
+}
+
+rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,
+                             const uint64_t **out_end) {
+  *out_start = *out_end = NULL;
+  if (!b->trace_start)
+    return rt_status_make("rt_trace_last_step: bundle %s was opened without tracing "
+                          "(set rt_options.trace)", b->dir);
+  if (!b->trace_valid)
+    return rt_status_make("rt_trace_last_step: bundle %s: no step to report (none has run, or "
+                          "the last one failed)", b->dir);
+  *out_start = b->trace_start;
+  *out_end = b->trace_end;
+  return NULL;
 }

@@ -12,6 +12,7 @@
 typedef struct rt_options {
   uint64_t weight_seed; /* 0: the plan's seed */
   int threads;          /* 0: each cpu device's thread count from the plan */
+  int trace;            /* nonzero: time every launch and copy (rt_trace_last_step) */
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;
@@ -38,6 +39,15 @@ double rt_init_value(const plan *p, uint32_t tensor, uint64_t seed, uint64_t i);
  * stream's commands, wait for the step to finish. Inputs must have been
  * written before; outputs are readable after. */
 rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]);
+
+/* With rt_options.trace: when the stream of each LAUNCH and COPY of the last
+ * step began it (after its waits) and finished it, in nanoseconds on the
+ * backend's clock (cpu: CLOCK_MONOTONIC), indexed by plan command index; 0
+ * for RECORD and WAIT. Valid after a successful rt_replay_step until the
+ * next one starts. Fails when the bundle was opened without trace, before
+ * the first step and after a failed one. */
+rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,
+                             const uint64_t **out_end);
 
 /* Greedy generation: the prompt as prefill chunks of `tokens` slots, then
  * `ndecode` decode steps, each fed the previous step's last next token.

@@ -10,11 +10,15 @@
 #include "backend.h"
 #include "rt.h"
 
+/* A resolved command that is not in the plan: with rt_options.trace, one
+ * before and one after each LAUNCH and COPY, on the same stream. */
+enum { RT_CMD_TIMESTAMP = PLAN_CMD_WAIT + 1 };
+
 /* One plan command, resolved. */
 typedef struct rt_cmd {
-  uint32_t kind;  /* plan_cmd_kind */
+  uint32_t kind;  /* plan_cmd_kind or RT_CMD_TIMESTAMP */
   uint32_t grid;  /* LAUNCH */
-  uint32_t index; /* the command's index in the plan */
+  uint32_t index; /* the command's index in the plan (TIMESTAMP: the timed one's) */
   /* WAIT on an event recorded on another device: the index of that RECORD
    * command, whose enqueue this WAIT must follow; PLAN_NONE otherwise. */
   uint32_t after;
@@ -26,7 +30,10 @@ typedef struct rt_cmd {
   void *dst;           /* COPY */
   const void *src;
   size_t bytes;
-  rt_event *event;     /* RECORD, WAIT */
+  union {
+    rt_event *event;   /* RECORD, WAIT */
+    uint64_t *stamp;   /* TIMESTAMP: a slot of the bundle's trace arrays */
+  };
 } rt_cmd;
 
 typedef struct rt_dev {
@@ -64,6 +71,12 @@ struct rt_bundle {
                                  a published RECORD was last enqueued */
 
   uint64_t generation;   /* steps replayed; the events' generation */
+
+  /* rt_options.trace: [p.ncommands] start and end times of the last step's
+   * launches and copies (NULL without trace); trace_valid says whether the
+   * last step succeeded. */
+  uint64_t *trace_start, *trace_end;
+  int trace_valid;
 
   /* Submitter threads of devices 1..n-1: woken per step. */
   pthread_mutex_t sub_mu;

@@ -2,7 +2,7 @@
  * plan assembled in memory plus a host.so compiled here from small kernels.
  * Replay order (streams, events, devices, copies), grids over the thread
  * pool, poisoning on an injected launch failure, code-object checks, the
- * seeded weight generator and rt_generate's chunking. */
+ * seeded weight generator, rt_generate's chunking and per-command tracing. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -938,6 +938,237 @@ START_TEST(generate_chunks) {
 END_TEST
 
 
+/* ---- tracing ------------------------------------------------------------ */
+
+static rt_bundle *open_traced(const char *dir, const rt_fault *fault) {
+  rt_options o = {.trace = 1};
+  rt_bundle *bd = NULL;
+  rt_status s = rt_bundle_open_faulty(dir, &o, fault, &bd);
+  ck_assert_msg(s == NULL, "rt_bundle_open (trace): %s", rt_status_msg(s));
+  return bd;
+}
+
+static int timed(const plan_command *c) {
+  return c->kind == PLAN_CMD_LAUNCH || c->kind == PLAN_CMD_COPY;
+}
+
+/* The last launch or copy on `stream` before plan command `before`. */
+static uint32_t timed_before(const plan *p, uint32_t stream, uint32_t before) {
+  uint32_t found = PLAN_NONE;
+  for (uint32_t i = 0; i < before; i++)
+    if (p->commands[i].stream == stream && timed(&p->commands[i])) found = i;
+  return found;
+}
+
+/* The first launch or copy on `stream` after plan command `after`. */
+static uint32_t timed_after(const plan *p, uint32_t stream, uint32_t after) {
+  for (uint32_t i = after + 1; i < p->ncommands; i++)
+    if (p->commands[i].stream == stream && timed(&p->commands[i])) return i;
+  return PLAN_NONE;
+}
+
+/* One step's trace against the plan: every launch and copy has
+ * prev_end < start <= end, other commands have no times, a stream's commands
+ * follow one another without overlap, and the first command behind a WAIT
+ * starts no earlier than the end of the last one before the RECORD it waits
+ * for. Returns the number of such waits checked; *out_end is the step's
+ * last end. */
+static int check_trace(rt_bundle *bd, uint64_t prev_end, uint64_t *out_end) {
+  const plan *p = rt_bundle_plan(bd);
+  const uint64_t *start, *end;
+  rt_status s = rt_trace_last_step(bd, &start, &end);
+  ck_assert_msg(s == NULL, "rt_trace_last_step: %s", rt_status_msg(s));
+  uint64_t last = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    if (!timed(&p->commands[i])) {
+      ck_assert_msg(start[i] == 0 && end[i] == 0, "command %u (kind %u) has times", i,
+                    p->commands[i].kind);
+      continue;
+    }
+    ck_assert_msg(start[i] > prev_end, "command %u starts at %llu, before the previous step "
+                  "ended (%llu)", i, (unsigned long long)start[i], (unsigned long long)prev_end);
+    ck_assert_msg(start[i] <= end[i], "command %u: start %llu > end %llu", i,
+                  (unsigned long long)start[i], (unsigned long long)end[i]);
+    if (end[i] > last) last = end[i];
+    uint32_t prev = timed_before(p, p->commands[i].stream, i);
+    if (prev != PLAN_NONE)
+      ck_assert_msg(end[prev] <= start[i], "stream %u: command %u starts %lld ns before command "
+                    "%u ends", p->commands[i].stream, i, (long long)(end[prev] - start[i]), prev);
+  }
+  int waits = 0;
+  for (uint32_t w = 0; w < p->ncommands; w++) {
+    const plan_command *c = &p->commands[w];
+    if (c->kind != PLAN_CMD_WAIT) continue;
+    uint32_t producer = timed_before(p, p->commands[c->b].stream, c->b);
+    uint32_t consumer = timed_after(p, c->stream, w);
+    if (producer == PLAN_NONE || consumer == PLAN_NONE) continue;
+    ck_assert_msg(start[consumer] >= end[producer], "command %u (behind wait %u) starts %lld ns "
+                  "before its producer %u ends", consumer, w,
+                  (long long)(end[producer] - start[consumer]), producer);
+    waits++;
+  }
+  *out_end = last;
+  return waits;
+}
+
+/* The kernel of every launch of `symbol` ran at least `ns` between its start
+ * and end: the timestamps bracket the execution, not the enqueue. */
+static void expect_spans_at_least(rt_bundle *bd, const char *symbol, uint64_t ns) {
+  const plan *p = rt_bundle_plan(bd);
+  const uint64_t *start, *end;
+  ck_assert_ptr_null(rt_trace_last_step(bd, &start, &end));
+  int seen = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    const plan_command *c = &p->commands[i];
+    if (c->kind != PLAN_CMD_LAUNCH || strcmp(plan_str(p, p->kernels[c->a].symbol), symbol))
+      continue;
+    ck_assert_msg(end[i] - start[i] >= ns, "command %u (%s) took %llu ns, its kernel sleeps %llu",
+                  i, symbol, (unsigned long long)(end[i] - start[i]), (unsigned long long)ns);
+    seen++;
+  }
+  ck_assert_int_gt(seen, 0);
+}
+
+/* Two streams of one device, two launches each; the second stream waits
+ * for the slow first launch of the first. */
+START_TEST(trace_two_streams) {
+  tb b;
+  tb_init(&b);
+  uint32_t d = tb_device(&b, "cpu0", 2);
+  uint32_t s0 = tb_stream(&b, "compute", d), s1 = tb_stream(&b, "other", d);
+  tb_io(&b);
+  uint32_t x = tb_tensor(&b, "x", PLAN_F32, PLAN_INPUT, d, N);
+  uint32_t a = tb_tensor(&b, "a", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t c = tb_tensor(&b, "c", PLAN_F32, PLAN_OUTPUT, d, N);
+  uint32_t y = tb_tensor(&b, "y", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t z = tb_tensor(&b, "z", PLAN_F32, PLAN_OUTPUT, d, N);
+  uint32_t ks = tb_kernel(&b, "t_slow_inc", 1, 2), kd = tb_kernel(&b, "t_double", 1, 2),
+           ki = tb_kernel(&b, "t_inc", 1, 2);
+  tb_launch(&b, s0, ks, x, a, 0); /* a = x + 1, after a nap */
+  uint32_t r = tb_record(&b, s0);
+  tb_launch(&b, s0, ki, a, c, 0); /* c = x + 2 */
+  tb_wait(&b, s1, r);
+  tb_launch(&b, s1, kd, a, y, 0); /* y = 2x + 2 */
+  tb_launch(&b, s1, ki, y, z, 0); /* z = 2x + 3 */
+  tb_write(&b);
+  rt_bundle *bd = open_traced(b.dir, NULL);
+  uint64_t prev_end = 0;
+  for (int k = 0; k < 3; k++) {
+    write_f32(bd, x, (float)(10 * k));
+    step_ok(bd, k, 1, k);
+    expect_f32(bd, c, 1.0f, 2.0f, (float)(10 * k));
+    expect_f32(bd, z, 2.0f, 3.0f, (float)(10 * k));
+    ck_assert_int_eq(check_trace(bd, prev_end, &prev_end), 1);
+    expect_spans_at_least(bd, "t_slow_inc", 3000000);
+  }
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* Two devices with copies both ways: each device waits on the other's
+ * record, and the cross-device copies are timed like launches. */
+START_TEST(trace_two_devices) {
+  tb b;
+  uint32_t x, y1, z0;
+  build_two_devices(&b, &x, &y1, &z0);
+  rt_bundle *bd = open_traced(b.dir, NULL);
+  const plan *p = rt_bundle_plan(bd);
+  uint64_t prev_end = 0;
+  for (int k = 0; k < 3; k++) {
+    write_f32(bd, x, (float)(1000 * k));
+    step_ok(bd, k, 1, k);
+    expect_f32(bd, z0, 2.0f, 5.0f, (float)(1000 * k));
+    ck_assert_int_eq(check_trace(bd, prev_end, &prev_end), 2);
+    expect_spans_at_least(bd, "t_slow_inc", 3000000);
+  }
+  int copies = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++) copies += p->commands[i].kind == PLAN_CMD_COPY;
+  ck_assert_int_eq(copies, 2);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* No trace without the option, before a step or after a failed one; a
+ * step that fails skips its timestamps and the next one traces again. */
+START_TEST(trace_refusals) {
+  tb b;
+  uint32_t x, y1, z0;
+  build_two_devices(&b, &x, &y1, &z0);
+  const uint64_t *start = (const uint64_t *)1, *end = (const uint64_t *)1;
+
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  step_ok(bd, 0, 1, 0);
+  rt_status s = rt_trace_last_step(bd, &start, &end);
+  ck_assert_ptr_nonnull(s);
+  char want[256];
+  snprintf(want, sizeof want, "rt_trace_last_step: bundle %s was opened without tracing (set "
+           "rt_options.trace)", b.dir);
+  ck_assert_str_eq(rt_status_msg(s), want);
+  ck_assert(start == NULL && end == NULL);
+  rt_status_free(s);
+  rt_bundle_close(bd);
+
+  /* dev1 launches twice per step: its first launch of step 2 fails. */
+  rt_fault f = {.device = 1, .fail_launch = 2 * 1 + 1};
+  bd = open_traced(b.dir, &f);
+  s = rt_trace_last_step(bd, &start, &end);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_msg(strstr(rt_status_msg(s), "no step to report") != NULL, "%s", rt_status_msg(s));
+  rt_status_free(s);
+  uint64_t prev_end = 0;
+  step_ok(bd, 1, 1, 1);
+  ck_assert_int_eq(check_trace(bd, prev_end, &prev_end), 2);
+  int32_t st[4] = {2, 1, 2, 0};
+  s = rt_replay_step(bd, st);
+  ck_assert_ptr_nonnull(s);
+  rt_status_free(s);
+  s = rt_trace_last_step(bd, &start, &end);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_msg(strstr(rt_status_msg(s), "the last one failed") != NULL, "%s", rt_status_msg(s));
+  rt_status_free(s);
+  write_f32(bd, x, 3.0f);
+  step_ok(bd, 3, 1, 3);
+  expect_f32(bd, z0, 2.0f, 5.0f, 3.0f);
+  ck_assert_int_eq(check_trace(bd, prev_end, &prev_end), 2);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* A step hook that checks each step's trace against the previous one. */
+static rt_status trace_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
+  (void)step;
+  (void)ids;
+  uint64_t *prev_end = ctx;
+  check_trace(b, *prev_end, prev_end);
+  return NULL;
+}
+
+/* rt_generate on a traced bundle: the same outputs as without trace, and
+ * a hook sees the trace of every step. */
+START_TEST(trace_generate) {
+  tb b;
+  generate_plan(&b);
+  int32_t prompt[10] = {5, 9, 2, 7, 11, 13, 17, 19, 23, 29};
+  rt_bundle *plain = open_ok(b.dir, NULL), *traced = open_traced(b.dir, NULL);
+  rt_report r1, r2;
+  uint64_t end = 0;
+  ck_assert_ptr_null(rt_generate(plain, prompt, 10, 3, NULL, NULL, &r1));
+  ck_assert_ptr_null(rt_generate(traced, prompt, 10, 3, trace_hook, &end, &r2));
+  ck_assert_mem_eq(r1.outputs_sha256, r2.outputs_sha256, 32);
+  ck_assert_int_eq(r2.ngenerated, 4);
+  ck_assert_mem_eq(r1.generated, r2.generated, 4 * sizeof(int32_t));
+  ck_assert_uint_gt(end, 0);
+  free(r1.generated);
+  free(r2.generated);
+  rt_bundle_close(plain);
+  rt_bundle_close(traced);
+  tb_cleanup(&b);
+}
+END_TEST
+
 /* ---- the ds4run command line --------------------------------------------- */
 
 /* ds4run lives in the build directory: DS4_BUILD_DIR under ctest, else the
@@ -1048,6 +1279,13 @@ static Suite *runtime_suite(void) {
   tcase_add_test(g, generate_chunks);
   tcase_add_test(g, cli);
   suite_add_tcase(s, g);
+  TCase *tr = tcase_create("trace");
+  tcase_set_timeout(tr, 120);
+  tcase_add_test(tr, trace_two_streams);
+  tcase_add_test(tr, trace_two_devices);
+  tcase_add_test(tr, trace_refusals);
+  tcase_add_test(tr, trace_generate);
+  suite_add_tcase(s, tr);
   return s;
 }
 

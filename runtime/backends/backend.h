@@ -1,6 +1,7 @@
 /* backend.h - the one vtable every backend (cpu, hip, cuda) implements:
- * devices, memory, copies, streams, events, code objects, launches. The
- * replay engine talks only to this table and never knows which backend runs. */
+ * devices, memory, copies, streams, events, code objects, launches,
+ * timestamps. The replay engine talks only to this table and never knows
+ * which backend runs. */
 #ifndef DS4_BACKEND_H
 #define DS4_BACKEND_H
 
@@ -103,6 +104,17 @@ typedef struct rt_backend {
    * least `generation`. The event may belong to another device. */
   rt_status (*event_record)(rt_stream *s, rt_event *e, uint64_t generation);
   rt_status (*event_wait)(rt_stream *s, rt_event *e, uint64_t generation);
+  /* Enqueue a timestamp in stream order. Once the stream has been
+   * synchronised (stream_sync), *out_ns holds the time at which the stream
+   * reached it: after everything enqueued before it on the stream, waits
+   * included, has run and before anything enqueued after it starts.
+   * Nanoseconds on a clock shared by all devices of the backend (cpu:
+   * CLOCK_MONOTONIC), so spans on different devices can be compared.
+   * out_ns must stay valid until then; the host never waits for it. In a
+   * poisoned step it may be skipped, leaving *out_ns as it was. GPU backends
+   * will implement it with timing events (created with timing on, recorded
+   * here) resolved into nanoseconds at stream_sync. */
+  rt_status (*timestamp)(rt_stream *s, uint64_t *out_ns);
   /* Make everything enqueued so far visible to the device (commands may be
    * batched until then); call before the submitter blocks and at step end. */
   rt_status (*stream_flush)(rt_stream *s);

@@ -1,7 +1,8 @@
 /* cpu_backend.c - the cpu backend: each stream is an in-order ring of
  * commands served by its own executor thread, a launch's blocks spread over
- * the device's worker pool, events are generation counters, and kernels come
- * from a host .so through dlopen/dlsym (ABI in docs/OPS.md). */
+ * the device's worker pool, events are generation counters, timestamps read
+ * CLOCK_MONOTONIC on the executor, and kernels come from a host .so through
+ * dlopen/dlsym (ABI in docs/OPS.md). */
 #include <dlfcn.h>
 #include <sched.h>
 #include <stdio.h>
@@ -61,7 +62,7 @@ struct rt_device {
   uint32_t nworkers;
 };
 
-enum { CPU_LAUNCH, CPU_COPY, CPU_RECORD, CPU_WAIT };
+enum { CPU_LAUNCH, CPU_COPY, CPU_RECORD, CPU_WAIT, CPU_TIMESTAMP };
 
 typedef struct cpu_cmd {
   uint32_t kind, grid;
@@ -80,6 +81,7 @@ typedef struct cpu_cmd {
       rt_event *ev;
       uint64_t gen;
     } event;
+    uint64_t *stamp;
   } u;
 } cpu_cmd;
 
@@ -112,6 +114,14 @@ struct rt_module {
   void *handle;
   char path[];
 };
+
+/* The trace clock: CLOCK_MONOTONIC is one clock for every thread and core
+ * of the host, so all cpu devices' timestamps compare directly. */
+static uint64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* ---- the worker pool ---- */
 
@@ -333,6 +343,11 @@ static void execute(rt_stream *s, const cpu_cmd *c) {
     rt_sync_wait(d->sync, g, c->u.event.gen);
     break;
   }
+  case CPU_TIMESTAMP:
+    /* Read by the host only after stream_sync, whose acquire of head pairs
+     * with the executor's release after this command. */
+    *c->u.stamp = monotonic_ns();
+    break;
   }
 }
 
@@ -519,6 +534,13 @@ static rt_status cpu_event_wait(rt_stream *s, rt_event *e, uint64_t generation) 
   return NULL;
 }
 
+static rt_status cpu_timestamp(rt_stream *s, uint64_t *out_ns) {
+  cpu_cmd c = {.kind = CPU_TIMESTAMP};
+  c.u.stamp = out_ns;
+  enqueue(s, &c);
+  return NULL;
+}
+
 /* ---- events ---- */
 
 static rt_status cpu_event_create(rt_device *d, rt_event **out_event) {
@@ -595,6 +617,7 @@ const rt_backend rt_cpu_backend = {
     .copy_async = cpu_copy_async,
     .event_record = cpu_event_record,
     .event_wait = cpu_event_wait,
+    .timestamp = cpu_timestamp,
     .stream_flush = cpu_stream_flush,
     .stream_sync = cpu_stream_sync,
 };
