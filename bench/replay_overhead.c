@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "replay_overhead: error: cannot read %s\n", sopath);
     return 1;
   }
-  plan_kernel kern = {.symbol = S_SYM, .kind = S_KIND, .codeobj = 0, .grid = 1, .nbufs = 1};
+  plan_kernel kern = {.symbol = S_SYM, .kind = S_KIND, .grid = 1, .block = 1, .nbufs = 1};
   plan_arg arg = {.tensor = 2, .offset = 0, .bytes = 64};
   plan_op *ops = calloc(ncmd, sizeof *ops);
   plan_command *cmds = calloc(ncmd, sizeof *cmds);

@@ -13,7 +13,8 @@
  *   - writing another device's state is an error.
  * The schedule's `copies` policy says which stream runs the copies and
  * whether the copies of one reader (or writer) from one device form one
- * batch: one op whose copies share a single event. */
+ * batch: one op whose copies share a single event. Copies between a cpu
+ * device and a GPU all run on one stream of the GPU (gpu_side_stream). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,11 +80,26 @@ static int named_stream(const ir_prog *p, const char *name, int device) {
   return -1;
 }
 
+/* A copy between a cpu device and GPU `gpu` runs on one stream of that GPU
+ * for all such copies: the policy's named stream when the GPU has it,
+ * else the GPU's first stream. The cpu backend cannot reach device memory,
+ * and a GPU waits on cpu events through its driver's callback thread, so
+ * its cross-backend waits and records stay on one stream. */
+static int gpu_side_stream(const copy_ctx *c, int gpu) {
+  const ir_prog *p = c->p;
+  if (c->pol.on == COPY_ON_NAMED && named_stream(p, c->pol.stream->text, gpu) >= 0)
+    return named_stream(p, c->pol.stream->text, gpu);
+  return first_stream(p, gpu);
+}
+
 /* The stream a copy from device `from` to device `to` runs on: the
  * policy's choice, given the stream of the producing side and of the
  * consuming side. */
 static int policy_stream(copy_ctx *c, int from, int to, int src_stream, int dst_stream) {
   const ir_prog *p = c->p;
+  int cpu_from = p->devices[from].backend == PLAN_BACKEND_CPU, cpu_to = p->devices[to].backend == PLAN_BACKEND_CPU;
+  if (cpu_from && !cpu_to) return gpu_side_stream(c, to);
+  if (cpu_to && !cpu_from) return gpu_side_stream(c, from);
   if (c->pol.on == COPY_ON_SOURCE) return src_stream >= 0 ? src_stream : first_stream(p, from);
   if (c->pol.on == COPY_ON_DESTINATION) return dst_stream >= 0 ? dst_stream : first_stream(p, to);
   int s = named_stream(p, c->pol.stream->text, to);

@@ -2,11 +2,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "inspect.h"
 #include "pipeline.h"
 #include "plan.h"
 
 static const char usage[] =
-    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target host] [--dump-after PASS|all]\n"
+    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target LIST] [--dump-after PASS|all]\n"
+    "       ds4c inspect BUNDLE [--json]\n"
     "\n"
     "Compiles a model and a schedule description into BUNDLE/: plan.ds4p (the\n"
     "binary launch plan), plan.txt (its canonical text, for review) and\n"
@@ -15,10 +17,20 @@ static const char usage[] =
     "each device's arena.\n"
     "\n"
     "  -o BUNDLE          output folder; replaced only when the compile succeeds\n"
-    "  --target LIST      code object targets; this build supports: host\n"
+    "  --target LIST      code object targets, comma-separated: host, gfx1201, gfx1151,\n"
+    "                     gfx1100, gfx942, sm_90 (default: the schedule's devices' archs)\n"
     "  --dump-after PASS  print the IR after PASS (or after every pass: all) to stderr\n"
     "\n"
-    "passes: expand infer place copies deps order sync memplan verify\n";
+    "passes: expand infer place copies deps order sync memplan verify\n"
+    "\n"
+    "inspect reports what BUNDLE holds, for review: each code object (target,\n"
+    "path, bytes, sha256, verified against the plan), each kernel's resources\n"
+    "on each target as its code object states them (AMD: SGPRs, VGPRs, AGPRs,\n"
+    "LDS, scratch and kernarg bytes; NVIDIA: registers, shared, local and stack\n"
+    "bytes; host: code bytes), the devices and their arenas, and the plan's\n"
+    "launches, copies, records, waits, ops, edges and kernels.\n"
+    "\n"
+    "  --json             the same report as JSON, for scripts\n";
 
 static int bad_usage(const char *why) {
   fprintf(stderr, "ds4c: error: %s\n%s", why, usage);
@@ -55,13 +67,8 @@ static int cmd_compile(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) o.out_dir = argv[++i];
     else if (strcmp(argv[i], "--dump-after") == 0 && i + 1 < argc) o.dump_after = argv[++i];
-    else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-      const char *t = argv[++i];
-      if (strcmp(t, "host") != 0) {
-        fprintf(stderr, "ds4c: error: target '%s' is not supported by this build (supported: host)\n", t);
-        return 1;
-      }
-    } else if (argv[i][0] == '-') {
+    else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) o.targets = argv[++i];
+    else if (argv[i][0] == '-') {
       char msg[256];
       snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
       return bad_usage(msg);
@@ -81,12 +88,35 @@ static int cmd_compile(int argc, char **argv) {
   return report(o.out_dir);
 }
 
+static int cmd_inspect(int argc, char **argv) {
+  const char *dir = NULL;
+  insp_format format = INSP_TEXT;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) format = INSP_JSON;
+    else if (argv[i][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
+      return bad_usage(msg);
+    } else if (!dir) dir = argv[i];
+    else return bad_usage("too many arguments");
+  }
+  if (!dir) return bad_usage("inspect needs BUNDLE");
+  rt_status st = insp_report(dir, format, stdout);
+  if (st) {
+    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
+    rt_status_free(st);
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
     fputs(usage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 64 : 0;
   }
   if (strcmp(argv[1], "compile") == 0) return cmd_compile(argc - 2, argv + 2);
+  if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
   char msg[256];
   snprintf(msg, sizeof msg, "unknown command '%s'", argv[1]);
   return bad_usage(msg);

@@ -1,6 +1,8 @@
-# Turns kernel template files into one C file of strings:
-#   const ds4_template ds4_templates[] = {{"rmsnorm", "..."}, ...};
-# Run as: cmake -DOUT=file.c -DFILES=a.c|b.c -P embed.cmake
+# Turns kernel template files into one C file of strings, each keyed by
+# its folder (the target: host, gpu) and its name without extension (the
+# op kind, or "prelude"):
+#   const ds4_template ds4_templates[] = {{"host", "rmsnorm", "..."}, ...};
+# Run as: cmake -DOUT=file.c -DFILES=kernels/host/a.c|kernels/gpu/a.hip -P embed.cmake
 set(body "/* Generated from compiler/kernels by embed.cmake; do not edit. */\n")
 string(APPEND body "#include \"templates.h\"\n\nconst ds4_template ds4_templates[] = {\n")
 set(count 0)

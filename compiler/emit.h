@@ -9,15 +9,40 @@
 #include "kgen.h"
 #include "plan.h"
 
+/* One distinct kernel: the same symbol in every code object. */
+typedef struct emit_kernel {
+  char *symbol;       /* ds4k_<kind>_<hash of kind, attrs, shapes, dtypes> */
+  const char *kind;   /* op kind name */
+  uint32_t grid;      /* blocks, the same on every target */
+  uint32_t block;     /* threads per block on GPU targets */
+  uint32_t shared;    /* static shared memory of a GPU block, bytes */
+  uint32_t nbufs;     /* tensors per launch */
+} emit_kernel;
+
+/* One code object per target, holding every kernel. */
+typedef struct emit_codeobj {
+  char *target;       /* host, gfx1201, gfx1151, gfx1100, gfx942, sm_90 */
+  char *path;         /* relative to the bundle: kernels/host.so, kernels/gfx1201.hsaco, kernels/sm_90.cubin */
+  uint8_t sha256[32];
+} emit_codeobj;
+
 typedef struct emit_kernels {
-  kgen_kernel *kernels; /* distinct kernels, sorted by symbol */
+  emit_kernel *kernels; /* sorted by symbol */
   int nkernels;
-  uint8_t host_sha256[32]; /* of kernels/host.so */
+  emit_codeobj *codeobjs; /* in the order of the targets asked for */
+  int ncodeobjs;
 } emit_kernels;
 
-/* Generate every op's kernel, write the sources under DIR/kernels/host/,
- * build DIR/kernels/host.so; sets ops[i].kernel. */
-int emit_kernels_build(ir_prog *p, const char *dir, emit_kernels *out, dsl_diag *d);
+/* The targets this compiler knows, NULL-terminated: host, the AMD archs,
+ * the NVIDIA ones. */
+extern const char *const emit_known_targets[];
+
+/* Generate every op's kernel for each target, write the sources under
+ * DIR/kernels/ (host/<symbol>.c, <target>.hip for GPU targets), build one
+ * code object per target, and set ops[i].kernel (index into kernels). A
+ * missing toolchain is an error naming what to install. */
+int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_kernels *out,
+                       dsl_diag *d);
 void emit_kernels_free(emit_kernels *k);
 
 /* Build the in-memory plan of a scheduled, verified IR (plan_free). */
@@ -30,5 +55,13 @@ void plan_text_write(const plan *pl, FILE *f);
 /* Run the system C compiler in DIR to build OUT from SOURCES with pinned
  * flags (same inputs, same bytes). */
 int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d);
+
+/* In DIR, with pinned flags: clang-19 builds the AMDGPU code object OUT
+ * (.hsaco) for ARCH from SOURCE, the GPU translation unit. */
+int toolchain_build_amdgpu(const char *dir, const char *arch, const char *source, const char *out, dsl_diag *d);
+/* In DIR: clang-19 compiles SOURCE to PTX for ARCH (sm_90), then ptxas
+ * assembles it into CUBIN. */
+int toolchain_build_nvptx(const char *dir, const char *arch, const char *source, const char *ptx, const char *cubin,
+                          dsl_diag *d);
 
 #endif

@@ -130,24 +130,19 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   out->ntensors = (uint32_t)p->ntensors;
   out->nrows = nrows;
 
-  ALLOC(out->codeobjs, 1);
-  out->codeobjs[0].path = intern(&st, "kernels/host.so");
-  out->codeobjs[0].target = intern(&st, "host");
-  memcpy(out->codeobjs[0].sha256, k->host_sha256, 32);
-  out->ncodeobjs = 1;
+  ALLOC(out->codeobjs, k->ncodeobjs);
+  for (int j = 0; j < k->ncodeobjs; j++) {
+    out->codeobjs[j].path = intern(&st, k->codeobjs[j].path);
+    out->codeobjs[j].target = intern(&st, k->codeobjs[j].target);
+    memcpy(out->codeobjs[j].sha256, k->codeobjs[j].sha256, 32);
+  }
+  out->ncodeobjs = (uint32_t)k->ncodeobjs;
 
   ALLOC(out->kernels, k->nkernels);
   for (int j = 0; j < k->nkernels; j++) {
-    int nbufs = 0;
-    const char *kind = "";
-    for (int i = 0; i < p->nops; i++)
-      if (p->ops[i].kernel == j) {
-        nbufs = p->ops[i].nin + p->ops[i].nout;
-        kind = ir_opkinds[p->ops[i].kind].name;
-        break;
-      }
-    out->kernels[j] = (plan_kernel){intern(&st, k->kernels[j].symbol), intern(&st, kind), 0, k->kernels[j].grid,
-                                    (uint32_t)nbufs, 0};
+    const emit_kernel *ek = &k->kernels[j];
+    out->kernels[j] = (plan_kernel){intern(&st, ek->symbol), intern(&st, ek->kind), ek->grid, ek->block, ek->shared,
+                                    ek->nbufs};
   }
   out->nkernels = (uint32_t)k->nkernels;
 

@@ -82,9 +82,79 @@ static int write_text(const plan *pl, const char *path, dsl_diag *d) {
   return 0;
 }
 
-static int emit_bundle(ir_prog *p, const char *dir, dsl_diag *d) {
+/* The code object targets: the list asked for, or else each device's arch
+ * once, in device order (cpu devices: host). Every device's arch must be
+ * among them. */
+typedef struct target_list {
+  char *names[16];
+  int n;
+} target_list;
+
+static void targets_free(target_list *t) {
+  for (int i = 0; i < t->n; i++) free(t->names[i]);
+  t->n = 0;
+}
+
+static int target_add(target_list *t, const char *name, size_t len, dsl_diag *d) {
+  for (int i = 0; i < t->n; i++)
+    if (strlen(t->names[i]) == len && strncmp(t->names[i], name, len) == 0) return 0;
+  int known = 0;
+  for (int i = 0; emit_known_targets[i] && !known; i++)
+    known = strlen(emit_known_targets[i]) == len && strncmp(emit_known_targets[i], name, len) == 0;
+  if (!known) {
+    char list[256] = "";
+    for (int i = 0; emit_known_targets[i]; i++)
+      snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", emit_known_targets[i]);
+    return dsl_error(d, (dsl_pos){0}, "unknown target '%.*s' (known: %s)", (int)len, name, list);
+  }
+  if (t->n == (int)(sizeof t->names / sizeof *t->names)) return dsl_error(d, (dsl_pos){0}, "too many targets");
+  t->names[t->n] = ir_xrealloc(NULL, len + 1);
+  memcpy(t->names[t->n], name, len);
+  t->names[t->n++][len] = 0;
+  return 0;
+}
+
+static const char *device_target(const ir_device *dv) {
+  return dv->backend == PLAN_BACKEND_CPU ? "host" : dv->arch;
+}
+
+static int resolve_targets(const ir_prog *p, const char *asked, target_list *t, dsl_diag *d) {
+  t->n = 0;
+  if (!asked) {
+    for (int i = 0; i < p->ndevices; i++) {
+      const char *name = device_target(&p->devices[i]);
+      if (target_add(t, name, strlen(name), d)) return -1;
+    }
+    return 0;
+  }
+  for (const char *c = asked;;) {
+    const char *end = strchr(c, ',');
+    size_t len = end ? (size_t)(end - c) : strlen(c);
+    if (!len) return dsl_error(d, (dsl_pos){0}, "empty name in the target list '%s'", asked);
+    if (target_add(t, c, len, d)) return -1;
+    if (!end) break;
+    c = end + 1;
+  }
+  for (int i = 0; i < p->ndevices; i++) {
+    const char *name = device_target(&p->devices[i]);
+    int found = 0;
+    for (int j = 0; j < t->n && !found; j++) found = strcmp(t->names[j], name) == 0;
+    if (!found)
+      return dsl_error(d, p->devices[i].pos, "device '%s' needs target %s, which the target list '%s' leaves out",
+                       p->devices[i].name, name, asked);
+  }
+  return 0;
+}
+
+static int emit_bundle(ir_prog *p, const char *dir, const char *asked, dsl_diag *d) {
+  target_list t;
+  if (resolve_targets(p, asked, &t, d)) {
+    targets_free(&t);
+    return -1;
+  }
   emit_kernels k;
-  int rc = emit_kernels_build(p, dir, &k, d);
+  int rc = emit_kernels_build(p, dir, t.names, t.n, &k, d);
+  targets_free(&t);
   if (!rc) {
     plan pl;
     emit_plan(p, &k, &pl);
@@ -134,7 +204,7 @@ int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
   remove_tree(stage);
   int rc = make_parents(o->out_dir, d);
   if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
-  if (!rc) rc = emit_bundle(p, stage, d);
+  if (!rc) rc = emit_bundle(p, stage, o->targets, d);
   ds4c_prog_free(p);
   if (!rc) {
     struct stat sb;

@@ -9,6 +9,7 @@
 typedef struct ds4c_options {
   const char *model_path, *sched_path;
   const char *out_dir;
+  const char *targets;    /* comma-separated code object targets; NULL: the devices' archs */
   const char *dump_after; /* a pass name, or "all"; NULL for none */
   FILE *dump;             /* where dumps go (stderr when NULL) */
 } ds4c_options;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "emit.h"
 #include "passes.h"
 
 static int parse_int(const dsl_str *s, int64_t lo, int64_t hi, int64_t *out, dsl_diag *d) {
@@ -28,6 +29,14 @@ static int parse_cost(const dsl_str *s, double lo, double *out, dsl_diag *d) {
   *out = strtod(s->text, &end);
   if (end == s->text || *end || !(lo > 0 ? *out > 0 : *out >= 0) || *out > 1e30)
     return dsl_error(d, s->pos, "expected a %s number, found '%s'", lo > 0 ? "positive" : "non-negative", s->text);
+  return 0;
+}
+
+/* A GPU device's arch must be a code object target of its vendor. */
+static int gpu_arch_known(uint32_t backend, const char *arch) {
+  const char *prefix = backend == PLAN_BACKEND_HIP ? "gfx" : "sm_";
+  for (int i = 0; emit_known_targets[i]; i++)
+    if (strcmp(emit_known_targets[i], arch) == 0) return strncmp(arch, prefix, 3) == 0;
   return 0;
 }
 
@@ -52,8 +61,10 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
         return dsl_error(d, sd->arch.pos, "a cpu device has arch 'host', not '%s'", dv->arch);
     } else {
       dv->backend = strcmp(sd->backend.text, "hip") == 0 ? PLAN_BACKEND_HIP : PLAN_BACKEND_CUDA;
-      return dsl_error(d, sd->backend.pos, "backend '%s' is not supported by this compiler yet (cpu)",
-                       sd->backend.text);
+      if (!gpu_arch_known(dv->backend, dv->arch))
+        return dsl_error(d, sd->arch.pos, "%s device '%s': arch '%s' is not a target of this compiler (%s)",
+                         sd->backend.text, dv->name, dv->arch,
+                         dv->backend == PLAN_BACKEND_HIP ? "gfx1201, gfx1151, gfx1100, gfx942" : "sm_90");
     }
     int64_t v = 0;
     if (parse_int(&sd->ordinal, 0, 1024, &v, d)) return -1;

@@ -99,8 +99,8 @@ void plan_text_write(const plan *pl, FILE *f) {
   fprintf(f, "\n[kernels]\n");
   for (uint32_t i = 0; i < pl->nkernels; i++) {
     const plan_kernel *k = &pl->kernels[i];
-    fprintf(f, "%s kind %s grid %u bufs %u code %s\n", S(pl, k->symbol), S(pl, k->kind), k->grid, k->nbufs,
-            S(pl, pl->codeobjs[k->codeobj].path));
+    fprintf(f, "%s kind %s grid %u block %u shared %u bufs %u\n", S(pl, k->symbol), S(pl, k->kind), k->grid,
+            k->block, k->shared, k->nbufs);
   }
 
   fprintf(f, "\n[edges]\n");

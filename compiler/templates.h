@@ -1,11 +1,12 @@
 /* templates.h - kernel sources embedded into ds4c at build time
- * (compiler/kernels/<target>/<kind>.c, see embed.cmake). */
+ * (compiler/kernels/host/<kind>.c, compiler/kernels/gpu/<kind>.hip and
+ * gpu/prelude.h; see embed.cmake). */
 #ifndef DS4_TEMPLATES_H
 #define DS4_TEMPLATES_H
 
 typedef struct ds4_template {
-  const char *target; /* folder: host, (later) hip */
-  const char *kind;   /* op kind */
+  const char *target; /* folder: host, gpu */
+  const char *kind;   /* op kind, or "prelude" */
   const char *text;
 } ds4_template;
 

@@ -1,8 +1,9 @@
 /* toolchain.c - drives the external compilers. Flags are pinned so that
- * the same sources give the same code object bytes; the compiler runs in
- * the bundle's staging folder with relative paths so no absolute path
- * reaches the output. */
+ * the same sources give the same code object bytes; each tool runs in the
+ * bundle's staging folder with relative paths so no absolute path reaches
+ * the output. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -10,10 +11,60 @@
 
 #include "emit.h"
 
+/* The exit status a child reports when the tool cannot be started. */
+#define TOOL_NOT_FOUND 127
+
+/* The first bytes of a tool's output, for error messages. */
+typedef struct tool_log {
+  char text[1024];
+} tool_log;
+
+/* Runs argv in dir with stdout and stderr captured into log. Returns the
+ * tool's exit status (128 + the signal that killed it, as shells say),
+ * TOOL_NOT_FOUND when it could not be started, or -1 when it could not be
+ * run at all (errno says why). */
+static int tool_run(const char *dir, char *const *argv, tool_log *log) {
+  log->text[0] = 0;
+  int pipefd[2];
+  if (pipe(pipefd)) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pipefd[0]);
+    close(pipefd[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    dup2(pipefd[1], 2);
+    dup2(pipefd[1], 1);
+    close(pipefd[0]);
+    if (chdir(dir) == 0) execvp(argv[0], argv);
+    dprintf(2, "%s: %s", argv[0], strerror(errno));
+    _exit(TOOL_NOT_FOUND);
+  }
+  close(pipefd[1]);
+  size_t len = 0;
+  ssize_t r;
+  char sink[256];
+  /* Keep the start of the output, drain the rest so the tool never
+   * blocks on a full pipe. */
+  while ((r = read(pipefd[0], len < sizeof log->text - 1 ? log->text + len : sink,
+                   len < sizeof log->text - 1 ? sizeof log->text - 1 - len : sizeof sink)) > 0)
+    if (len < sizeof log->text - 1) len += (size_t)r;
+  log->text[len] = 0;
+  close(pipefd[0]);
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static const char *tool_from_env(const char *var, const char *fallback) {
+  const char *v = getenv(var);
+  return v && *v ? v : fallback;
+}
+
 /* Host code objects: DS4_CC overrides the compiler (default: cc). */
 int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d) {
-  const char *cc = getenv("DS4_CC");
-  if (!cc || !*cc) cc = "cc";
+  const char *cc = tool_from_env("DS4_CC", "cc");
   static const char *const flags[] = {"-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
                                       "-fno-fast-math", "-fno-ident", "-Wall", "-Werror", "-Wl,--build-id=sha1",
                                       "-o"};
@@ -27,37 +78,99 @@ int toolchain_build_host(const char *dir, char *const *sources, int nsources, co
   for (int i = 0; i < nsources; i++) argv[n++] = sources[i];
   argv[n++] = "-lm";
   argv[n] = NULL;
-  int pipefd[2];
-  if (pipe(pipefd)) {
-    free(argv);
-    return dsl_error(d, (dsl_pos){0}, "pipe: %s", strerror(errno));
-  }
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(pipefd[1], 2);
-    dup2(pipefd[1], 1);
-    close(pipefd[0]);
-    if (chdir(dir) == 0) execvp(cc, argv);
-    dprintf(2, "%s: %s", cc, strerror(errno));
-    _exit(127);
-  }
-  close(pipefd[1]);
+  tool_log log;
+  int rc = tool_run(dir, argv, &log);
   free(argv);
-  char log[1024];
-  size_t len = 0;
-  ssize_t r;
-  char sink[256];
-  while ((r = read(pipefd[0], len < sizeof log - 1 ? log + len : sink,
-                   len < sizeof log - 1 ? sizeof log - 1 - len : sizeof sink)) > 0)
-    if (len < sizeof log - 1) len += (size_t)r;
-  log[len] = 0;
-  close(pipefd[0]);
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) < 0)
-    return dsl_error(d, (dsl_pos){0}, "cannot run the host C compiler '%s': %s", cc, strerror(errno));
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-    return dsl_error(d, (dsl_pos){0}, "host kernels need a C compiler: '%s' not found (apt-get install gcc, or set DS4_CC)", cc);
-  if (!WIFEXITED(status) || WEXITSTATUS(status))
-    return dsl_error(d, (dsl_pos){0}, "the host C compiler '%s' failed building %s/%s:\n%s", cc, dir, out, log);
+  if (rc < 0) return dsl_error(d, (dsl_pos){0}, "cannot run the host C compiler '%s': %s", cc, strerror(errno));
+  if (rc == TOOL_NOT_FOUND)
+    return dsl_error(d, (dsl_pos){0},
+                     "host kernels need a C compiler: '%s' not found (apt-get install gcc, or set DS4_CC)", cc);
+  if (rc)
+    return dsl_error(d, (dsl_pos){0}, "the host C compiler '%s' failed building %s/%s:\n%s", cc, dir, out, log.text);
+  return 0;
+}
+
+/* ---- GPU code objects: clang-19 without ROCm or CUDA headers and
+ * libraries (the kernels need none: see compiler/kernels/gpu/prelude.h),
+ * then, for NVIDIA, ptxas. DS4_CLANG and DS4_PTXAS override the tools. */
+
+#define AMD_TOOLS "clang-19 and ld.lld (Debian: apt-get install clang-19 lld-19 llvm-19)"
+#define NV_CLANG "clang-19 (Debian: apt-get install clang-19 llvm-19)"
+
+/* Flags both GPU compiles pin: IEEE f32 everywhere (no contraction into
+ * FMA, denormals kept), so every target computes the same bits. */
+#define GPU_COMMON_FLAGS \
+  "-O3", "-ffp-contract=off", "-fno-gpu-flush-denormals-to-zero", "-fno-ident", "-Wall", "-Werror"
+
+static int gpu_clang_failed(const char *target, const char *clang, const char *needs, int rc, const char *dir,
+                            const char *out, const tool_log *log, dsl_diag *d) {
+  if (rc < 0) return dsl_error(d, (dsl_pos){0}, "target %s: cannot run '%s': %s", target, clang, strerror(errno));
+  if (rc == TOOL_NOT_FOUND)
+    return dsl_error(d, (dsl_pos){0}, "target %s needs %s; '%s' not found (or set DS4_CLANG)", target, needs, clang);
+  if (strstr(log->text, "ld.lld"))
+    return dsl_error(d, (dsl_pos){0}, "target %s needs %s; '%s' could not link %s/%s:\n%s", target, needs, clang, dir,
+                     out, log->text);
+  return dsl_error(d, (dsl_pos){0}, "target %s: '%s' failed building %s/%s:\n%s", target, clang, dir, out, log->text);
+}
+
+int toolchain_build_amdgpu(const char *dir, const char *arch, const char *source, const char *out, dsl_diag *d) {
+  const char *clang = tool_from_env("DS4_CLANG", "clang-19");
+  char offload[64];
+  snprintf(offload, sizeof offload, "--offload-arch=%s", arch);
+  /* -fuse-cuid=none: clang would otherwise name a symbol after a hash of
+   * the source's absolute path. */
+  const char *argv[] = {clang, "-x", "hip", "--cuda-device-only", offload, "-nogpulib", "-nogpuinc",
+                        "--no-gpu-bundle-output", "-fuse-cuid=none", GPU_COMMON_FLAGS, "-o", out, source, NULL};
+  tool_log log;
+  int rc = tool_run(dir, (char *const *)argv, &log);
+  return rc ? gpu_clang_failed(arch, clang, AMD_TOOLS, rc, dir, out, &log, d) : 0;
+}
+
+/* ptxas: DS4_PTXAS, else ptxas on PATH, else the CUDA toolkit's. */
+static int find_ptxas(char *out, size_t n) {
+  const char *env = getenv("DS4_PTXAS");
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+    return 0;
+  }
+  const char *path = getenv("PATH");
+  for (const char *p = path; p && *p;) {
+    const char *end = strchr(p, ':');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    snprintf(out, n, "%.*s/ptxas", (int)len, p);
+    if (len && access(out, X_OK) == 0) return 0;
+    p = end ? end + 1 : p + len;
+  }
+  snprintf(out, n, "/usr/local/cuda/bin/ptxas");
+  return access(out, X_OK);
+}
+
+int toolchain_build_nvptx(const char *dir, const char *arch, const char *source, const char *ptx, const char *cubin,
+                          dsl_diag *d) {
+  const char *clang = tool_from_env("DS4_CLANG", "clang-19");
+  char gpu_arch[64];
+  snprintf(gpu_arch, sizeof gpu_arch, "--cuda-gpu-arch=%s", arch);
+  const char *cc_argv[] = {clang, "-x", "cuda", "--cuda-device-only", gpu_arch, "-nocudalib", "-nocudainc",
+                           "-Wno-unknown-cuda-version", GPU_COMMON_FLAGS, "-S", "-o", ptx, source, NULL};
+  tool_log log;
+  int rc = tool_run(dir, (char *const *)cc_argv, &log);
+  if (rc) return gpu_clang_failed(arch, clang, NV_CLANG, rc, dir, ptx, &log, d);
+  char ptxas[4096];
+  if (find_ptxas(ptxas, sizeof ptxas))
+    return dsl_error(d, (dsl_pos){0},
+                     "target %s needs ptxas from the CUDA toolkit (/usr/local/cuda/bin/ptxas); not found on "
+                     "PATH nor there (or set DS4_PTXAS)",
+                     arch);
+  char ptx_arch[64];
+  snprintf(ptx_arch, sizeof ptx_arch, "-arch=%s", arch);
+  const char *as_argv[] = {ptxas, ptx_arch, "-O3", "-o", cubin, ptx, NULL};
+  rc = tool_run(dir, (char *const *)as_argv, &log);
+  if (rc < 0) return dsl_error(d, (dsl_pos){0}, "target %s: cannot run '%s': %s", arch, ptxas, strerror(errno));
+  if (rc == TOOL_NOT_FOUND)
+    return dsl_error(d, (dsl_pos){0},
+                     "target %s needs ptxas from the CUDA toolkit (/usr/local/cuda/bin/ptxas); '%s' not found", arch,
+                     ptxas);
+  if (rc)
+    return dsl_error(d, (dsl_pos){0}, "target %s: '%s' failed building %s/%s:\n%s", arch, ptxas, dir, cubin, log.text);
   return 0;
 }

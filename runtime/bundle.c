@@ -1,7 +1,9 @@
-/* bundle.c - opening a bundle: read and check the plan, verify every code
- * object's SHA-256, open devices, allocate arenas, fill weights (views
- * included) from the seeded generator, load kernels, and resolve every
- * command once so that replay (replay.c) only walks arrays. */
+/* bundle.c - opening a bundle: read and check the plan, pick each device's
+ * code object and verify its SHA-256, open devices, allocate arenas (and
+ * register cpu arenas with GPU devices), fill weights (views included) from
+ * the seeded generator, load kernels, and resolve every command once, launch
+ * buffer arrays in device memory, so that replay (replay.c) only walks
+ * arrays. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -125,13 +127,40 @@ static int path_escapes(const char *rel) {
   return 0;
 }
 
+/* The device whose memory holds arg `arg`. */
+static const plan_device *arg_device(const plan *p, uint32_t arg) {
+  return &p->devices[p->tensors[p->args[arg].tensor].device];
+}
+
+/* A copy runs on its stream's backend, which reaches its own devices'
+ * memory and (registered) cpu arenas, never another backend's GPU memory:
+ * the compiler places a copy between a cpu and a GPU device on the GPU's
+ * stream. */
+static rt_status check_copy_reach(const plan *p, const char *name, uint32_t i) {
+  const plan_command *c = &p->commands[i];
+  const plan_stream *ps = &p->streams[c->stream];
+  const plan_device *sd = &p->devices[ps->device];
+  for (uint32_t k = 0; k < 2; k++) {
+    const plan_device *td = arg_device(p, c->args_begin + k);
+    if (td->backend == sd->backend || td->backend == PLAN_BACKEND_CPU) continue;
+    if (sd->backend == PLAN_BACKEND_CPU)
+      return rt_status_make("%s: command %u: copy on cpu stream '%s' touches memory of device "
+                            "'%s' (%s); such copies run on the GPU's stream",
+                            name, i, plan_str(p, ps->name), plan_str(p, td->name),
+                            rt_backend_name(td->backend));
+    return rt_status_make("%s: command %u: copy on %s stream '%s' touches memory of device '%s' "
+                          "(%s); no backend copies between two GPU backends",
+                          name, i, rt_backend_name(sd->backend), plan_str(p, ps->name),
+                          plan_str(p, td->name), rt_backend_name(td->backend));
+  }
+  return NULL;
+}
+
 /* The runtime's own checks, on top of plan_decode's (which bounds every
  * tensor, byte range, index and device): what replay needs beyond the
- * format, so that it never reads outside the bundle or waits forever. */
+ * format, so that it never reads outside the bundle, waits forever or hands
+ * a backend memory it cannot reach. */
 static rt_status check_plan(const plan *p, const char *name) {
-  for (uint32_t i = 0; i < p->nkernels; i++)
-    if (p->kernels[i].grid == 0)
-      return rt_status_make("%s: kernel %s: empty grid", name, plan_str(p, p->kernels[i].symbol));
   for (uint32_t i = 0; i < p->ncodeobjs; i++)
     if (path_escapes(plan_str(p, p->codeobjs[i].path)))
       return rt_status_make("%s: code object path '%s' leaves the bundle", name,
@@ -145,12 +174,59 @@ static rt_status check_plan(const plan *p, const char *name) {
     const plan_command *c = &p->commands[i];
     if (c->kind == PLAN_CMD_RECORD && recorded[c->a]++)
       err = rt_status_make("%s: command %u: event %u is recorded twice in a step", name, i, c->a);
+    else if (c->kind == PLAN_CMD_COPY)
+      err = check_copy_reach(p, name, i);
   }
   free(recorded);
   return err;
 }
 
+/* The code object target of a device: cpu devices run the host code
+ * object whatever their arch string, GPU devices the one of their arch. */
+static const char *device_target(const plan *p, const plan_device *d) {
+  return d->backend == PLAN_BACKEND_CPU ? "host" : plan_str(p, d->arch);
+}
+
+static rt_status no_codeobj_error(const plan *p, const char *name, const plan_device *d) {
+  size_t len = 1;
+  for (uint32_t i = 0; i < p->ncodeobjs; i++) len += strlen(plan_str(p, p->codeobjs[i].target)) + 2;
+  char *targets = malloc(len > 5 ? len : 5);
+  if (!targets) return rt_status_make("%s: out of memory", name);
+  strcpy(targets, p->ncodeobjs ? "" : "none");
+  for (uint32_t i = 0; i < p->ncodeobjs; i++) {
+    if (i) strcat(targets, ", ");
+    strcat(targets, plan_str(p, p->codeobjs[i].target));
+  }
+  rt_status s = rt_status_make("%s: device '%s' (%s, %s) has no code object for target %s "
+                               "(targets: %s)",
+                               name, plan_str(p, d->name), rt_backend_name(d->backend),
+                               plan_str(p, d->arch), device_target(p, d), targets);
+  free(targets);
+  return s;
+}
+
+/* Every device runs the one code object of its target (plan_decode made
+ * targets unique); a device without one is refused before anything opens. */
+static rt_status pick_codeobjs(rt_bundle *b, const char *name) {
+  const plan *p = &b->p;
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    const plan_device *pd = &p->devices[d];
+    const char *target = device_target(p, pd);
+    uint32_t c = 0;
+    while (c < p->ncodeobjs && strcmp(plan_str(p, p->codeobjs[c].target), target) != 0) c++;
+    if (c == p->ncodeobjs) return no_codeobj_error(p, name, pd);
+    b->devs[d].codeobj = c;
+  }
+  return NULL;
+}
+
 /* ---- open and close ---- */
+
+static void unregister_host_arenas(rt_bundle *b, rt_dev *v) {
+  if (!v->registered || !v->be->host_unregister) return;
+  for (uint32_t c = 0; c < b->p.ndevices; c++)
+    if (v->registered[c]) v->be->host_unregister(v->dev, b->devs[c].arena);
+}
 
 static void bundle_free(rt_bundle *b) {
   if (!b) return;
@@ -178,30 +254,30 @@ static void bundle_free(rt_bundle *b) {
     for (uint32_t e = 0; e < p->info.nevents; e++)
       if (b->events[e]) b->devs[b->event_dev[e]].be->event_destroy(b->events[e]);
   }
-  if (b->modules) {
-    for (uint32_t i = 0; i < p->ncodeobjs * p->ndevices; i++)
-      if (b->modules[i]) b->devs[i % p->ndevices].be->module_unload(b->modules[i]);
-  }
   if (b->devs) {
+    for (uint32_t d = 0; d < p->ndevices; d++)
+      if (b->devs[d].module) b->devs[d].be->module_unload(b->devs[d].module);
+    /* Every registration goes before any arena or device goes. */
+    for (uint32_t d = 0; d < p->ndevices; d++) unregister_host_arenas(b, &b->devs[d]);
     for (uint32_t d = 0; d < p->ndevices; d++) {
       rt_dev *v = &b->devs[d];
       if (v->dev) {
+        if (v->launch_bufs) v->be->mem_free(v->dev, v->launch_bufs);
         if (v->arena) v->be->mem_free(v->dev, v->arena);
         if (v->step_block) v->be->mem_free(v->dev, v->step_block);
         v->be->device_close(v->dev);
       }
       free(v->cmds);
       free(v->streams);
+      free(v->registered);
     }
   }
   free(b->devs);
   free(b->streams);
   free(b->events);
   free(b->event_dev);
-  free(b->modules);
   free(b->kernels);
   free(b->tensor_ptr);
-  free(b->bufs);
   free(b->enqueued);
   free(b->trace_start);
   free(b->trace_end);
@@ -215,9 +291,18 @@ void rt_bundle_close(rt_bundle *b) { bundle_free(b); }
 
 const plan *rt_bundle_plan(const rt_bundle *b) { return &b->p; }
 
+static int codeobj_used(const rt_bundle *b, uint32_t codeobj) {
+  for (uint32_t d = 0; d < b->p.ndevices; d++)
+    if (b->devs[d].codeobj == codeobj) return 1;
+  return 0;
+}
+
+/* Only the code objects some device runs: a bundle built for more targets
+ * than this machine has devices of opens without the others' files. */
 static rt_status verify_codeobjs(rt_bundle *b) {
   const plan *p = &b->p;
   for (uint32_t i = 0; i < p->ncodeobjs; i++) {
+    if (!codeobj_used(b, i)) continue;
     char *path = join_path(b->dir, plan_str(p, p->codeobjs[i].path));
     if (!path) return rt_status_make("out of memory");
     uint8_t got[32];
@@ -289,6 +374,30 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
   return NULL;
 }
 
+/* A GPU device's async copies reach a cpu device's arena only once the
+ * arena is registered with it (pinned); backends without host_register
+ * (cpu) need nothing. */
+static rt_status register_host_arenas(rt_bundle *b) {
+  const plan *p = &b->p;
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    rt_dev *v = &b->devs[d];
+    if (!v->be->host_register) continue;
+    v->registered = calloc(p->ndevices, 1);
+    if (!v->registered) return rt_status_make("out of memory");
+    for (uint32_t c = 0; c < p->ndevices; c++) {
+      const plan_device *pc = &p->devices[c];
+      if (pc->backend != PLAN_BACKEND_CPU || pc->arena_bytes == 0) continue;
+      rt_status s = v->be->host_register(v->dev, b->devs[c].arena, pc->arena_bytes);
+      if (s)
+        return rt_status_wrap(s, "device %s: registering the arena of device %s (%llu bytes)",
+                              plan_str(p, p->devices[d].name), plan_str(p, pc->name),
+                              (unsigned long long)pc->arena_bytes);
+      v->registered[c] = 1;
+    }
+  }
+  return NULL;
+}
+
 /* Launches and copies are the commands that get timestamps under trace. */
 static int is_timed(const plan_command *c) {
   return c->kind == PLAN_CMD_LAUNCH || c->kind == PLAN_CMD_COPY;
@@ -316,42 +425,46 @@ static rt_status open_streams_events(rt_bundle *b) {
   }
   free(per_stream);
   if (s) return s;
-  /* An event lives on the device of the stream that records it. */
+  /* An event lives on the device of the stream that records it. A stream
+   * of another backend waits on its host_gen, which the owner keeps
+   * current only for events created host_visible. */
+  uint8_t *visible = calloc(p->info.nevents ? p->info.nevents : 1, 1);
+  if (!visible) return rt_status_make("out of memory");
   for (uint32_t i = 0; i < p->ncommands; i++) {
     const plan_command *c = &p->commands[i];
-    if (c->kind != PLAN_CMD_RECORD) continue;
-    uint32_t d = p->streams[c->stream].device;
-    b->event_dev[c->a] = d;
-    RT_TRY(b->devs[d].be->event_create(b->devs[d].dev, &b->events[c->a]));
+    if (c->kind == PLAN_CMD_RECORD) b->event_dev[c->a] = p->streams[c->stream].device;
+    /* plan_decode put the event's record before this wait. */
+    else if (c->kind == PLAN_CMD_WAIT &&
+             p->devices[b->event_dev[c->a]].backend != p->devices[p->streams[c->stream].device].backend)
+      visible[c->a] = 1;
   }
-  return NULL;
+  for (uint32_t i = 0; i < p->ncommands && !s; i++) {
+    const plan_command *c = &p->commands[i];
+    if (c->kind != PLAN_CMD_RECORD) continue;
+    rt_dev *v = &b->devs[b->event_dev[c->a]];
+    s = v->be->event_create(v->dev, visible[c->a], &b->events[c->a]);
+  }
+  free(visible);
+  return s;
 }
 
+/* Kernel k on device d, from the device's code object, which every kernel
+ * of the plan is in; module and kernel are loaded at first use. */
 static rt_status load_kernel(rt_bundle *b, uint32_t k, uint32_t d, rt_kernel **out) {
   const plan *p = &b->p;
-  uint32_t nd = p->ndevices;
-  if (b->kernels[k * nd + d]) {
-    *out = b->kernels[k * nd + d];
-    return NULL;
+  rt_kernel **slot = &b->kernels[(size_t)k * p->ndevices + d];
+  if (!*slot) {
+    rt_dev *v = &b->devs[d];
+    if (!v->module) {
+      char *path = join_path(b->dir, plan_str(p, p->codeobjs[v->codeobj].path));
+      if (!path) return rt_status_make("out of memory");
+      rt_status s = v->be->module_load(v->dev, path, NULL, 0, &v->module);
+      free(path);
+      if (s) return s;
+    }
+    RT_TRY(v->be->kernel_find(v->module, plan_str(p, p->kernels[k].symbol), slot));
   }
-  const plan_kernel *pk = &p->kernels[k];
-  const plan_codeobj *co = &p->codeobjs[pk->codeobj];
-  const plan_device *pd = &p->devices[d];
-  rt_dev *v = &b->devs[d];
-  rt_module **m = &b->modules[pk->codeobj * nd + d];
-  if (!*m) {
-    if (strcmp(plan_str(p, co->target), plan_str(p, pd->arch)) != 0)
-      return rt_status_make("kernel %s for device %s (arch %s) is in %s, built for %s",
-                            plan_str(p, pk->symbol), plan_str(p, pd->name), plan_str(p, pd->arch),
-                            plan_str(p, co->path), plan_str(p, co->target));
-    char *path = join_path(b->dir, plan_str(p, co->path));
-    if (!path) return rt_status_make("out of memory");
-    rt_status s = v->be->module_load(v->dev, path, NULL, 0, m);
-    free(path);
-    if (s) return s;
-  }
-  RT_TRY(v->be->kernel_find(*m, plan_str(p, pk->symbol), &b->kernels[k * nd + d]));
-  *out = b->kernels[k * nd + d];
+  *out = *slot;
   return NULL;
 }
 
@@ -372,22 +485,44 @@ static void add_timestamp(rt_dev *v, rt_stream *stream, uint32_t i, uint64_t *st
   r->stamp = stamp;
 }
 
+/* Every launch's buffer pointers on device v, in one region of v's memory
+ * (a GPU kernel dereferences only device memory; one region is one
+ * allocation and one copy); each launch gets its slice. */
+static rt_status upload_launch_bufs(rt_bundle *b, rt_dev *v) {
+  const plan *p = &b->p;
+  size_t n = 0;
+  for (uint32_t i = 0; i < v->ncmds; i++)
+    if (v->cmds[i].kind == PLAN_CMD_LAUNCH) n += p->commands[v->cmds[i].index].nargs;
+  if (n == 0) return NULL;
+  void **stage = calloc(n, sizeof *stage);
+  if (!stage) return rt_status_make("out of memory");
+  rt_status s = v->be->mem_alloc(v->dev, n * sizeof *stage, (void **)&v->launch_bufs);
+  size_t at = 0;
+  for (uint32_t i = 0; i < v->ncmds && !s; i++) {
+    rt_cmd *r = &v->cmds[i];
+    if (r->kind != PLAN_CMD_LAUNCH) continue;
+    const plan_command *c = &p->commands[r->index];
+    r->bufs = v->launch_bufs + at;
+    for (uint32_t j = 0; j < c->nargs; j++) stage[at++] = arg_ptr(b, c->args_begin + j);
+  }
+  if (!s) s = v->be->copy_h2d(v->dev, v->launch_bufs, stage, n * sizeof *stage);
+  free(stage);
+  if (s)
+    return rt_status_wrap(s, "device %s: launch buffer arrays (%zu pointers)",
+                          plan_str(p, p->devices[v->index].name), n);
+  return NULL;
+}
+
 /* Every command becomes an rt_cmd on its device's list, in global order;
  * under trace, each launch and copy sits between two timestamps. */
 static rt_status resolve_commands(rt_bundle *b) {
   const plan *p = &b->p;
-  uint64_t nbufs = 0;
   for (uint32_t i = 0; i < p->ncommands; i++) {
     const plan_command *c = &p->commands[i];
     b->devs[p->streams[c->stream].device].ncmds += resolved_count(b, c);
-    if (c->kind == PLAN_CMD_LAUNCH) nbufs += c->nargs;
   }
-  b->bufs = calloc(nbufs ? nbufs : 1, sizeof *b->bufs);
   uint8_t *publish = calloc(p->ncommands ? p->ncommands : 1, 1);
-  if (!b->bufs || !publish) {
-    free(publish);
-    return rt_status_make("out of memory");
-  }
+  if (!publish) return rt_status_make("out of memory");
   for (uint32_t d = 0; d < p->ndevices; d++) {
     rt_dev *v = &b->devs[d];
     v->cmds = calloc(v->ncmds ? v->ncmds : 1, sizeof *v->cmds);
@@ -408,7 +543,6 @@ static rt_status resolve_commands(rt_bundle *b) {
       publish[c->b] = 1;
   }
   rt_status err = NULL;
-  void **next_buf = b->bufs;
   for (uint32_t i = 0; i < p->ncommands && !err; i++) {
     const plan_command *c = &p->commands[i];
     uint32_t d = p->streams[c->stream].device;
@@ -425,9 +559,8 @@ static rt_status resolve_commands(rt_bundle *b) {
     case PLAN_CMD_LAUNCH:
       err = load_kernel(b, c->a, d, &r->kernel);
       r->grid = p->kernels[c->a].grid;
+      r->block = p->kernels[c->a].block;
       r->step = v->step_block;
-      r->bufs = next_buf;
-      for (uint32_t j = 0; j < c->nargs; j++) *next_buf++ = arg_ptr(b, c->args_begin + j);
       break;
     case PLAN_CMD_COPY:
       r->src = arg_ptr(b, c->args_begin);
@@ -447,6 +580,7 @@ static rt_status resolve_commands(rt_bundle *b) {
   }
   free(publish);
   if (err) return err;
+  for (uint32_t d = 0; d < p->ndevices; d++) RT_TRY(upload_launch_bufs(b, &b->devs[d]));
   b->enqueued = calloc(p->ncommands ? p->ncommands : 1, sizeof *b->enqueued);
   if (!b->enqueued) return rt_status_make("out of memory");
   for (uint32_t i = 0; i < p->ncommands; i++) atomic_init(&b->enqueued[i], 0);
@@ -468,10 +602,9 @@ static rt_status start_submitters(rt_bundle *b) {
   return NULL;
 }
 
-static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
-                             const rt_fault *fault) {
-  b->dir = strdup(dir);
-  if (!b->dir) return rt_status_make("out of memory");
+/* DIR/plan.ds4p, decoded and checked, with each device's code object
+ * picked: everything that needs no file but the plan. */
+static rt_status read_plan(rt_bundle *b, const char *dir) {
   char *path = join_path(dir, "plan.ds4p");
   if (!path) return rt_status_make("out of memory");
   rt_status s = plan_read(path, &b->p);
@@ -479,24 +612,32 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
     b->plan_loaded = 1;
     s = check_plan(&b->p, path);
   }
+  if (!s && b->p.ndevices == 0) s = rt_status_make("%s: the plan has no devices", dir);
+  if (!s) {
+    b->devs = calloc(b->p.ndevices, sizeof *b->devs);
+    s = b->devs ? pick_codeobjs(b, path) : rt_status_make("out of memory");
+  }
   free(path);
-  if (s) return s;
+  return s;
+}
+
+static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
+                             const rt_fault *fault) {
+  b->dir = strdup(dir);
+  if (!b->dir) return rt_status_make("out of memory");
+  RT_TRY(read_plan(b, dir));
   const plan *p = &b->p;
-  if (p->ndevices == 0) return rt_status_make("%s: the plan has no devices", dir);
   b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
   RT_TRY(verify_codeobjs(b));
   RT_TRY(rt_sync_init(&b->sync));
   b->sync_ready = 1;
   uint32_t nd = p->ndevices, nev = p->info.nevents ? p->info.nevents : 1;
-  b->devs = calloc(nd, sizeof *b->devs);
   b->streams = calloc(p->nstreams ? p->nstreams : 1, sizeof *b->streams);
   b->events = calloc(nev, sizeof *b->events);
   b->event_dev = calloc(nev, sizeof *b->event_dev);
-  b->modules = calloc((size_t)(p->ncodeobjs ? p->ncodeobjs : 1) * nd, sizeof *b->modules);
   b->kernels = calloc((size_t)(p->nkernels ? p->nkernels : 1) * nd, sizeof *b->kernels);
   b->tensor_ptr = calloc(p->ntensors ? p->ntensors : 1, sizeof *b->tensor_ptr);
-  if (!b->devs || !b->streams || !b->events || !b->event_dev || !b->modules || !b->kernels ||
-      !b->tensor_ptr)
+  if (!b->streams || !b->events || !b->event_dev || !b->kernels || !b->tensor_ptr)
     return rt_status_make("out of memory");
   if (opts && opts->trace) {
     /* Zero stays in the slots of commands that are not timed. */
@@ -505,6 +646,7 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
     if (!b->trace_start || !b->trace_end) return rt_status_make("out of memory");
   }
   RT_TRY(open_devices(b, opts, fault));
+  RT_TRY(register_host_arenas(b));
   RT_TRY(fill_weights(b));
   RT_TRY(open_streams_events(b));
   RT_TRY(resolve_commands(b));

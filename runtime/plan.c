@@ -21,6 +21,14 @@
 #define PLAN_SECTION_BYTES 24u
 #define PLAN_ALIGN 8u
 
+/* Kernel limits every target shares: HIP and CUDA allow at most 1024
+ * threads per block, no GPU block has more than 64 KiB of static shared
+ * memory (CUDA: 48 KiB, AMD LDS: 64 KiB), and an op has at most 8 inputs
+ * and 8 outputs (IR_MAXIO). */
+#define PLAN_KERNEL_MAX_BLOCK 1024u
+#define PLAN_KERNEL_MAX_SHARED 65536u
+#define PLAN_KERNEL_MAX_BUFS 16u
+
 /* ---- field layouts ------------------------------------------------------ */
 
 enum field_kind {
@@ -72,9 +80,8 @@ static const field_desc codeobj_fields[] = {
     FD(plan_codeobj, path, F_U32), FD(plan_codeobj, target, F_U32), FD(plan_codeobj, sha256, F_B32),
 };
 static const field_desc kernel_fields[] = {
-    FD(plan_kernel, symbol, F_U32),  FD(plan_kernel, kind, F_U32), FD(plan_kernel, codeobj, F_U32),
-    FD(plan_kernel, grid, F_U32),    FD(plan_kernel, nbufs, F_U32),
-    FD(plan_kernel, reserved, F_RSV32),
+    FD(plan_kernel, symbol, F_U32), FD(plan_kernel, kind, F_U32),   FD(plan_kernel, grid, F_U32),
+    FD(plan_kernel, block, F_U32),  FD(plan_kernel, shared, F_U32), FD(plan_kernel, nbufs, F_U32),
 };
 static const field_desc op_fields[] = {
     FD(plan_op, path, F_U32), FD(plan_op, stream, F_U32), FD(plan_op, kernel, F_U32),
@@ -402,6 +409,41 @@ static rt_status check_view(const char *name, const plan *p, uint32_t i) {
   return NULL;
 }
 
+/* A device loads the code object of its target, so a target names at most
+ * one code object. */
+static rt_status check_codeobj(const char *name, const plan *p, uint32_t i) {
+  const plan_codeobj *co = &p->codeobjs[i];
+  char where[64];
+  snprintf(where, sizeof where, "codeobj %" PRIu32, i);
+  RT_TRY(check_str(name, p, where, "path", co->path, false));
+  RT_TRY(check_str(name, p, where, "target", co->target, false));
+  for (uint32_t j = 0; j < i; j++)
+    if (strcmp(p->strings + p->codeobjs[j].target, p->strings + co->target) == 0)
+      return rt_status_make("%s: %s: target '%s' is also codeobj %" PRIu32
+                            "'s (one code object per target)",
+                            name, where, p->strings + co->target, j);
+  return NULL;
+}
+
+static rt_status check_kernel(const char *name, const plan *p, uint32_t i) {
+  const plan_kernel *k = &p->kernels[i];
+  char where[64];
+  snprintf(where, sizeof where, "kernel %" PRIu32, i);
+  RT_TRY(check_str(name, p, where, "symbol", k->symbol, false));
+  RT_TRY(check_str(name, p, where, "kind", k->kind, false));
+  if (k->grid == 0) return rt_status_make("%s: %s: empty grid (grid 0)", name, where);
+  if (k->block == 0 || k->block > PLAN_KERNEL_MAX_BLOCK)
+    return rt_status_make("%s: %s: block of %" PRIu32 " threads (must be 1..%u)", name, where,
+                          k->block, PLAN_KERNEL_MAX_BLOCK);
+  if (k->shared > PLAN_KERNEL_MAX_SHARED)
+    return rt_status_make("%s: %s: %" PRIu32 " bytes of shared memory per block (at most %u)", name,
+                          where, k->shared, PLAN_KERNEL_MAX_SHARED);
+  if (k->nbufs > PLAN_KERNEL_MAX_BUFS)
+    return rt_status_make("%s: %s: nbufs %" PRIu32 " (at most %u buffers per launch)", name, where,
+                          k->nbufs, PLAN_KERNEL_MAX_BUFS);
+  return NULL;
+}
+
 static rt_status check_arg(const char *name, const plan *p, uint32_t i) {
   const plan_arg *a = &p->args[i];
   char where[64];
@@ -555,18 +597,8 @@ static rt_status plan_check(const char *name, const plan *p) {
   /* Views after every tensor, so a view's message never reports a source
    * field that the source's own check would refuse first. */
   for (uint32_t i = 0; i < p->ntensors; i++) RT_TRY(check_view(name, p, i));
-  for (uint32_t i = 0; i < p->ncodeobjs; i++) {
-    snprintf(where, sizeof where, "codeobj %" PRIu32, i);
-    RT_TRY(check_str(name, p, where, "path", p->codeobjs[i].path, false));
-    RT_TRY(check_str(name, p, where, "target", p->codeobjs[i].target, false));
-  }
-  for (uint32_t i = 0; i < p->nkernels; i++) {
-    const plan_kernel *k = &p->kernels[i];
-    snprintf(where, sizeof where, "kernel %" PRIu32, i);
-    RT_TRY(check_str(name, p, where, "symbol", k->symbol, false));
-    RT_TRY(check_str(name, p, where, "kind", k->kind, false));
-    RT_TRY(check_idx(name, where, "codeobj", k->codeobj, p->ncodeobjs, "codeobjs"));
-  }
+  for (uint32_t i = 0; i < p->ncodeobjs; i++) RT_TRY(check_codeobj(name, p, i));
+  for (uint32_t i = 0; i < p->nkernels; i++) RT_TRY(check_kernel(name, p, i));
   for (uint32_t i = 0; i < p->nops; i++) {
     const plan_op *o = &p->ops[i];
     snprintf(where, sizeof where, "op %" PRIu32, i);

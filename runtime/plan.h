@@ -16,7 +16,7 @@
 #include "status.h"
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
-#define PLAN_VERSION_MAJOR 2
+#define PLAN_VERSION_MAJOR 3
 #define PLAN_VERSION_MINOR 0
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
@@ -112,6 +112,10 @@ typedef struct plan_tensor {
   double init_offset, init_scale; /* seeded generator: offset + scale*u, u in [-1,1) */
 } plan_tensor;
 
+/* One code object per target: "host" (kernels/host.so), an AMD arch
+ * (kernels/gfx1201.hsaco) or an NVIDIA one (kernels/sm_90.cubin). Every
+ * code object holds every kernel of the plan under the same symbol; a
+ * device loads the one whose target is its arch (cpu devices: "host"). */
 typedef struct plan_codeobj {
   uint32_t path;   /* string: relative to the bundle, e.g. kernels/host.so */
   uint32_t target; /* string: host, gfx1201, sm_90, ... */
@@ -121,10 +125,10 @@ typedef struct plan_codeobj {
 typedef struct plan_kernel {
   uint32_t symbol;  /* string */
   uint32_t kind;    /* string: op kind */
-  uint32_t codeobj; /* index */
   uint32_t grid;    /* blocks */
+  uint32_t block;   /* threads per block on GPU targets (host kernels run a block on one thread) */
+  uint32_t shared;  /* bytes of static shared memory a GPU block uses, for review */
   uint32_t nbufs;   /* tensors per launch */
-  uint32_t reserved;
 } plan_kernel;
 
 typedef struct plan_op {

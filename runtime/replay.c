@@ -25,7 +25,7 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
     if (rt_sync_poisoned(&b->sync)) break;
     switch (c->kind) {
     case PLAN_CMD_LAUNCH:
-      s = be->launch(c->stream, c->kernel, c->grid, c->bufs, c->step);
+      s = be->launch(c->stream, c->kernel, c->grid, c->block, c->bufs, c->step);
       break;
     case PLAN_CMD_COPY:
       s = be->copy_async(c->stream, c->dst, c->src, c->bytes);

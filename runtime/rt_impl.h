@@ -17,7 +17,8 @@ enum { RT_CMD_TIMESTAMP = PLAN_CMD_WAIT + 1 };
 /* One plan command, resolved. */
 typedef struct rt_cmd {
   uint32_t kind;  /* plan_cmd_kind or RT_CMD_TIMESTAMP */
-  uint32_t grid;  /* LAUNCH */
+  uint32_t grid;  /* LAUNCH: blocks */
+  uint32_t block; /* LAUNCH: threads per block (GPU backends) */
   uint32_t index; /* the command's index in the plan (TIMESTAMP: the timed one's) */
   /* WAIT on an event recorded on another device: the index of that RECORD
    * command, whose enqueue this WAIT must follow; PLAN_NONE otherwise. */
@@ -25,8 +26,9 @@ typedef struct rt_cmd {
   int publish;    /* RECORD: some WAIT on another device follows its enqueue */
   rt_stream *stream;
   rt_kernel *kernel;
-  void *const *bufs;   /* LAUNCH: arena pointers of the launch's arg ranges */
-  const int32_t *step; /* LAUNCH: the device's step block */
+  void *const *bufs;   /* LAUNCH: in the device's launch_bufs, the addresses of the
+                          launch's arg ranges */
+  const int32_t *step; /* LAUNCH: the device's step block (device memory) */
   void *dst;           /* COPY */
   const void *src;
   size_t bytes;
@@ -43,6 +45,11 @@ typedef struct rt_dev {
   rt_device *dev;
   void *arena;
   int32_t *step_block; /* device memory: {pos, ntok, step, 0} */
+  void **launch_bufs;  /* device memory: every launch's buffer pointers, back to back */
+  uint32_t codeobj;    /* the plan's code object for this device's target */
+  rt_module *module;   /* that code object, loaded at the device's first launch */
+  uint8_t *registered; /* [p.ndevices], with host_register: the cpu devices whose
+                          arenas this device has registered */
   rt_cmd *cmds;        /* this device's commands in global order */
   uint32_t ncmds;
   uint32_t *streams;   /* plan stream indices on this device */
@@ -63,10 +70,8 @@ struct rt_bundle {
   rt_stream **streams;   /* [p.nstreams] */
   rt_event **events;     /* [p.info.nevents] */
   uint32_t *event_dev;   /* [p.info.nevents] device that owns each event */
-  rt_module **modules;   /* [ncodeobjs * ndevices], loaded on demand */
-  rt_kernel **kernels;   /* [nkernels * ndevices] */
+  rt_kernel **kernels;   /* [nkernels * ndevices], found on demand */
   void **tensor_ptr;     /* [p.ntensors]; NULL for a non-resident weight source */
-  void **bufs;           /* every launch's buffer array, back to back */
   _Atomic uint64_t *enqueued; /* [p.ncommands]: the step generation in which
                                  a published RECORD was last enqueued */
 

@@ -1,7 +1,11 @@
 /* test_kernels.c - the host kernels of every op kind: kgen_host specialises a
  * template, cc builds it into a .so, and its blocks run on random inputs for
  * several (pos, ntok) against a float64 implementation of docs/OPS.md written
- * here; plus dedupe, determinism, tie-breaking and error positions. */
+ * here; plus dedupe, determinism, tie-breaking and error positions. The GPU
+ * kernels cannot run here (no GPU): their tests build every kind for every
+ * GPU target through emit_kernels_build and check the code objects, the
+ * shared symbols, byte-identical rebuilds, the prelude's math against libm
+ * and the toolchain's errors. */
 #include <check.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -10,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "emit.h"
 #include "kgen.h"
 #include "templates.h"
 
@@ -1160,6 +1166,579 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* ==== GPU kernels ==== */
+
+/* Every op kind at small shapes (tiny-moe's, plus the corners: a partial
+ * matmul tile, rope without rotation, attention heads wider than a block,
+ * a split expert op, an ffn in two chunks), as one program for
+ * emit_kernels_build. */
+#define MP_MAXT 64
+#define MP_MAXOPS 20
+
+typedef struct mprog {
+  ir_tensor tensors[MP_MAXT];
+  char paths[MP_MAXT][16];
+  ir_op ops[MP_MAXOPS];
+  ir_prog prog;
+  dsl_source src;
+} mprog;
+
+/* Appends the one op of k, with its tensors, to m. */
+static void mp_take(mprog *m, const kt *k)
+{
+  int base = m->prog.ntensors;
+  ck_assert_int_le(base + k->prog.ntensors, MP_MAXT);
+  ck_assert_int_lt(m->prog.nops, MP_MAXOPS);
+  for (int i = 0; i < k->prog.ntensors; i++) {
+    m->tensors[base + i] = k->tensors[i];
+    snprintf(m->paths[base + i], sizeof m->paths[base + i], "t%d", base + i);
+    m->tensors[base + i].path = m->paths[base + i];
+  }
+  m->prog.ntensors += k->prog.ntensors;
+  ir_op op = k->op;
+  for (int i = 0; i < op.nin; i++)
+    op.in[i] += base;
+  for (int i = 0; i < op.nout; i++)
+    op.out[i] += base;
+  op.pos = (dsl_pos){&m->src, 2, 5};
+  m->ops[m->prog.nops++] = op;
+}
+
+static void mp_all_kinds(mprog *m)
+{
+  static int split_rows[8] = {-1, -1, -1, -1, -1, -1, 0, 1}; /* experts 6, 7 */
+  memset(m, 0, sizeof *m);
+  m->src.path = "kernels.yaml";
+  m->src.text = "ops:\n  - {name: op, op: kind}\n";
+  m->src.len = strlen(m->src.text);
+  m->prog.tensors = m->tensors;
+  m->prog.ops = m->ops;
+  kt k;
+  kt_init(&k, IR_OP_EMBED);
+  kt_add(&k, 0, PLAN_I32, 1, (int64_t)4);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)128, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  rmsnorm_op(&k, 4, 64, 1e-6);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_MATMUL); /* 150 columns: three tiles, the last partial */
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)150, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
+  mp_take(m, &k);
+  for (int r = 0; r <= 8; r += 8) { /* rope_dim 8, and 0: no table */
+    kt_init(&k, IR_OP_ROPE);
+    k.op.iattr[0] = 4;
+    k.op.iattr[1] = r;
+    k.op.fattr[2] = 10000.0;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_CACHE_WRITE);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)64, (int64_t)64);
+  mp_take(m, &k);
+  for (int heads = 4; heads >= 2; heads -= 2) { /* head dims 16 and 512 */
+    int64_t c = heads == 4 ? 64 : 1024;
+    kt_init(&k, IR_OP_ATTENTION);
+    k.op.iattr[0] = heads;
+    k.op.fattr[1] = 0.25;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, c);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)64, c);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)64, c);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, c);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_ADD);
+  for (int i = 0; i < 3; i++)
+    kt_add(&k, i == 2, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_TOPK_ROUTE);
+  k.op.iattr[0] = 2;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  kt_add(&k, 1, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)2);
+  mp_take(m, &k);
+  for (int split = 0; split < 2; split++) {
+    int64_t rows = split ? 2 : 8;
+    kt_init(&k, IR_OP_MOE_EXPERTS);
+    if (split) {
+      k.op.expert_row = split_rows;
+      k.op.nexperts = 8;
+    }
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)32, (int64_t)64);
+    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)32, (int64_t)64);
+    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)64, (int64_t)32);
+    kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_MOE_COMBINE);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  for (int64_t f = 32; f <= 2100; f += 2068) { /* one ffn chunk, and two */
+    kt_init(&k, IR_OP_SWIGLU_FFN);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    kt_add(&k, 0, PLAN_F32, 2, f, (int64_t)64);
+    kt_add(&k, 0, PLAN_F32, 2, f, (int64_t)64);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)64, f);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_ARGMAX);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)128);
+  kt_add(&k, 1, PLAN_I32, 1, (int64_t)4);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_SUM_PARTS);
+  k.op.iattr[0] = 2;
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)8, (int64_t)2, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+  mp_take(m, &k);
+}
+
+static const char *const g_kinds[] = {"embed", "rmsnorm", "matmul", "rope", "cache_write", "attention",
+                                      "add", "topk_route", "moe_experts", "moe_combine", "swiglu_ffn",
+                                      "argmax", "sum_parts"};
+#define NKINDS ((int)(sizeof g_kinds / sizeof g_kinds[0]))
+
+START_TEST(test_gpu_templates)
+{
+  const char *prelude = kgen_gpu_prelude();
+  ck_assert_ptr_nonnull(prelude);
+  ck_assert_ptr_nonnull(strstr(prelude, "#define DS4_KERNEL"));
+  for (int i = 0; i < NKINDS; i++) {
+    const char *t = ds4_template_find("gpu", g_kinds[i]);
+    ck_assert_msg(t != NULL, "no gpu template for %s", g_kinds[i]);
+    ck_assert_ptr_nonnull(strstr(t, "DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)"));
+  }
+  ck_assert_ptr_null(ds4_template_find("gpu", "copy"));
+}
+END_TEST
+
+/* The same symbol, grid and operands on every target; a block of whole
+ * waves; a source that undoes its defines. */
+START_TEST(test_gpu_symbols)
+{
+  mprog m;
+  mp_all_kinds(&m);
+  int seen[NKINDS] = {0};
+  for (int i = 0; i < m.prog.nops; i++) {
+    dsl_diag d = {0};
+    kgen_kernel h, g;
+    ck_assert_msg(kgen_host(&m.prog, &m.ops[i], &h, &d) == 0, "kgen_host: %s", d.msg);
+    ck_assert_msg(kgen_gpu(&m.prog, &m.ops[i], &g, &d) == 0, "kgen_gpu: %s", d.msg);
+    ck_assert_str_eq(h.symbol, g.symbol);
+    ck_assert_str_eq(h.kind, g.kind);
+    ck_assert_uint_eq(h.grid, g.grid);
+    ck_assert_uint_eq(h.nbufs, g.nbufs);
+    ck_assert_uint_eq(g.nbufs, (uint32_t)(m.ops[i].nin + m.ops[i].nout));
+    ck_assert_uint_eq(h.block, 0);
+    ck_assert_msg(g.block >= 64 && g.block <= 1024 && g.block % 64 == 0, "%s: block %u", g.symbol, g.block);
+    for (int k = 0; k < NKINDS; k++)
+      seen[k] |= strcmp(g.kind, g_kinds[k]) == 0;
+    char line[128];
+    snprintf(line, sizeof line, "#define KERNEL_NAME %s\n", g.symbol);
+    ck_assert_ptr_nonnull(strstr(g.source, line));
+    snprintf(line, sizeof line, "#define NTHREADS %u\n", g.block);
+    ck_assert_ptr_nonnull(strstr(g.source, line));
+    ck_assert_ptr_nonnull(strstr(g.source, "#undef KERNEL_NAME\n"));
+    ck_assert_ptr_nonnull(strstr(g.source, "#undef NTHREADS\n"));
+    ck_assert_ptr_null(strstr(g.source, "#include"));
+    kgen_kernel_free(&h);
+    kgen_kernel_free(&g);
+  }
+  for (int k = 0; k < NKINDS; k++)
+    ck_assert_msg(seen[k], "no %s op in the program", g_kinds[k]);
+}
+END_TEST
+
+/* ---- the multi-target build ---- */
+
+static char *read_all(const char *path, size_t *out_len)
+{
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot read %s", path);
+  size_t cap = 1 << 16, len = 0, n;
+  char *buf = malloc(cap + 1);
+  ck_assert_ptr_nonnull(buf);
+  while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
+    len += n;
+    if (len == cap) {
+      cap *= 2;
+      buf = realloc(buf, cap + 1);
+      ck_assert_ptr_nonnull(buf);
+    }
+  }
+  fclose(f);
+  buf[len] = 0;
+  if (out_len)
+    *out_len = len;
+  return buf;
+}
+
+static char *run_capture(const char *cmd)
+{
+  FILE *f = popen(cmd, "r");
+  ck_assert_msg(f != NULL, "cannot run %s", cmd);
+  size_t cap = 1 << 16, len = 0, n;
+  char *buf = malloc(cap + 1);
+  ck_assert_ptr_nonnull(buf);
+  while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
+    len += n;
+    if (len == cap) {
+      cap *= 2;
+      buf = realloc(buf, cap + 1);
+      ck_assert_ptr_nonnull(buf);
+    }
+  }
+  buf[len] = 0;
+  ck_assert_msg(pclose(f) == 0, "%s failed:\n%s", cmd, buf);
+  return buf;
+}
+
+/* A field of one kernel's record in `llvm-readelf --notes` output; -1 when
+ * the kernel or the field is missing. */
+static long note_field(const char *notes, const char *symbol, const char *field)
+{
+  char key[160];
+  snprintf(key, sizeof key, "    .name:           %s\n", symbol);
+  const char *at = strstr(notes, key);
+  if (!at)
+    return -1;
+  const char *start = at, *end = strstr(at, "\n  - ");
+  while (start > notes && strncmp(start, "\n  - ", 5) != 0)
+    start--;
+  if (!end)
+    end = notes + strlen(notes);
+  snprintf(key, sizeof key, "\n    %s:", field);
+  const char *f = strstr(start, key);
+  return f && f < end ? strtol(f + strlen(key), NULL, 10) : -1;
+}
+
+/* Whether ptxas is where the toolchain looks: DS4_PTXAS, PATH, then the
+ * CUDA toolkit. */
+static int ptxas_present(void)
+{
+  const char *env = getenv("DS4_PTXAS");
+  if (env && *env)
+    return access(env, X_OK) == 0;
+  return system("command -v ptxas >/dev/null 2>&1") == 0 || access("/usr/local/cuda/bin/ptxas", X_OK) == 0;
+}
+
+static void make_dir(char *out, size_t n, const char *name)
+{
+  snprintf(out, n, "%s/%s", g_dir, name);
+  ck_assert_msg(mkdir(out, 0777) == 0, "mkdir %s", out);
+}
+
+static void build_targets(mprog *m, const char *dir, char *const *targets, int n, emit_kernels *k)
+{
+  dsl_diag d = {0};
+  int rc = emit_kernels_build(&m->prog, dir, targets, n, k, &d);
+  ck_assert_msg(rc == 0, "emit_kernels_build: %s", d.msg);
+}
+
+/* Two bundles' copies of kernels/<name> are byte-identical. */
+static void same_file(const char *a, const char *b, const char *name)
+{
+  char pa[512], pb[512];
+  snprintf(pa, sizeof pa, "%s/kernels/%s", a, name);
+  snprintf(pb, sizeof pb, "%s/kernels/%s", b, name);
+  size_t la, lb;
+  char *x = read_all(pa, &la), *y = read_all(pb, &lb);
+  ck_assert_msg(la > 0 && la == lb && memcmp(x, y, la) == 0, "%s differs between two builds", name);
+  free(x);
+  free(y);
+}
+
+START_TEST(test_gpu_build)
+{
+  char *targets[] = {"host", "gfx1201", "gfx1151", "gfx1100", "gfx942", "sm_90"};
+  int ntargets = 6;
+  if (!ptxas_present()) {
+    fprintf(stderr, "test_kernels: no ptxas (CUDA toolkit): sm_90 not built\n");
+    ntargets = 5;
+  }
+  mprog m;
+  mp_all_kinds(&m);
+  char a[300], b[300];
+  make_dir(a, sizeof a, "bundle-a");
+  emit_kernels ka;
+  build_targets(&m, a, targets, ntargets, &ka);
+
+  /* One kernel per op (all distinct here), sorted, each op pointing at its
+   * own; code objects in the order asked for. */
+  ck_assert_int_eq(ka.nkernels, m.prog.nops);
+  for (int j = 1; j < ka.nkernels; j++)
+    ck_assert_int_lt(strcmp(ka.kernels[j - 1].symbol, ka.kernels[j].symbol), 0);
+  for (int i = 0; i < m.prog.nops; i++) {
+    dsl_diag d = {0};
+    kgen_kernel g;
+    ck_assert_msg(kgen_gpu(&m.prog, &m.ops[i], &g, &d) == 0, "%s", d.msg);
+    const emit_kernel *e = &ka.kernels[m.ops[i].kernel];
+    ck_assert_str_eq(e->symbol, g.symbol);
+    ck_assert_str_eq(e->kind, g.kind);
+    ck_assert_uint_eq(e->grid, g.grid);
+    ck_assert_uint_eq(e->block, g.block);
+    ck_assert_uint_eq(e->shared, g.shared);
+    ck_assert_uint_eq(e->nbufs, g.nbufs);
+    kgen_kernel_free(&g);
+  }
+  ck_assert_int_eq(ka.ncodeobjs, ntargets);
+  for (int t = 0; t < ntargets; t++) {
+    ck_assert_str_eq(ka.codeobjs[t].target, targets[t]);
+    char want[64];
+    snprintf(want, sizeof want, "kernels/%s.%s", targets[t],
+             t == 0 ? "so" : strncmp(targets[t], "sm_", 3) == 0 ? "cubin" : "hsaco");
+    ck_assert_str_eq(ka.codeobjs[t].path, want);
+  }
+
+  /* Every AMD code object lists every kernel, launched with its block,
+   * using exactly the shared memory kgen_gpu reports and no stack. */
+  for (int t = 1; t < ntargets; t++) {
+    if (strncmp(targets[t], "gfx", 3) != 0)
+      continue;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "llvm-readelf-19 --notes '%s/kernels/%s.hsaco'", a, targets[t]);
+    char *notes = run_capture(cmd);
+    for (int j = 0; j < ka.nkernels; j++) {
+      const emit_kernel *e = &ka.kernels[j];
+      ck_assert_msg(note_field(notes, e->symbol, ".vgpr_count") > 0, "%s: %s missing", targets[t], e->symbol);
+      ck_assert_int_eq(note_field(notes, e->symbol, ".max_flat_workgroup_size"), e->block);
+      ck_assert_int_eq(note_field(notes, e->symbol, ".group_segment_fixed_size"), e->shared);
+      ck_assert_int_eq(note_field(notes, e->symbol, ".private_segment_fixed_size"), 0);
+    }
+    free(notes);
+  }
+  if (ntargets == 6) { /* the PTX declares every kernel; ptxas made a cubin */
+    char path[400];
+    snprintf(path, sizeof path, "%s/kernels/sm_90.ptx", a);
+    char *ptx = read_all(path, NULL);
+    for (int j = 0; j < ka.nkernels; j++) {
+      char entry[128];
+      snprintf(entry, sizeof entry, ".entry %s(", ka.kernels[j].symbol);
+      ck_assert_msg(strstr(ptx, entry) != NULL, "sm_90.ptx lacks %s", entry);
+    }
+    free(ptx);
+  }
+
+  /* Built again elsewhere: the same bytes. */
+  make_dir(b, sizeof b, "bundle-b");
+  char *again[] = {"gfx1201", "sm_90"};
+  emit_kernels kb;
+  build_targets(&m, b, again, ntargets == 6 ? 2 : 1, &kb);
+  same_file(a, b, "gfx1201.hip");
+  same_file(a, b, "gfx1201.hsaco");
+  ck_assert(memcmp(ka.codeobjs[1].sha256, kb.codeobjs[0].sha256, 32) == 0);
+  if (ntargets == 6) {
+    same_file(a, b, "sm_90.hip");
+    same_file(a, b, "sm_90.ptx");
+    same_file(a, b, "sm_90.cubin");
+    ck_assert(memcmp(ka.codeobjs[5].sha256, kb.codeobjs[1].sha256, 32) == 0);
+  }
+  emit_kernels_free(&ka);
+  emit_kernels_free(&kb);
+  ck_assert_ptr_null(ka.kernels);
+}
+END_TEST
+
+/* ---- the prelude's math, compiled for the host: the same IEEE f32/f64
+ * operations the GPU targets run, so the same bits ---- */
+
+typedef float (*expf_fn)(float);
+typedef void (*sincosf_fn)(float, float *, float *);
+
+/* |got - ref| in units of the last place of the float nearest ref. */
+static double ulp_error(float got, double ref)
+{
+  double mag = fabs(ref);
+  double ulp = mag < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb((float)mag) - 23);
+  return fabs((double)got - ref) / ulp;
+}
+
+START_TEST(test_gpu_math)
+{
+  char src[400], so[400], cmd[1200];
+  snprintf(src, sizeof src, "%s/math.cpp", g_dir);
+  snprintf(so, sizeof so, "%s/math.so", g_dir);
+  FILE *f = fopen(src, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "%s\nextern \"C\" float m_expf(float x) { return ds4_expf(x); }\n"
+             "extern \"C\" void m_sincosf(float x, float *s, float *c) { ds4_sincosf(x, s, c); }\n",
+          kgen_gpu_prelude());
+  ck_assert_int_eq(fclose(f), 0);
+  const char *clang = getenv("DS4_CLANG");
+  snprintf(cmd, sizeof cmd, "%s -x c++ -O2 -ffp-contract=off -fPIC -shared -Wall -Werror -o %s %s",
+           clang && *clang ? clang : "clang-19", so, src);
+  ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+  void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(dl != NULL, "dlopen: %s", dlerror());
+  expf_fn ex;
+  sincosf_fn sc;
+  *(void **)&ex = dlsym(dl, "m_expf");
+  *(void **)&sc = dlsym(dl, "m_sincosf");
+  ck_assert(ex && sc);
+
+  /* expf: exact where exact, the special values, and within 2 ulp of the
+   * float64 exp on a sweep of the whole finite range. */
+  ck_assert(ex(0.0f) == 1.0f);
+  ck_assert(ex(-INFINITY) == 0.0f && !signbit(ex(-INFINITY)));
+  ck_assert(isinf(ex(INFINITY)) && isinf(ex(89.5f)) && isinf(ex(88.75f)));
+  ck_assert(isnan(ex(NAN)));
+  ck_assert(ex(-110.0f) == 0.0f);
+  ck_assert(ex(-103.5f) > 0.0f); /* subnormal, not flushed */
+  double worst = 0.0;
+  for (uint32_t i = 0; i <= 400000; i++) {
+    float x = -104.0f + 193.0f * (float)i / 400000.0f;
+    float got = ex(x);
+    if (x > 88.72f)
+      continue;
+    worst = fmax(worst, ulp_error(got, exp((double)x)));
+  }
+  ck_assert_msg(worst <= 2.0, "ds4_expf is %.3f ulp off", worst);
+
+  /* sincos: within an ulp of the long double sin and cos, from tiny
+   * angles to positions in the billions. */
+  float s, c;
+  sc(0.0f, &s, &c);
+  ck_assert(s == 0.0f && c == 1.0f);
+  sc(INFINITY, &s, &c);
+  ck_assert(isnan(s) && isnan(c));
+  double ws = 0.0, wc = 0.0;
+  for (uint32_t i = 0; i < 300000; i++) {
+    float x = ldexpf(1.0f + (float)(i % 1000) / 1000.0f, (int)(i / 1000) % 55 - 22);
+    if (i & 1)
+      x = -x;
+    sc(x, &s, &c);
+    ws = fmax(ws, ulp_error(s, (double)sinl((long double)x)));
+    wc = fmax(wc, ulp_error(c, (double)cosl((long double)x)));
+  }
+  ck_assert_msg(ws <= 1.0 && wc <= 1.0, "ds4_sincosf is %.3f / %.3f ulp off", ws, wc);
+  dlclose(dl);
+}
+END_TEST
+
+/* ---- errors ---- */
+
+static char g_last_error[2048]; /* of expect_build_error (test state only) */
+
+/* Puts back an environment variable saved with getenv (NULL: unset). */
+static void restore_env(const char *name, const char *saved)
+{
+  if (saved)
+    setenv(name, saved, 1);
+  else
+    unsetenv(name);
+}
+
+static void expect_build_error(mprog *m, const char *name, char *const *targets, int n, const char *what)
+{
+  char dir[300];
+  make_dir(dir, sizeof dir, name);
+  dsl_diag d = {0};
+  emit_kernels k;
+  ck_assert_int_ne(emit_kernels_build(&m->prog, dir, targets, n, &k, &d), 0);
+  ck_assert_int_ne(d.failed, 0);
+  ck_assert_msg(strstr(d.msg, what) != NULL, "message \"%s\" lacks \"%s\"", d.msg, what);
+  snprintf(g_last_error, sizeof g_last_error, "%s", d.msg);
+  emit_kernels_free(&k);
+}
+
+static void expect_gpu_error(kt *k, const char *what)
+{
+  dsl_diag d = {0};
+  kgen_kernel kk;
+  ck_assert_int_ne(kgen_gpu(&k->prog, &k->op, &kk, &d), 0);
+  ck_assert_ptr_null(kk.symbol);
+  ck_assert_msg(strstr(d.msg, what) != NULL, "message \"%s\" lacks \"%s\"", d.msg, what);
+  ck_assert_msg(strstr(d.msg, "kernels.yaml:2:5") != NULL, "message \"%s\" lacks the position", d.msg);
+}
+
+START_TEST(test_gpu_errors)
+{
+  mprog m;
+  mp_all_kinds(&m);
+  m.prog.nops = 2; /* embed and rmsnorm are enough */
+  char *gfx[] = {"gfx1201"}, *sm[] = {"sm_90"}, *bad[] = {"host", "gfx9000"}, *twice[] = {"sm_90", "host", "sm_90"};
+  expect_build_error(&m, "unknown", bad, 2, "unknown kernel target 'gfx9000'");
+  expect_build_error(&m, "twice", twice, 3, "kernel target 'sm_90' given twice");
+  expect_build_error(&m, "none", gfx, 0, "no kernel target");
+
+  /* The user's own tool settings, put back after each fake. */
+  char *clang = getenv("DS4_CLANG") ? strdup(getenv("DS4_CLANG")) : NULL;
+  char *ptxas = getenv("DS4_PTXAS") ? strdup(getenv("DS4_PTXAS")) : NULL;
+  setenv("DS4_CLANG", "/nonexistent/clang", 1);
+  expect_build_error(&m, "noclang-amd", gfx, 1,
+                     "target gfx1201 needs clang-19 and ld.lld (Debian: apt-get install clang-19 lld-19 llvm-19)");
+  expect_build_error(&m, "noclang-nv", sm, 1, "target sm_90 needs clang-19");
+  restore_env("DS4_CLANG", clang);
+  setenv("DS4_PTXAS", "/nonexistent/ptxas", 1);
+  expect_build_error(&m, "noptxas", sm, 1, "target sm_90 needs ptxas from the CUDA toolkit (/usr/local/cuda/bin/ptxas)");
+  restore_env("DS4_PTXAS", ptxas);
+
+  /* Tools that run and fail: their output is quoted; a missing linker
+   * names what to install. */
+  char tool[400];
+  snprintf(tool, sizeof tool, "%s/fake-tool", g_dir);
+  FILE *f = fopen(tool, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#!/bin/sh\necho \"$FAKE_TOOL_SAYS\" >&2\nexit 1\n");
+  ck_assert_int_eq(fclose(f), 0);
+  ck_assert_int_eq(chmod(tool, 0755), 0);
+  setenv("DS4_CLANG", tool, 1);
+  setenv("FAKE_TOOL_SAYS", "clang: error: unable to execute command: Executable \"ld.lld\" doesn't exist!", 1);
+  expect_build_error(&m, "nolld", gfx, 1, "target gfx1201 needs clang-19 and ld.lld (Debian: apt-get install");
+  ck_assert_ptr_nonnull(strstr(g_last_error, "Executable \"ld.lld\" doesn't exist!"));
+  setenv("FAKE_TOOL_SAYS", "gfx1201.hip:1:1: error: something", 1);
+  expect_build_error(&m, "clangfails", gfx, 1, "target gfx1201: '");
+  ck_assert_ptr_nonnull(strstr(g_last_error, "failed building"));
+  ck_assert_ptr_nonnull(strstr(g_last_error, "gfx1201.hip:1:1: error: something"));
+  restore_env("DS4_CLANG", clang);
+  setenv("DS4_PTXAS", tool, 1);
+  setenv("FAKE_TOOL_SAYS", "ptxas fatal : something", 1);
+  expect_build_error(&m, "ptxasfails", sm, 1, "target sm_90: '");
+  ck_assert_ptr_nonnull(strstr(g_last_error, "ptxas fatal : something"));
+  restore_env("DS4_PTXAS", ptxas);
+  unsetenv("FAKE_TOOL_SAYS");
+  free(clang);
+  free(ptxas);
+
+  /* A router over more experts than a GPU block's shared memory holds:
+   * refused by a GPU build, at the op; a host build still works. */
+  kt k;
+  kt_init(&k, IR_OP_TOPK_ROUTE);
+  k.op.iattr[0] = 2;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)1, (int64_t)6000);
+  kt_add(&k, 1, PLAN_I32, 2, (int64_t)1, (int64_t)2);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)1, (int64_t)2);
+  mprog one;
+  mp_all_kinds(&one);
+  one.prog.nops = one.prog.ntensors = 0;
+  mp_take(&one, &k);
+  expect_build_error(&one, "router", gfx, 1,
+                     "topk_route: the GPU kernel needs 50056 bytes of shared memory per block, more than the 49152");
+  ck_assert_ptr_nonnull(strstr(g_last_error, "kernels.yaml:2:5"));
+  char dir[300];
+  make_dir(dir, sizeof dir, "router-host");
+  char *host[] = {"host"};
+  emit_kernels hk;
+  build_targets(&one, dir, host, 1, &hk);
+  ck_assert_uint_eq(hk.kernels[0].shared, 50056);
+  emit_kernels_free(&hk);
+
+  /* Dtypes the GPU kernels do not take yet; kinds without a GPU kernel. */
+  rmsnorm_op(&k, 4, 64, 1e-6);
+  k.tensors[1].dtype = PLAN_BF16;
+  expect_gpu_error(&k, "rmsnorm: dtype bf16 not supported by the GPU kernels yet");
+  kt_init(&k, IR_OP_COPY);
+  expect_gpu_error(&k, "has no GPU kernel");
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
   Suite *s = suite_create("kernels");
@@ -1182,6 +1761,14 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_swiglu_ffn);
   tcase_add_test(tc, test_argmax);
   suite_add_tcase(s, tc);
+  TCase *gpu = tcase_create("gpu");
+  tcase_add_unchecked_fixture(gpu, dir_setup, dir_teardown);
+  tcase_add_test(gpu, test_gpu_templates);
+  tcase_add_test(gpu, test_gpu_symbols);
+  tcase_add_test(gpu, test_gpu_build);
+  tcase_add_test(gpu, test_gpu_math);
+  tcase_add_test(gpu, test_gpu_errors);
+  suite_add_tcase(s, gpu);
   return s;
 }
 

@@ -111,9 +111,10 @@ static uint32_t str_add(strtab *t, const char *s) {
 
 /* Two devices, three streams, nine tensors (among them a weight source on
  * no device, an expert-style view of it with a rows list and a replica of a
- * resident weight), one code object, two kernels, three ops (launch, copy,
- * launch), two edges, seven commands with two record/wait pairs, seven args
- * (some with offsets), two rows. Arrays are static storage in the fixture. */
+ * resident weight), two code objects (host and gfx1201), two kernels, three
+ * ops (launch, copy, launch), two edges, seven commands with two record/wait
+ * pairs, seven args (some with offsets), two rows. Arrays are static storage
+ * in the fixture. */
 typedef struct fixture {
   strtab st;
   plan p;
@@ -121,7 +122,7 @@ typedef struct fixture {
   plan_device devices[2];
   plan_stream streams[3];
   plan_tensor tensors[9];
-  plan_codeobj codeobjs[1];
+  plan_codeobj codeobjs[2];
   plan_kernel kernels[2];
   plan_op ops[3];
   plan_edge edges[2];
@@ -208,12 +209,15 @@ static void fixture_build(fixture *f) {
   f->codeobjs[0].path = str_add(s, "kernels/host.so");
   f->codeobjs[0].target = host;
   for (int i = 0; i < 32; i++) f->codeobjs[0].sha256[i] = (uint8_t)(i * 9 + 3);
+  f->codeobjs[1].path = str_add(s, "kernels/gfx1201.hsaco");
+  f->codeobjs[1].target = str_add(s, "gfx1201");
+  for (int i = 0; i < 32; i++) f->codeobjs[1].sha256[i] = (uint8_t)(255 - i);
 
   f->kernels[0] = (plan_kernel){.symbol = str_add(s, "embed_f32_4x8"),
-                                .kind = str_add(s, "embedding"), .codeobj = 0, .grid = 4,
-                                .nbufs = 3};
+                                .kind = str_add(s, "embedding"), .grid = 4, .block = 64,
+                                .shared = 0, .nbufs = 3};
   f->kernels[1] = (plan_kernel){.symbol = str_add(s, "argmax_4x8"), .kind = str_add(s, "sample"),
-                                .codeobj = 0, .grid = 1, .nbufs = 2};
+                                .grid = 1, .block = 256, .shared = 2048, .nbufs = 2};
 
   f->ops[0] = (plan_op){.path = str_add(s, "embed"), .stream = 0, .kernel = 0};
   f->ops[1] = (plan_op){.path = str_add(s, "copy.h.cpu1"), .stream = 1, .kernel = PLAN_NONE};
@@ -244,7 +248,7 @@ static void fixture_build(fixture *f) {
   p->devices = f->devices; p->ndevices = 2;
   p->streams = f->streams; p->nstreams = 3;
   p->tensors = f->tensors; p->ntensors = 9;
-  p->codeobjs = f->codeobjs; p->ncodeobjs = 1;
+  p->codeobjs = f->codeobjs; p->ncodeobjs = 2;
   p->kernels = f->kernels; p->nkernels = 2;
   p->ops = f->ops; p->nops = 3;
   p->edges = f->edges; p->nedges = 2;
@@ -305,7 +309,7 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   ck_assert_uint_eq(x->nkernels, y->nkernels);
   for (uint32_t i = 0; i < x->nkernels; i++) {
     const plan_kernel *a = &x->kernels[i], *b = &y->kernels[i];
-    EQ(symbol); EQ(kind); EQ(codeobj); EQ(grid); EQ(nbufs);
+    EQ(symbol); EQ(kind); EQ(grid); EQ(block); EQ(shared); EQ(nbufs);
   }
   ck_assert_uint_eq(x->nops, y->nops);
   for (uint32_t i = 0; i < x->nops; i++) {
@@ -491,17 +495,20 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
-  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 2); /* this format is 2.0 */
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.0 */
   ck_assert_uint_eq(rd32(b + 8) >> 16, 0);
   memcpy(m, b, len);
-  m[8] = 1; /* a 1.x plan: args were tensor indices, tensors 88 bytes */
+  m[8] = 2; /* a 2.x plan: kernels named a code object, with no block */
   m[10] = 0;
   reseal(m, len);
-  expect_fail(m, len, "plan format version 1.0, this ds4run reads 2.x");
-  m[8] = 3;
+  expect_fail(m, len, "plan format version 2.0, this ds4run reads 3.x");
+  m[8] = 1;
+  reseal(m, len);
+  expect_fail(m, len, "plan format version 1.0, this ds4run reads 3.x");
+  m[8] = 4;
   m[10] = 4;
   reseal(m, len);
-  expect_fail(m, len, "plan format version 3.4, this ds4run reads 2.x");
+  expect_fail(m, len, "plan format version 4.4, this ds4run reads 3.x");
 
   /* A newer minor version is accepted. */
   memcpy(m, b, len);
@@ -605,9 +612,84 @@ END_TEST
 /* File record sizes and field offsets, as docs/PLAN.md gives them. */
 enum { R_INFO = 48, R_DEVICE = 40, R_STREAM = 8, R_TENSOR = 96, R_KERNEL = 24, R_OP = 16,
        R_EDGE = 16, R_CMD = 32, R_ARG = 24, R_ROW = 4, R_CODEOBJ = 40, R_PARAM = 16 };
-/* Field offsets of TENSORS and ARGS records. */
+/* Field offsets of TENSORS, ARGS, KERNELS and CODEOBJS records. */
 enum { T_DEVICE = 20, T_VIEW_OF = 24, T_ROWS = 28, T_DIM = 32, T_BYTES = 64, T_OFFSET = 72 };
 enum { A_TENSOR = 0, A_RESERVED = 4, A_OFFSET = 8, A_BYTES = 16 };
+enum { K_SYMBOL = 0, K_KIND = 4, K_GRID = 8, K_BLOCK = 12, K_SHARED = 16, K_NBUFS = 20 };
+enum { C_PATH = 0, C_TARGET = 4, C_SHA256 = 8 };
+
+/* The 3.0 kernel and code object records, byte by byte. */
+START_TEST(kernel_layout) {
+  fixture f;
+  fixture_build(&f);
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *k = record_at(b, PLAN_SEC_KERNELS, R_KERNEL, 1);
+  ck_assert_uint_eq(rd32(k + K_SYMBOL), f.kernels[1].symbol);
+  ck_assert_uint_eq(rd32(k + K_KIND), f.kernels[1].kind);
+  ck_assert_uint_eq(rd32(k + K_GRID), 1);
+  ck_assert_uint_eq(rd32(k + K_BLOCK), 256);
+  ck_assert_uint_eq(rd32(k + K_SHARED), 2048);
+  ck_assert_uint_eq(rd32(k + K_NBUFS), 2);
+  k = record_at(b, PLAN_SEC_KERNELS, R_KERNEL, 0);
+  ck_assert_uint_eq(rd32(k + K_GRID), 4);
+  ck_assert_uint_eq(rd32(k + K_BLOCK), 64);
+  ck_assert_uint_eq(rd32(k + K_NBUFS), 3);
+  /* The section is exactly two 24-byte records. */
+  const uint8_t *t = b + 64 + 24 * (PLAN_SEC_KERNELS - 1);
+  ck_assert_uint_eq(rd32(t + 4), 2);
+  ck_assert_uint_eq(rd64(t + 16), 2 * R_KERNEL);
+  uint8_t *c = record_at(b, PLAN_SEC_CODEOBJS, R_CODEOBJ, 1);
+  ck_assert_uint_eq(rd32(c + C_PATH), f.codeobjs[1].path);
+  ck_assert_uint_eq(rd32(c + C_TARGET), f.codeobjs[1].target);
+  ck_assert_mem_eq(c + C_SHA256, f.codeobjs[1].sha256, 32);
+  free(b);
+}
+END_TEST
+
+/* Grid, block, shared memory and buffer count each have a bound, and a
+ * target has one code object. */
+START_TEST(bad_kernels) {
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 1, K_GRID, 0,
+                    "plan.ds4p: kernel 1: empty grid (grid 0)");
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 0, K_BLOCK, 0,
+                    "plan.ds4p: kernel 0: block of 0 threads (must be 1..1024)");
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 0, K_BLOCK, 1025,
+                    "kernel 0: block of 1025 threads (must be 1..1024)");
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 1, K_SHARED, 65537,
+                    "kernel 1: 65537 bytes of shared memory per block (at most 65536)");
+  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 0, K_NBUFS, 17,
+                    "kernel 0: nbufs 17 (at most 16 buffers per launch)");
+
+  /* The limits themselves are valid. */
+  fixture f;
+  fixture_build(&f);
+  f.kernels[0].block = 1024;
+  f.kernels[1].block = 1;
+  f.kernels[1].shared = 65536;
+  uint8_t *bytes;
+  size_t len;
+  rt_status st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  free(bytes);
+
+  /* Two code objects for one target: which would a device load? */
+  uint8_t *b = encode_fixture(&len);
+  uint32_t host = rd32(record_at(b, PLAN_SEC_CODEOBJS, R_CODEOBJ, 0) + C_TARGET);
+  free(b);
+  expect_field_fail(PLAN_SEC_CODEOBJS, R_CODEOBJ, 1, C_TARGET, host,
+                    "plan.ds4p: codeobj 1: target 'host' is also codeobj 0's (one code object per "
+                    "target)");
+  fixture_build(&f);
+  f.codeobjs[0].target = f.codeobjs[1].target;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st),
+                   "plan: codeobj 1: target 'gfx1201' is also codeobj 0's (one code object per "
+                   "target)");
+  rt_status_free(st);
+}
+END_TEST
 
 START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_STREAMS, R_STREAM, 1, 4, 7,
@@ -661,7 +743,6 @@ START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, T_BYTES, 100,
                     "tensor 1: bytes 100 does not match shape and dtype f32 (128 bytes)");
   expect_field_fail(PLAN_SEC_TENSORS, R_TENSOR, 1, 4, 3, "tensor 1: checkpoint string offset 3");
-  expect_field_fail(PLAN_SEC_KERNELS, R_KERNEL, 0, 8, 1, "kernel 0: codeobj index 1 out of range");
   expect_field_fail(PLAN_SEC_OPS, R_OP, 0, 4, 3, "op 0: stream index 3 out of range");
   expect_field_fail(PLAN_SEC_OPS, R_OP, 0, 8, 2, "op 0: kernel index 2 out of range");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 9, "info: ids_tensor index 9 out of range");
@@ -1029,6 +1110,8 @@ int main(void) {
   tcase_add_test(tc, bad_header);
   tcase_add_test(tc, bad_sections);
   tcase_add_test(tc, bad_fields);
+  tcase_add_test(tc, kernel_layout);
+  tcase_add_test(tc, bad_kernels);
   tcase_add_test(tc, bad_views);
   tcase_add_test(tc, bad_args);
   tcase_add_test(tc, arg_reserved_ignored);

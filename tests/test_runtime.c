@@ -1,10 +1,13 @@
 /* test_runtime.c - the runtime's execution side on hand-built bundles: a
  * plan assembled in memory plus a host.so compiled here from small kernels.
  * Replay order (streams, events, devices, copies), grids over the thread
- * pool, poisoning on an injected launch failure, code-object checks, the
- * seeded weight generator, rt_generate's chunking and per-command tracing. */
+ * pool, poisoning on an injected launch failure, code-object checks (one
+ * per device target), copies the cpu backend cannot reach, cpu waits on
+ * another backend's event, the seeded weight generator, rt_generate's
+ * chunking and per-command tracing. */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +65,7 @@ typedef struct tb {
   plan_device devices[4];
   plan_stream streams[8];
   plan_tensor tensors[32];
-  plan_codeobj codeobjs[2];
+  plan_codeobj codeobjs[4];
   plan_kernel kernels[16];
   plan_op ops[64];
   plan_command commands[128];
@@ -123,6 +126,22 @@ static uint32_t tb_device(tb *b, const char *name, uint32_t threads) {
   return b->p.ndevices++;
 }
 
+/* A device of a GPU backend; the plan may name it even where the backend
+ * is missing, as long as opening fails before the device is opened. */
+static uint32_t tb_gpu_device(tb *b, const char *name, uint32_t backend, const char *arch) {
+  uint32_t d = tb_device(b, name, 1);
+  b->devices[d].backend = backend;
+  b->devices[d].arch = tb_str(b, arch);
+  return d;
+}
+
+/* Another code object, whose file the test does not write. */
+static void tb_codeobj(tb *b, const char *path, const char *target) {
+  b->codeobjs[b->p.ncodeobjs].path = tb_str(b, path);
+  b->codeobjs[b->p.ncodeobjs].target = tb_str(b, target);
+  b->p.ncodeobjs++;
+}
+
 static uint32_t tb_stream(tb *b, const char *name, uint32_t dev) {
   b->streams[b->p.nstreams].name = tb_str(b, name);
   b->streams[b->p.nstreams].device = dev;
@@ -181,8 +200,8 @@ static uint32_t tb_kernel(tb *b, const char *sym, uint32_t grid, uint32_t nbufs)
   plan_kernel *k = &b->kernels[b->p.nkernels];
   k->symbol = tb_str(b, sym);
   k->kind = tb_str(b, "test");
-  k->codeobj = 0;
   k->grid = grid;
+  k->block = 64; /* read by GPU backends only */
   k->nbufs = nbufs;
   return b->p.nkernels++;
 }
@@ -629,10 +648,14 @@ START_TEST(codeobj_load_errors) {
   expect_open_error(b.dir, "dlopen failed");
   tb_cleanup(&b);
 
+  /* A hip device where no HIP runtime can be loaded: the library is named,
+   * the same on every machine. */
   simple_plan(&b, "t_inc");
   b.devices[0].backend = PLAN_BACKEND_HIP;
   tb_write(&b);
-  expect_open_error(b.dir, "backend 'hip' is not available in this build");
+  setenv("DS4_HIP_LIBRARY", "/nonexistent/libamdhip64.so", 1);
+  expect_open_error(b.dir, "cannot load /nonexistent/libamdhip64.so");
+  unsetenv("DS4_HIP_LIBRARY");
   tb_cleanup(&b);
 
   expect_open_error("/nonexistent/bundle", "/nonexistent/bundle/plan.ds4p");
@@ -643,11 +666,222 @@ START_TEST(backend_lookup) {
   const rt_backend *be;
   ck_assert_ptr_null(rt_backend_lookup(PLAN_BACKEND_CPU, &be));
   ck_assert_str_eq(be->name, "cpu");
-  rt_status s = rt_backend_lookup(PLAN_BACKEND_CUDA, &be);
+  ck_assert_ptr_null(rt_backend_lookup(PLAN_BACKEND_CUDA, &be));
+  ck_assert_str_eq(be->name, "cuda");
+  ck_assert_ptr_null(rt_backend_lookup(PLAN_BACKEND_HIP, &be));
+  ck_assert_str_eq(be->name, "hip");
+  rt_status s = rt_backend_lookup(PLAN_BACKEND_CUDA + 1, &be);
   ck_assert_ptr_nonnull(s);
-  ck_assert_str_eq(rt_status_msg(s), "backend 'cuda' is not available in this build");
   ck_assert_ptr_null(be);
   rt_status_free(s);
+}
+END_TEST
+
+/* Each device loads the code object of its target: a device whose target
+ * has none is refused at open, naming the targets there are. */
+START_TEST(codeobj_per_target) {
+  tb b;
+  simple_plan(&b, "t_inc");
+  tb_codeobj(&b, "kernels/gfx1201.hsaco", "gfx1201");
+  tb_gpu_device(&b, "gpu0", PLAN_BACKEND_CUDA, "sm_90");
+  tb_write(&b);
+  expect_open_error(b.dir, "/plan.ds4p: device 'gpu0' (cuda, sm_90) has no code object for "
+                           "target sm_90 (targets: host, gfx1201)");
+  tb_cleanup(&b);
+
+  /* cpu devices take "host", whatever their arch string. */
+  simple_plan(&b, "t_inc");
+  b.codeobjs[0].target = tb_str(&b, "gfx1201");
+  b.devices[0].arch = tb_str(&b, "znver4");
+  tb_write(&b);
+  expect_open_error(b.dir, "/plan.ds4p: device 'cpu0' (cpu, znver4) has no code object for "
+                           "target host (targets: gfx1201)");
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* A code object no device runs is neither verified nor loaded: its file
+ * need not exist. The cpu device's arch string is not "host" either. */
+START_TEST(codeobj_unused_target) {
+  tb b;
+  simple_plan(&b, "t_inc");
+  tb_codeobj(&b, "kernels/gfx1201.hsaco", "gfx1201");
+  b.devices[0].arch = tb_str(&b, "znver4");
+  tb_write(&b);
+  rt_bundle *bd = open_ok(b.dir, NULL);
+  uint32_t x, y;
+  ck_assert_ptr_null(rt_tensor_find(bd, "x", &x));
+  ck_assert_ptr_null(rt_tensor_find(bd, "y", &y));
+  write_f32(bd, x, 7.0f);
+  step_ok(bd, 0, 1, 0);
+  expect_f32(bd, y, 1.0f, 1.0f, 7.0f);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* cpu0 (host) beside gpu0 (cuda) and gpu1 (hip), each with a code object,
+ * and tensors on all three; the caller adds one copy. */
+static void copy_reach_plan(tb *b, uint32_t *s_cpu, uint32_t *s_gpu0, uint32_t *x, uint32_t *g0,
+                            uint32_t *g1) {
+  tb_init(b);
+  uint32_t d = tb_device(b, "cpu0", 1);
+  uint32_t gpu0 = tb_gpu_device(b, "gpu0", PLAN_BACKEND_CUDA, "sm_90");
+  uint32_t gpu1 = tb_gpu_device(b, "gpu1", PLAN_BACKEND_HIP, "gfx1201");
+  tb_codeobj(b, "kernels/sm_90.cubin", "sm_90");
+  tb_codeobj(b, "kernels/gfx1201.hsaco", "gfx1201");
+  *s_cpu = tb_stream(b, "main", d);
+  *s_gpu0 = tb_stream(b, "copy", gpu0);
+  tb_stream(b, "copy", gpu1);
+  tb_io(b);
+  *x = tb_tensor(b, "x", PLAN_F32, PLAN_OUTPUT, d, N);
+  *g0 = tb_tensor(b, "g0", PLAN_F32, PLAN_ACTIVATION, gpu0, N);
+  *g1 = tb_tensor(b, "g1", PLAN_F32, PLAN_ACTIVATION, gpu1, N);
+}
+
+/* The cpu backend cannot reach GPU memory, and no backend reaches another
+ * GPU backend's: such copies are refused at open, before any device is
+ * opened (so this runs where neither GPU backend exists). */
+START_TEST(copy_reach) {
+  tb b;
+  uint32_t s_cpu, s_gpu0, x, g0, g1;
+  copy_reach_plan(&b, &s_cpu, &s_gpu0, &x, &g0, &g1);
+  tb_copy(&b, s_cpu, g0, x); /* GPU to cpu, on the cpu's stream */
+  tb_write(&b);
+  char want[256];
+  snprintf(want, sizeof want, "%s/plan.ds4p: command 0: copy on cpu stream 'main' touches memory "
+           "of device 'gpu0' (cuda); such copies run on the GPU's stream", b.dir);
+  expect_open_error(b.dir, want);
+  tb_cleanup(&b);
+
+  copy_reach_plan(&b, &s_cpu, &s_gpu0, &x, &g0, &g1);
+  /* A copy on the cpu stream within cpu memory is fine, the next is not. */
+  tb_copy(&b, s_cpu, b.p.info.ids_tensor, b.p.info.next_tensor);
+  tb_copy(&b, s_cpu, x, g0);
+  tb_write(&b);
+  expect_open_error(b.dir, "/plan.ds4p: command 1: copy on cpu stream 'main' touches memory of "
+                           "device 'gpu0' (cuda); such copies run on the GPU's stream");
+  tb_cleanup(&b);
+
+  copy_reach_plan(&b, &s_cpu, &s_gpu0, &x, &g0, &g1);
+  tb_copy(&b, s_gpu0, g1, g0);
+  tb_write(&b);
+  expect_open_error(b.dir, "/plan.ds4p: command 0: copy on cuda stream 'copy' touches memory of "
+                           "device 'gpu1' (hip); no backend copies between two GPU backends");
+  tb_cleanup(&b);
+
+  /* On the GPU's stream the copy passes; opening then stops at the first
+   * thing the test left out, the GPU's code object file. */
+  copy_reach_plan(&b, &s_cpu, &s_gpu0, &x, &g0, &g1);
+  tb_copy(&b, s_gpu0, g0, x);
+  tb_copy(&b, s_gpu0, x, g0);
+  tb_write(&b);
+  expect_open_error(b.dir, "kernels/sm_90.cubin: cannot open");
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* ---- the cpu backend's events -------------------------------------------- */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void nap_ns(long ns) {
+  struct timespec t = {ns / 1000000000, ns % 1000000000};
+  nanosleep(&t, NULL);
+}
+
+/* Plays another backend's executor: after a delay, publishes a generation
+ * of its event the way rt_event_base asks (release store, then notify). */
+typedef struct foreign_setter {
+  rt_event_base *ev;
+  rt_sync *sync;
+  long delay_ns;
+  uint64_t gen;
+  uint64_t set_at; /* CLOCK_MONOTONIC ns, just before the store */
+} foreign_setter;
+
+static void *set_later(void *arg) {
+  foreign_setter *f = arg;
+  nap_ns(f->delay_ns);
+  f->set_at = now_ns();
+  atomic_store_explicit(&f->ev->host_gen, f->gen, memory_order_release);
+  rt_sync_notify(f->sync);
+  return NULL;
+}
+
+/* A cpu stream waits on an event of another backend through its
+ * host_gen; a cpu event is that header, its counter host_gen. */
+START_TEST(cpu_waits_on_foreign_event) {
+  static const rt_backend fake_gpu = {.name = "fake-gpu"};
+  rt_event_base foreign = {.be = &fake_gpu};
+  atomic_init(&foreign.host_gen, 0);
+  rt_sync sync;
+  ck_assert_ptr_null(rt_sync_init(&sync));
+  const rt_backend *be = &rt_cpu_backend;
+  rt_device_options o = {.name = "cpu0", .threads = 1, .sync = &sync};
+  rt_device *d;
+  rt_stream *s;
+  rt_event *mine;
+  ck_assert_ptr_null(be->device_open(&o, &d));
+  ck_assert_ptr_null(be->stream_create(d, 16, &s));
+  ck_assert_ptr_null(be->event_create(d, 1, &mine));
+  rt_event_base *mine_base = (rt_event_base *)mine;
+  ck_assert_ptr_eq(mine_base->be, &rt_cpu_backend);
+  ck_assert_uint_eq(atomic_load(&mine_base->host_gen), 0);
+
+  /* wait(foreign, 3), timestamp, record(mine, 3); the foreign event
+   * reaches 3 some 50 ms later. */
+  uint64_t stamp = 0;
+  ck_assert_ptr_null(be->event_wait(s, (rt_event *)&foreign, 3));
+  ck_assert_ptr_null(be->timestamp(s, &stamp));
+  ck_assert_ptr_null(be->event_record(s, mine, 3));
+  ck_assert_ptr_null(be->stream_flush(s));
+  foreign_setter f = {.ev = &foreign, .sync = &sync, .delay_ns = 50000000, .gen = 3};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, set_later, &f), 0);
+  nap_ns(20000000);
+  uint64_t held = atomic_load(&mine_base->host_gen);
+  if (atomic_load(&foreign.host_gen) == 0) ck_assert_uint_eq(held, 0);
+  ck_assert_ptr_null(be->stream_sync(s));
+  ck_assert_int_eq(pthread_join(th, NULL), 0);
+  ck_assert_msg(stamp >= f.set_at, "the stream went on %lld ns before the foreign event was set",
+                (long long)(f.set_at - stamp));
+  ck_assert_uint_eq(atomic_load(&mine_base->host_gen), 3);
+
+  /* A generation already reached does not hold the stream. */
+  ck_assert_ptr_null(be->event_wait(s, (rt_event *)&foreign, 2));
+  ck_assert_ptr_null(be->event_record(s, mine, 4));
+  ck_assert_ptr_null(be->stream_sync(s));
+  ck_assert_uint_eq(atomic_load(&mine_base->host_gen), 4);
+
+  /* A foreign event that never arrives: poisoning releases the stream. */
+  ck_assert_ptr_null(be->event_wait(s, (rt_event *)&foreign, 5));
+  ck_assert_ptr_null(be->event_record(s, mine, 5));
+  ck_assert_ptr_null(be->stream_flush(s));
+  nap_ns(10000000);
+  rt_sync_poison(&sync, rt_status_make("stopped by the test"));
+  ck_assert_ptr_null(be->stream_sync(s));
+  ck_assert_uint_eq(atomic_load(&mine_base->host_gen), 4); /* skipped, not run */
+  rt_status e = rt_sync_take(&sync);
+  ck_assert_str_eq(rt_status_msg(e), "stopped by the test");
+  rt_status_free(e);
+
+  /* Only the owner records: a cpu stream refuses another backend's event. */
+  e = be->event_record(s, (rt_event *)&foreign, 6);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_str_eq(rt_status_msg(e), "cpu device cpu0: cannot record an event of backend "
+                                     "'fake-gpu'");
+  rt_status_free(e);
+  ck_assert_uint_eq(atomic_load(&foreign.host_gen), 3);
+
+  be->event_destroy(mine);
+  be->stream_destroy(s);
+  be->device_close(d);
+  rt_sync_destroy(&sync);
 }
 END_TEST
 
@@ -1271,6 +1505,10 @@ static Suite *runtime_suite(void) {
   tcase_add_test(o, codeobj_sha_mismatch);
   tcase_add_test(o, codeobj_load_errors);
   tcase_add_test(o, backend_lookup);
+  tcase_add_test(o, codeobj_per_target);
+  tcase_add_test(o, codeobj_unused_target);
+  tcase_add_test(o, copy_reach);
+  tcase_add_test(o, cpu_waits_on_foreign_event);
   tcase_add_test(o, init_values);
   tcase_add_test(o, weight_views);
   suite_add_tcase(s, o);

@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "gpu/gpu_backend.h"
+
 const char *rt_backend_name(uint32_t which) {
   switch (which) {
   case PLAN_BACKEND_CPU: return "cpu";
@@ -21,8 +23,11 @@ rt_status rt_backend_lookup(uint32_t which, const rt_backend **out_backend) {
     *out_backend = &rt_cpu_backend;
     return NULL;
   case PLAN_BACKEND_HIP:
+    *out_backend = &rt_hip_backend;
+    return NULL;
   case PLAN_BACKEND_CUDA:
-    return rt_status_make("backend '%s' is not available in this build", rt_backend_name(which));
+    *out_backend = &rt_cuda_backend;
+    return NULL;
   default:
     return rt_status_make("unknown backend %u", which);
   }

@@ -17,6 +17,16 @@
 typedef struct rt_device rt_device;
 typedef struct rt_stream rt_stream;
 typedef struct rt_event rt_event;
+
+/* Every backend's event begins with this header, so that a stream of one
+ * backend can wait on an event of another (a GPU stream behind a cpu
+ * kernel, a cpu stream behind a GPU copy). host_gen is the generation of
+ * the last record that has executed, kept current by the owning backend
+ * for events created host_visible; a foreign waiter reads it. */
+typedef struct rt_event_base {
+  const struct rt_backend *be;
+  _Atomic uint64_t host_gen;
+} rt_event_base;
 typedef struct rt_module rt_module;
 typedef struct rt_kernel rt_kernel;
 
@@ -83,7 +93,9 @@ typedef struct rt_backend {
    * worth); enqueueing more only makes the submitter wait for room. */
   rt_status (*stream_create)(rt_device *d, uint32_t capacity_hint, rt_stream **out_stream);
   void (*stream_destroy)(rt_stream *s);
-  rt_status (*event_create)(rt_device *d, rt_event **out_event);
+  /* host_visible: a stream of another backend may wait on it (see
+   * rt_event_base); the owner then keeps host_gen current. */
+  rt_status (*event_create)(rt_device *d, int host_visible, rt_event **out_event);
   void (*event_destroy)(rt_event *e);
 
   /* A code object from a file (path) or from memory (bytes, len; path then
@@ -96,12 +108,20 @@ typedef struct rt_backend {
 
   /* Enqueue. bufs and step must stay valid until the stream is synchronised:
    * the runtime builds them once, at bundle open. */
-  rt_status (*launch)(rt_stream *s, rt_kernel *k, uint32_t grid, void *const *bufs,
+  /* grid blocks of `block` threads (the cpu backend runs each block on one
+   * thread and ignores it). bufs is an array of the launch's buffer
+   * pointers and step the step block, both in this device's memory
+   * (mem_alloc); the kernel receives the two pointers. */
+  rt_status (*launch)(rt_stream *s, rt_kernel *k, uint32_t grid, uint32_t block, void *const *bufs,
                       const int32_t *step);
+  /* dst and src may be in this device's memory, another device's of the
+   * same backend (a peer copy), or host memory of a cpu device that this
+   * device has registered (host_register). */
   rt_status (*copy_async)(rt_stream *s, void *dst, const void *src, size_t bytes);
   /* Events carry generations: record sets the event to `generation` when the
    * stream reaches it; wait holds the stream until the event has reached at
-   * least `generation`. The event may belong to another device. */
+   * least `generation`. The event may belong to another device, or to
+   * another backend (through rt_event_base.host_gen). */
   rt_status (*event_record)(rt_stream *s, rt_event *e, uint64_t generation);
   rt_status (*event_wait)(rt_stream *s, rt_event *e, uint64_t generation);
   /* Enqueue a timestamp in stream order. Once the stream has been
@@ -121,10 +141,15 @@ typedef struct rt_backend {
   /* Wait until everything enqueued on the stream has run (or been skipped
    * because the step is poisoned). */
   rt_status (*stream_sync)(rt_stream *s);
+  /* Optional (NULL on the cpu backend): make a cpu device's arena usable
+   * by this device's async copies (pinning); undone before the memory is
+   * freed. */
+  rt_status (*host_register)(rt_device *d, void *ptr, size_t bytes);
+  void (*host_unregister)(rt_device *d, void *ptr);
 } rt_backend;
 
-/* The backend for a plan_backend value, or an error such as "backend 'hip'
- * is not available in this build". */
+/* The backend for a plan_backend value, or an error for an unknown one.
+ * GPU backends load their driver library only when a device opens. */
 rt_status rt_backend_lookup(uint32_t which, const rt_backend **out_backend);
 const char *rt_backend_name(uint32_t which);
 

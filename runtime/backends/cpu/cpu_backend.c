@@ -1,8 +1,10 @@
 /* cpu_backend.c - the cpu backend: each stream is an in-order ring of
  * commands served by its own executor thread, a launch's blocks spread over
- * the device's worker pool, events are generation counters, timestamps read
- * CLOCK_MONOTONIC on the executor, and kernels come from a host .so through
- * dlopen/dlsym (ABI in docs/OPS.md). */
+ * the device's worker pool, events are generation counters (the
+ * rt_event_base host_gen, so waits also take other backends' events),
+ * timestamps read CLOCK_MONOTONIC on the executor, and kernels come from a
+ * host .so through dlopen/dlsym (ABI in docs/OPS.md). Device memory is host
+ * memory. */
 #include <dlfcn.h>
 #include <sched.h>
 #include <stdio.h>
@@ -78,7 +80,7 @@ typedef struct cpu_cmd {
       size_t bytes;
     } copy;
     struct {
-      rt_event *ev;
+      rt_event_base *ev;
       uint64_t gen;
     } event;
     uint64_t *stamp;
@@ -106,8 +108,10 @@ struct rt_stream {
   pthread_t thread;
 };
 
+/* Nothing beyond the shared header: its host_gen is the counter that
+ * record stores and wait reads. */
 struct rt_event {
-  _Atomic uint64_t gen;
+  rt_event_base base;
 };
 
 struct rt_module {
@@ -330,11 +334,13 @@ static void execute(rt_stream *s, const cpu_cmd *c) {
     if (c->u.copy.bytes) memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.bytes);
     break;
   case CPU_RECORD:
-    atomic_store_explicit(&c->u.event.ev->gen, c->u.event.gen, memory_order_release);
+    atomic_store_explicit(&c->u.event.ev->host_gen, c->u.event.gen, memory_order_release);
     rt_sync_notify(d->sync);
     break;
   case CPU_WAIT: {
-    _Atomic uint64_t *g = &c->u.event.ev->gen;
+    /* A cpu event or a host-visible event of another backend, whose owner
+     * stores host_gen and notifies the bundle's rt_sync the same way. */
+    _Atomic uint64_t *g = &c->u.event.ev->host_gen;
     for (int i = 0; i < CPU_SPIN; i++) {
       if (atomic_load_explicit(g, memory_order_acquire) >= c->u.event.gen) return;
       if (rt_sync_poisoned(d->sync)) return;
@@ -499,8 +505,10 @@ static void enqueue(rt_stream *s, const cpu_cmd *c) {
   if (atomic_load_explicit(&s->sleeping, memory_order_relaxed)) cpu_stream_flush(s);
 }
 
-static rt_status cpu_launch(rt_stream *s, rt_kernel *k, uint32_t grid, void *const *bufs,
-                            const int32_t *step) {
+/* block (GPU threads per block) does not apply: a block runs on one thread. */
+static rt_status cpu_launch(rt_stream *s, rt_kernel *k, uint32_t grid, uint32_t block,
+                            void *const *bufs, const int32_t *step) {
+  (void)block;
   cpu_cmd c = {.kind = CPU_LAUNCH, .grid = grid};
   c.u.launch.fn = (cpu_kernel_fn)(void *)k;
   c.u.launch.bufs = bufs;
@@ -519,8 +527,14 @@ static rt_status cpu_copy_async(rt_stream *s, void *dst, const void *src, size_t
 }
 
 static rt_status cpu_event_record(rt_stream *s, rt_event *e, uint64_t generation) {
+  /* Only the owner may store an event's host_gen: another backend keeps
+   * more state behind it than the counter. */
+  rt_event_base *base = (rt_event_base *)e;
+  if (base->be != &rt_cpu_backend)
+    return rt_status_make("cpu device %s: cannot record an event of backend '%s'", s->dev->name,
+                          base->be ? base->be->name : "?");
   cpu_cmd c = {.kind = CPU_RECORD};
-  c.u.event.ev = e;
+  c.u.event.ev = base;
   c.u.event.gen = generation;
   enqueue(s, &c);
   return NULL;
@@ -528,7 +542,7 @@ static rt_status cpu_event_record(rt_stream *s, rt_event *e, uint64_t generation
 
 static rt_status cpu_event_wait(rt_stream *s, rt_event *e, uint64_t generation) {
   cpu_cmd c = {.kind = CPU_WAIT};
-  c.u.event.ev = e;
+  c.u.event.ev = (rt_event_base *)e;
   c.u.event.gen = generation;
   enqueue(s, &c);
   return NULL;
@@ -543,11 +557,15 @@ static rt_status cpu_timestamp(rt_stream *s, uint64_t *out_ns) {
 
 /* ---- events ---- */
 
-static rt_status cpu_event_create(rt_device *d, rt_event **out_event) {
+/* host_visible asks nothing more of a cpu event: its counter is in host
+ * memory and always current. */
+static rt_status cpu_event_create(rt_device *d, int host_visible, rt_event **out_event) {
+  (void)host_visible;
   rt_event *e = calloc(1, sizeof *e);
   *out_event = e;
   if (!e) return rt_status_make("cpu device %s: out of memory creating an event", d->name);
-  atomic_init(&e->gen, 0);
+  e->base.be = &rt_cpu_backend;
+  atomic_init(&e->base.host_gen, 0);
   return NULL;
 }
 

@@ -1,0 +1,41 @@
+/* moe_experts GPU kernel template: for slot (t, j) with expert e = idx[t,j]
+ * held by this launch (r = expert_rows[e] >= 0), slots[t,j] =
+ * (silu(x[t].w1[r]^T) * (x[t].w3[r]^T)) . w2[r]^T; every other slot is
+ * +0, so the parts of a split expert op sum to the unsplit result bit for
+ * bit. kgen_gpu puts in front the defines T, TOPK, E (rows held),
+ * NEXPERTS, EXPERT_ROWS, H, F, LANES, FCHUNK, GRID, NTHREADS, KERNEL_NAME,
+ * W1_T, W3_T and W2_T.
+ * Grid: one block per (token slot, choice), T * TOPK; block b is slot
+ * (b / TOPK, b mod TOPK). Threads: ds4_swiglu, groups of LANES threads per
+ * row with strided ascending partial sums and a fixed pairwise tree, ffn
+ * rows in chunks of FCHUNK; the order depends on H, F, LANES, FCHUNK and
+ * NTHREADS only, never on which experts the launch holds. Dead rows and ids outside [0, NEXPERTS) give a zero
+ * slot. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
+  DS4_SHARED float red[NTHREADS];
+  DS4_SHARED float act[FCHUNK];
+  const float *x = (const float *)bufs[0];
+  const int32_t *idx = (const int32_t *)bufs[1];
+  const W1_T *w1 = (const W1_T *)bufs[2];
+  const W3_T *w3 = (const W3_T *)bufs[3];
+  const W2_T *w2 = (const W2_T *)bufs[4];
+  float *slots = (float *)bufs[5];
+  int64_t ntok = step[1];
+  uint32_t block = ds4_block();
+  if (block >= GRID)
+    return;
+  int64_t t = block / TOPK;
+  float *out = slots + (int64_t)block * H;
+  int64_t e = t < ntok ? idx[block] : -1;
+  int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
+  if (r < 0) {
+    for (int64_t c = ds4_thread(); c < H; c += NTHREADS)
+      out[c] = 0.0f;
+    return;
+  }
+  ds4_swiglu<LANES, NTHREADS, FCHUNK>(x + t * H, w1 + r * (F * H), w3 + r * (F * H), w2 + r * (H * F), out, H, F,
+                              act, red);
+}

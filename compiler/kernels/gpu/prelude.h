@@ -1,0 +1,298 @@
+/* prelude.h - the HIP dialect of ds4c's GPU kernels: what a kernel template
+ * may use besides plain C++, mapped to each target without any ROCm or CUDA
+ * header or device library (clang -nogpulib -nogpuinc / -nocudalib
+ * -nocudainc). emit_kernels puts it once at the top of a target's
+ * translation unit, ahead of every kernel.
+ *
+ *   DS4_KERNEL       declares a kernel: extern "C", default visibility,
+ *                    launched with exactly NTHREADS threads per block
+ *   ds4_block()      the block index (the host ABI's `block`)
+ *   ds4_thread()     the thread index in the block, 0..NTHREADS-1
+ *   ds4_barrier()    every thread of the block, shared memory visible
+ *   DS4_SHARED       a block's shared memory (static, in the kernel body)
+ *   ds4_expf, ds4_sincosf, ds4_block_sum, ds4_group_sum, ... (below;
+ *                    a kernel uses some of them, hence `unused`)
+ *
+ * Math: NVPTX has no libcall for expf (and no device library is linked on
+ * either target), so the math the kernels need is written here in plain
+ * IEEE f32/f64 arithmetic, the same operations on both targets: with
+ * -ffp-contract=off, correctly rounded division and sqrt (both backends'
+ * default) and denormals kept, every target computes the same bits. */
+
+/* The fixed-width types the kernel ABI uses (no libc headers here). */
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+
+#if defined(__AMDGCN__)
+
+#define DS4_DEVICE static inline __attribute__((device, always_inline, unused))
+/* clang's HIP mode does not apply launch_bounds to AMDGPU; this says the
+ * same (and lets the compiler give a thread more registers). */
+#define DS4_KERNEL                                                                   \
+  extern "C" __attribute__((global)) __attribute__((visibility("default")))         \
+  __attribute__((amdgpu_flat_work_group_size(1, NTHREADS)))
+#define DS4_SHARED __attribute__((shared))
+
+DS4_DEVICE uint32_t ds4_block(void) { return __builtin_amdgcn_workgroup_id_x(); }
+DS4_DEVICE int ds4_thread(void) { return (int)__builtin_amdgcn_workitem_id_x(); }
+
+/* What HIP's __syncthreads is: a release fence, the barrier, an acquire
+ * fence, all at workgroup scope, so shared and global writes before the
+ * barrier are visible after it. */
+DS4_DEVICE void ds4_barrier(void)
+{
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+#elif defined(__NVPTX__)
+
+#define DS4_DEVICE static inline __attribute__((device, always_inline, unused))
+#define DS4_KERNEL                                                                   \
+  extern "C" __attribute__((global)) __attribute__((visibility("default")))         \
+  __attribute__((launch_bounds(NTHREADS)))
+#define DS4_SHARED __attribute__((shared))
+
+DS4_DEVICE uint32_t ds4_block(void) { return (uint32_t)__nvvm_read_ptx_sreg_ctaid_x(); }
+DS4_DEVICE int ds4_thread(void) { return __nvvm_read_ptx_sreg_tid_x(); }
+
+/* bar.sync 0: waits for the whole block and orders its memory accesses. */
+DS4_DEVICE void ds4_barrier(void) { __syncthreads(); }
+
+#else
+
+/* Neither GPU: only the math below, compiled for the host by the tests
+ * that check it against libm. */
+#define DS4_DEVICE static inline __attribute__((unused))
+
+#endif
+
+/* ---- math, identical on every target ---- */
+
+DS4_DEVICE float ds4_inff(void) { return __builtin_inff(); }
+
+DS4_DEVICE int ds4_isnan(float x) { return x != x; }
+
+/* 2^k for k in [-126, 127], by building the exponent field. */
+DS4_DEVICE float ds4_exp2i(int k) { return __builtin_bit_cast(float, (uint32_t)(k + 127) << 23); }
+
+/* e^x to about one ulp. x = n ln2 + r with n = rint(x / ln2), |r| <= ln2/2:
+ * ln2 is split into a 15-bit head (so n * head is exact for |n| < 2^9 and
+ * x - n * head is exact by Sterbenz) and a tail; e^r is the degree-8 Taylor
+ * polynomial (truncation below 2^-31 relative), in Horner form; 2^n is
+ * applied through the exponent bits, in two exact halves where 2^n alone
+ * is not a normal float, so a subnormal result is rounded once. */
+DS4_DEVICE float ds4_expf(float x)
+{
+  if (ds4_isnan(x))
+    return x;
+  if (x > 89.0f) /* above ln(FLT_MAX) = 88.72...: overflow */
+    return ds4_inff();
+  if (x < -104.0f) /* below ln(2^-150): underflow to +0 */
+    return 0.0f;
+  const float ln2_head = 0x1.62e4p-1f, ln2_tail = 0x1.7f7d1cp-20f;
+  float n = __builtin_rintf(x * 0x1.715476p+0f); /* x / ln2 */
+  float r = x - n * ln2_head;
+  r = r - n * ln2_tail;
+  float p = 1.0f / 40320.0f;
+  p = 1.0f / 5040.0f + r * p;
+  p = 1.0f / 720.0f + r * p;
+  p = 1.0f / 120.0f + r * p;
+  p = 1.0f / 24.0f + r * p;
+  p = 1.0f / 6.0f + r * p;
+  p = 0.5f + r * p;
+  p = 1.0f + r * p;
+  p = 1.0f + r * p;
+  int k = (int)n; /* in [-150, 128] */
+  if (k >= -126 && k <= 127)
+    return p * ds4_exp2i(k);
+  int k1 = k / 2;
+  return p * ds4_exp2i(k1) * ds4_exp2i(k - k1);
+}
+
+/* silu(g) = g / (1 + e^-g), as docs/OPS.md writes it. */
+DS4_DEVICE float ds4_silu(float g) { return g / (1.0f + ds4_expf(-g)); }
+
+/* sin and cos of a float, in double: x = k pi/2 + r with pi/2 in four
+ * parts (the first three of 21 bits, so k * part is exact for |k| < 2^32,
+ * that is |x| < 6.7e9), then Taylor polynomials on |r| <= pi/4 (truncation
+ * below 2^-45) and one rounding to float: within an ulp, almost always
+ * correctly rounded. The quadrant k mod 4 is computed in double, so no
+ * conversion can overflow; an infinite or NaN x gives NaN. */
+DS4_DEVICE void ds4_sincosf(float x, float *out_sin, float *out_cos)
+{
+  double xd = x;
+  double k = __builtin_rint(xd * 0x1.45f306dc9c883p-1); /* x * 2/pi */
+  double r = xd - k * 0x1.921fbp+0;
+  r = r - k * 0x1.5110bp-22;
+  r = r - k * 0x1.1846ap-44;
+  r = r - k * -0x1.d9cceba3f91f2p-66;
+  double q = k - 4.0 * __builtin_floor(k * 0.25); /* 0, 1, 2 or 3 */
+  double r2 = r * r;
+  double s = 1.0 / 6227020800.0; /* 1/13! */
+  s = -1.0 / 39916800.0 + r2 * s;
+  s = 1.0 / 362880.0 + r2 * s;
+  s = -1.0 / 5040.0 + r2 * s;
+  s = 1.0 / 120.0 + r2 * s;
+  s = -1.0 / 6.0 + r2 * s;
+  s = r + r * (r2 * s);
+  double c = -1.0 / 87178291200.0; /* -1/14! */
+  c = 1.0 / 479001600.0 + r2 * c;
+  c = -1.0 / 3628800.0 + r2 * c;
+  c = 1.0 / 40320.0 + r2 * c;
+  c = -1.0 / 720.0 + r2 * c;
+  c = 1.0 / 24.0 + r2 * c;
+  c = -0.5 + r2 * c;
+  c = 1.0 + r2 * c;
+  double sn = q == 0.0 ? s : q == 1.0 ? c : q == 2.0 ? -s : -c;
+  double cs = q == 0.0 ? c : q == 1.0 ? -s : q == 2.0 ? -c : s;
+  *out_sin = (float)sn;
+  *out_cos = (float)cs;
+}
+
+#if defined(__AMDGCN__) || defined(__NVPTX__)
+
+/* ---- block cooperation: fixed-order reductions in shared memory ----
+ * Every thread of the block calls these (they hold barriers); NT is the
+ * block's thread count (NTHREADS) and `red` a DS4_SHARED array of NT
+ * elements. */
+
+/* The sum over each group of L consecutive threads (L a power of two),
+ * returned to every thread of the group: a pairwise tree, level s adding
+ * lane i + s into lane i for i < s (s = L/2, ..., 1), so the order depends
+ * only on L. */
+template <int L>
+DS4_DEVICE float ds4_group_sum(float *red, float v)
+{
+  static_assert(L > 0 && (L & (L - 1)) == 0, "a group is a power of two of threads");
+  int tid = ds4_thread(), lane = tid & (L - 1);
+  red[tid] = v;
+  ds4_barrier();
+  for (int s = L / 2; s > 0; s /= 2) {
+    if (lane < s)
+      red[tid] = red[tid] + red[tid + s];
+    ds4_barrier();
+  }
+  float total = red[tid - lane];
+  ds4_barrier(); /* red is free again */
+  return total;
+}
+
+template <int NT>
+DS4_DEVICE float ds4_block_sum(float *red, float v)
+{
+  return ds4_group_sum<NT>(red, v);
+}
+
+/* The largest v over the block, to every thread (exact in any order). */
+template <int NT>
+DS4_DEVICE float ds4_block_max(float *red, float v)
+{
+  static_assert(NT > 0 && (NT & (NT - 1)) == 0, "a block is a power of two of threads");
+  int tid = ds4_thread();
+  red[tid] = v;
+  ds4_barrier();
+  for (int s = NT / 2; s > 0; s /= 2) {
+    if (tid < s && red[tid + s] > red[tid])
+      red[tid] = red[tid + s];
+    ds4_barrier();
+  }
+  float m = red[0];
+  ds4_barrier();
+  return m;
+}
+
+/* The lowest index of the largest value over the block, to every thread:
+ * each thread brings its candidate (v, i), i = -1 for none (NaN values are
+ * never candidates); b beats a when a is none, or b is larger, or equal
+ * with a lower index. Exact in any order, so it equals a sequential scan
+ * with a strict comparison. Returns -1 when no thread had a candidate. */
+template <int NT>
+DS4_DEVICE int ds4_block_argmax(float *redv, int32_t *redi, float v, int i)
+{
+  static_assert(NT > 0 && (NT & (NT - 1)) == 0, "a block is a power of two of threads");
+  int tid = ds4_thread();
+  redv[tid] = v;
+  redi[tid] = i;
+  ds4_barrier();
+  for (int s = NT / 2; s > 0; s /= 2) {
+    if (tid < s) {
+      float va = redv[tid], vb = redv[tid + s];
+      int ia = redi[tid], ib = redi[tid + s];
+      if (ib >= 0 && (ia < 0 || vb > va || (vb == va && ib < ia))) {
+        redv[tid] = vb;
+        redi[tid] = ib;
+      }
+    }
+    ds4_barrier();
+  }
+  int best = redi[0];
+  ds4_barrier();
+  return best;
+}
+
+/* a . b over n elements in index order, one thread. */
+template <typename A, typename B>
+DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
+{
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; i++)
+    acc += a[i] * b[i];
+  return acc;
+}
+
+/* One SwiGLU expert on one token, the body of swiglu_ffn and moe_experts:
+ * out[c] = sum_f (silu(x . w1[f]) * (x . w3[f])) * w2[c, f] for c < h.
+ * The ffn rows go in chunks of FC (act, in shared memory, holds one
+ * chunk's activations). The block works in NT / L groups of L consecutive
+ * threads: in a chunk, group g takes rows g, g + NT / L, ... of w1 and w3,
+ * then of w2; a lane l sums the products of its row at l, l + L, ... in
+ * ascending order, and the group adds its lanes with ds4_group_sum. out[c]
+ * is the first chunk's sum, plus each later chunk's in order (one chunk
+ * when f <= FC). The order depends only on h, f, L, NT and FC, so every
+ * launch that holds an expert computes its slot with the same bits. */
+template <int L, int NT, int FC, typename W1, typename W3, typename W2>
+DS4_DEVICE void ds4_swiglu(const float *x, const W1 *w1, const W3 *w3, const W2 *w2, float *out, int64_t h,
+                           int64_t f, float *act, float *red)
+{
+  static_assert(NT % L == 0, "a block is a whole number of groups");
+  const int ngroups = NT / L;
+  int tid = ds4_thread(), lane = tid & (L - 1), group = tid / L;
+  for (int64_t f0 = 0; f0 < f; f0 += FC) {
+    int64_t fn = f - f0 < FC ? f - f0 : FC;
+    for (int64_t r0 = 0; r0 < fn; r0 += ngroups) {
+      int64_t row = r0 + group;
+      float g = 0.0f, u = 0.0f;
+      if (row < fn) {
+        const W1 *w1r = w1 + (f0 + row) * h;
+        const W3 *w3r = w3 + (f0 + row) * h;
+        for (int64_t c = lane; c < h; c += L) {
+          g += x[c] * w1r[c];
+          u += x[c] * w3r[c];
+        }
+      }
+      g = ds4_group_sum<L>(red, g);
+      u = ds4_group_sum<L>(red, u);
+      if (row < fn && lane == 0)
+        act[row] = ds4_silu(g) * u;
+    }
+    ds4_barrier(); /* the chunk's act[] written */
+    for (int64_t c0 = 0; c0 < h; c0 += ngroups) {
+      int64_t c = c0 + group;
+      float acc = 0.0f;
+      if (c < h) {
+        const W2 *w2r = w2 + c * f + f0;
+        for (int64_t j = lane; j < fn; j += L)
+          acc += act[j] * w2r[j];
+      }
+      /* Its barriers also keep act[] until every thread has read it. */
+      acc = ds4_group_sum<L>(red, acc);
+      if (c < h && lane == 0)
+        out[c] = f0 == 0 ? acc : out[c] + acc; /* the same thread each chunk */
+    }
+  }
+}
+
+#endif

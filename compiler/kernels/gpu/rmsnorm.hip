@@ -1,0 +1,33 @@
+/* rmsnorm GPU kernel template: y[t,j] = x[t,j] * w[j] / sqrt(sum_j x[t,j]^2
+ * / H + eps). kgen_gpu puts in front the defines T, H, EPS, GRID,
+ * NTHREADS, KERNEL_NAME and W_T.
+ * Grid: one block per token slot t (T). Threads: thread i sums x[t,j]^2
+ * over j = i, i + NTHREADS, ... in ascending order, then the block adds the
+ * NTHREADS partial sums with ds4_block_sum's fixed pairwise tree; every
+ * thread then scales columns i, i + NTHREADS, ... as the host kernel does. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  DS4_SHARED float red[NTHREADS];
+  const float *x = (const float *)bufs[0];
+  const W_T *w = (const W_T *)bufs[1];
+  float *y = (float *)bufs[2];
+  int64_t t = ds4_block(), ntok = step[1];
+  int tid = ds4_thread();
+  if (t >= GRID)
+    return;
+  float *yr = y + t * H;
+  if (t >= ntok) {
+    for (int64_t j = tid; j < H; j += NTHREADS)
+      yr[j] = 0.0f;
+    return;
+  }
+  const float *xr = x + t * H;
+  float ss = 0.0f;
+  for (int64_t j = tid; j < H; j += NTHREADS)
+    ss += xr[j] * xr[j];
+  ss = ds4_block_sum<NTHREADS>(red, ss);
+  float den = __builtin_sqrtf(ss / (float)H + EPS);
+  for (int64_t j = tid; j < H; j += NTHREADS)
+    yr[j] = xr[j] * w[j] / den;
+}

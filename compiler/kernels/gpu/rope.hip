@@ -1,0 +1,47 @@
+/* rope GPU kernel template: per head, the last R of HD channels rotate in
+ * interleaved pairs (2i, 2i+1) by phi = f32(pos+t) * theta^(-2i/R); the
+ * leading HD - R channels are copied. kgen_gpu puts in front the defines
+ * T, NH, HD, R, INV_FREQ, GRID, NTHREADS and KERNEL_NAME; INV_FREQ holds
+ * the R/2 values powf(theta, -(float)(2i) / (float)R), computed by ds4c
+ * with the same powf call the host kernel makes.
+ * Grid: one block per token slot t (T). Threads: a head has HD - R/2 units
+ * (a copied channel or a rotated pair); thread i takes units i, i +
+ * NTHREADS, ... of the row's NH * (HD - R/2) and writes both channels of a
+ * pair from loads made before either store, so it also works in place. No
+ * reduction; sin and cos come from ds4_sincosf. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  /* R/2 + 1 entries, so the table is never empty (R may be 0). */
+  static const float inv_freq[R / 2 + 1] = INV_FREQ;
+  const float *x = (const float *)bufs[0];
+  float *y = (float *)bufs[1];
+  int64_t t = ds4_block(), pos = step[0], ntok = step[1];
+  int tid = ds4_thread();
+  if (t >= GRID)
+    return;
+  float *yr = y + t * (NH * HD);
+  if (t >= ntok) {
+    for (int64_t c = tid; c < NH * HD; c += NTHREADS)
+      yr[c] = 0.0f;
+    return;
+  }
+  const float *xr = x + t * (NH * HD);
+  float fpos = (float)(pos + t);
+  const int64_t units = HD - R / 2;
+  for (int64_t u = tid; u < NH * units; u += NTHREADS) {
+    int64_t h = u / units, v = u % units;
+    const float *xh = xr + h * HD;
+    float *yh = yr + h * HD;
+    if (v < HD - R) {
+      yh[v] = xh[v];
+      continue;
+    }
+    int64_t i = v - (HD - R);
+    float sn, cs;
+    ds4_sincosf(fpos * inv_freq[i], &sn, &cs);
+    float x0 = xh[HD - R + 2 * i], x1 = xh[HD - R + 2 * i + 1];
+    yh[HD - R + 2 * i] = x0 * cs - x1 * sn;
+    yh[HD - R + 2 * i + 1] = x0 * sn + x1 * cs;
+  }
+}

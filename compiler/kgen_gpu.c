@@ -1,0 +1,162 @@
+/* kgen_gpu.c - specialises the GPU kernel templates of
+ * compiler/kernels/gpu/ (a HIP dialect, see prelude.h) for one op: the
+ * shared checks and defines of kgen.c, then what the GPU template needs
+ * besides (threads per block, lanes, weight types, tables), the template,
+ * and #undef of every define, so that all kernels of a target compile as
+ * one translation unit. */
+#include <ctype.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kgen.h"
+#include "kgen_spec.h"
+#include "templates.h"
+
+/* FFN rows whose activations a swiglu_ffn or moe_experts block keeps in
+ * shared memory at once (8 KiB); larger F goes in chunks. */
+#define KGEN_GPU_FFN_CHUNK 2048
+
+/* Per kind: threads per block, threads per dot-product group (0: the kind
+ * has none) and the input slots that are weights, whose element type the
+ * template takes from <SLOT>_T (f32 today; the way in for bf16). */
+typedef struct kgen_gpu_kind {
+  int nthreads;
+  int lanes;
+  unsigned typed_slots; /* bit i: input slot i */
+} kgen_gpu_kind;
+
+static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
+  [IR_OP_EMBED] = {256, 0, 1u << 1},
+  [IR_OP_RMSNORM] = {256, 0, 1u << 1},
+  [IR_OP_MATMUL] = {256, 4, 1u << 1}, /* 64 columns x 4 lanes */
+  [IR_OP_ROPE] = {256, 0, 0},
+  [IR_OP_CACHE_WRITE] = {256, 0, 0},
+  [IR_OP_ATTENTION] = {256, 0, 0},
+  [IR_OP_ADD] = {256, 0, 0},
+  [IR_OP_TOPK_ROUTE] = {256, 0, 0},
+  [IR_OP_MOE_EXPERTS] = {256, 4, 1u << 2 | 1u << 3 | 1u << 4},
+  [IR_OP_MOE_COMBINE] = {256, 0, 0},
+  [IR_OP_SWIGLU_FFN] = {256, 4, 1u << 1 | 1u << 2 | 1u << 3},
+  [IR_OP_ARGMAX] = {1024, 0, 0}, /* a vocabulary per block */
+  [IR_OP_SUM_PARTS] = {256, 0, 0},
+};
+
+const char *kgen_gpu_prelude(void)
+{
+  return ds4_template_find("gpu", "prelude");
+}
+
+__attribute__((format(printf, 4, 5)))
+static void kgen_gpu_define(kgen_buf *b, kgen_buf *undefs, const char *name, const char *fmt, ...)
+{
+  char value[64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(value, sizeof value, fmt, ap);
+  va_end(ap);
+  kgen_printf(b, "#define %s %s\n", name, value);
+  kgen_printf(undefs, "#undef %s\n", name);
+}
+
+/* rope: INV_FREQ, the R/2 inverse frequencies, computed here with the
+ * same powf call the host kernel makes at run time (the GPU targets have
+ * no powf), as exact literals. */
+static void kgen_gpu_inv_freq(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s)
+{
+  int64_t r = kgen_spec_int(s, "R");
+  float theta = (float)s->op->fattr[2];
+  kgen_printf(b, "#define INV_FREQ {");
+  for (int64_t i = 0; i < r / 2; i++) {
+    kgen_printf(b, "%s", i ? ", " : "");
+    kgen_float_literal(b, powf(theta, -(float)(2 * i) / (float)r));
+  }
+  kgen_printf(b, "}\n");
+  kgen_printf(undefs, "#undef INV_FREQ\n");
+}
+
+/* The kind's own defines, and the bytes of the shared arrays its template
+ * declares (they must agree: the template sizes them from these defines). */
+static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s, const kgen_gpu_kind *g)
+{
+  uint64_t nt = (uint64_t)g->nthreads;
+  kgen_gpu_define(b, undefs, "NTHREADS", "%d", g->nthreads);
+  if (g->lanes)
+    kgen_gpu_define(b, undefs, "LANES", "%d", g->lanes);
+  /* The shared checks admit only f32 weights today; a bf16 weight would
+   * name a prelude type here. */
+  for (int i = 0; i < s->nin; i++)
+    if (g->typed_slots & 1u << i) {
+      char name[32];
+      size_t n = 0;
+      for (const char *c = s->slot_name[i]; *c && n + 3 < sizeof name; c++)
+        name[n++] = (char)toupper((unsigned char)*c);
+      memcpy(name + n, "_T", 3);
+      kgen_gpu_define(b, undefs, name, "%s", "float");
+    }
+  switch (s->op->kind) {
+  case IR_OP_RMSNORM:
+  case IR_OP_MATMUL:
+    return nt * 4; /* red */
+  case IR_OP_ROPE:
+    kgen_gpu_inv_freq(b, undefs, s);
+    return 0;
+  case IR_OP_ATTENTION: {
+    int64_t hd = kgen_spec_int(s, "HD");
+    kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
+    return nt * 4 * 2; /* red, prob */
+  }
+  case IR_OP_TOPK_ROUTE: /* prob, taken; redv, redi; chosen */
+    return (uint64_t)kgen_spec_int(s, "E") * 8 + nt * 8 + (uint64_t)kgen_spec_int(s, "TOPK") * 4;
+  case IR_OP_MOE_EXPERTS:
+  case IR_OP_SWIGLU_FFN: { /* red, act */
+    int64_t f = kgen_spec_int(s, "F"), chunk = f < KGEN_GPU_FFN_CHUNK ? f : KGEN_GPU_FFN_CHUNK;
+    kgen_gpu_define(b, undefs, "FCHUNK", "%" PRId64, chunk);
+    return nt * 4 + (uint64_t)chunk * 4;
+  }
+  case IR_OP_ARGMAX: /* redv, redi */
+    return nt * 8;
+  default:
+    return 0;
+  }
+}
+
+int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
+{
+  memset(out, 0, sizeof *out);
+  kgen_spec s;
+  if (kgen_spec_build(p, op, "GPU", &s, d))
+    return -1;
+  const kgen_gpu_kind *g = &kgen_gpu_kinds[op->kind];
+  const char *tmpl = ds4_template_find("gpu", s.kind);
+  if (!tmpl || !g->nthreads) {
+    kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, s.kind);
+    kgen_spec_free(&s);
+    return -1;
+  }
+
+  kgen_buf defs = {0}, undefs = {0}, src = {0};
+  kgen_write_defines(&defs, &s, &undefs);
+  uint64_t shared = kgen_gpu_extra(&defs, &undefs, &s, g);
+  char extra[96];
+  snprintf(extra, sizeof extra, "; block: %d threads; shared: %" PRIu64 " bytes", g->nthreads, shared);
+  kgen_write_head(&src, &s, "GPU kernel generated by ds4c (kgen_gpu)", extra);
+  kgen_printf(&src, "%s\n%s%s", defs.s ? defs.s : "", tmpl, undefs.s ? undefs.s : "");
+  if (defs.oom || undefs.oom)
+    src.oom = 1;
+  int rc = kgen_finish(&s, &src, "GPU", &out->symbol, &out->source, d);
+  free(defs.s);
+  free(undefs.s);
+  if (!rc) {
+    out->kind = s.kind;
+    out->grid = (uint32_t)s.grid;
+    out->block = (uint32_t)g->nthreads;
+    out->shared = shared < UINT32_MAX ? (uint32_t)shared : UINT32_MAX; /* checked by the build */
+    out->nbufs = (uint32_t)(s.nin + s.nout);
+  }
+  kgen_spec_free(&s);
+  return rc;
+}

@@ -1,0 +1,634 @@
+/* fake_cuda.c - a stand-in for libcuda.so.1 that runs on the host, so that
+ * the cuda backend can be tested where there is no GPU (DS4_CUDA_LIBRARY
+ * names it). It implements the driver calls cuda_api.c uses, with the
+ * semantics the backend relies on: streams run in order (one worker thread
+ * each), an event wait holds a stream until the event's latest record at
+ * the time of the wait has run, a failure is sticky for the context and
+ * reported to later callbacks and syncs, callbacks of all streams run on
+ * one thread (CUDA says they "may be serialized"). It also checks what a
+ * driver checks: a context current on the calling thread (the one of the
+ * stream used), live handles, no double registration. Device memory is
+ * host memory filled with garbage, as cuMemAlloc does not zero.
+ *
+ * Code is PTX text: a module holds the kernels its ".entry NAME(" lines
+ * declare, among the few this file implements on the host (ds4_smoke, the
+ * smoke kernel of gpu_smoke.c, and fake_fault, which faults).
+ *
+ * DS4_FAKE_CUDA_DEVICES: the number of devices (default 1; 0 makes cuInit
+ * fail with CUDA_ERROR_NO_DEVICE). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_IMAGE = 200,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+  CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+  CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+};
+
+#define FAKE_MAX_DEVICES 8
+#define FAKE_MAX_REGISTERED 64
+
+typedef struct CUctx_st {
+  int device;
+  int refs;
+  CUresult error; /* sticky, as a device fault is */
+} *CUcontext;
+
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef const struct fake_kernel *CUfunction;
+typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
+
+typedef void (*fake_kernel_fn)(void *const *bufs, const int32_t *step, uint32_t block,
+                               uint32_t threads);
+struct fake_kernel {
+  const char *name;
+  fake_kernel_fn fn; /* NULL: the launch faults */
+};
+
+/* out[i] = 2 * in[i] + pos for i < ntok: bufs = {in, out}, step = {pos, ntok, ...}. */
+static void fake_smoke(void *const *bufs, const int32_t *step, uint32_t block, uint32_t threads) {
+  const float *in = bufs[0];
+  float *out = bufs[1];
+  for (uint32_t t = 0; t < threads; t++) {
+    uint32_t i = block * threads + t;
+    if (i < (uint32_t)step[1]) out[i] = in[i] * 2.0f + (float)step[0];
+  }
+}
+
+static const struct fake_kernel fake_kernels[] = {
+    {"ds4_smoke", fake_smoke},
+    {"fake_fault", NULL},
+};
+
+/* ---- the driver's state (global, as a driver's is) ---- */
+
+static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fake_cv = PTHREAD_COND_INITIALIZER; /* events completed, work drained */
+static int fake_initialized;
+static int fake_ndevices;
+static struct CUctx_st fake_ctxs[FAKE_MAX_DEVICES];
+static _Thread_local CUcontext fake_current;
+static struct {
+  void *ptr;
+  size_t bytes;
+} fake_registered[FAKE_MAX_REGISTERED];
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- streams ---- */
+
+enum { OP_MEMSET, OP_MEMCPY, OP_RECORD, OP_WAIT, OP_CALLBACK, OP_LAUNCH };
+
+typedef struct fake_op {
+  struct fake_op *next;
+  int kind;
+  void *dst;
+  const void *src;
+  size_t bytes;
+  int value;
+  CUevent event;
+  uint64_t seq;
+  CUstreamCallback cb;
+  void *user;
+  CUfunction fn;
+  uint32_t grid, block;
+  void *const *bufs;
+  const int32_t *step;
+} fake_op;
+
+struct CUstream_st {
+  CUcontext ctx;
+  fake_op *head, *tail;
+  int busy, shutdown;
+  pthread_cond_t work_cv;
+  pthread_t thread;
+};
+
+struct CUevent_st {
+  CUcontext ctx;
+  int timing;
+  uint64_t recorded, completed; /* record sequence numbers */
+  uint64_t ns;                  /* when the last completed record ran */
+};
+
+struct CUmod_st {
+  CUcontext ctx;
+  char *text;
+};
+
+/* The one callback thread: each callback is handed to it and the stream
+ * waits until it has run. */
+static pthread_t fake_cb_thread;
+static int fake_cb_started;
+static fake_op *fake_cb_op; /* the callback waiting to run, guarded by fake_mu */
+static CUstream fake_cb_stream;
+static pthread_cond_t fake_cb_cv = PTHREAD_COND_INITIALIZER;
+
+static void *callback_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&fake_mu);
+  for (;;) {
+    while (!fake_cb_op) pthread_cond_wait(&fake_cb_cv, &fake_mu);
+    fake_op *op = fake_cb_op;
+    CUstream s = fake_cb_stream;
+    CUresult status = s->ctx->error;
+    pthread_mutex_unlock(&fake_mu);
+    op->cb(s, status, op->user);
+    pthread_mutex_lock(&fake_mu);
+    fake_cb_op = NULL;
+    pthread_cond_broadcast(&fake_cb_cv);
+  }
+  return NULL;
+}
+
+/* Called with fake_mu held, by a stream's worker. */
+static void run_callback(CUstream s, fake_op *op) {
+  while (fake_cb_op) pthread_cond_wait(&fake_cb_cv, &fake_mu);
+  fake_cb_op = op;
+  fake_cb_stream = s;
+  pthread_cond_broadcast(&fake_cb_cv);
+  while (fake_cb_op == op) pthread_cond_wait(&fake_cb_cv, &fake_mu);
+}
+
+/* Called with fake_mu held; drops it while kernels and copies run. */
+static void execute(CUstream s, fake_op *op) {
+  CUcontext ctx = s->ctx;
+  if (op->kind == OP_CALLBACK) {
+    run_callback(s, op);
+    return;
+  }
+  if (ctx->error) return; /* a faulted context runs nothing more */
+  switch (op->kind) {
+  case OP_WAIT:
+    while (op->event->completed < op->seq && !ctx->error) pthread_cond_wait(&fake_cv, &fake_mu);
+    return;
+  case OP_RECORD:
+    op->event->completed = op->seq;
+    op->event->ns = now_ns();
+    pthread_cond_broadcast(&fake_cv);
+    return;
+  default:
+    break;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  int fault = 0;
+  if (op->kind == OP_MEMSET) {
+    memset(op->dst, op->value, op->bytes);
+  } else if (op->kind == OP_MEMCPY) {
+    memmove(op->dst, op->src, op->bytes);
+  } else if (!op->fn->fn) {
+    fault = 1;
+  } else {
+    for (uint32_t b = 0; b < op->grid; b++) op->fn->fn(op->bufs, op->step, b, op->block);
+  }
+  pthread_mutex_lock(&fake_mu);
+  if (fault) {
+    ctx->error = CUDA_ERROR_ILLEGAL_ADDRESS;
+    pthread_cond_broadcast(&fake_cv);
+  }
+}
+
+static void *stream_main(void *arg) {
+  CUstream s = arg;
+  pthread_mutex_lock(&fake_mu);
+  for (;;) {
+    while (!s->head && !s->shutdown) pthread_cond_wait(&s->work_cv, &fake_mu);
+    if (!s->head) break;
+    fake_op *op = s->head;
+    s->head = op->next;
+    if (!s->head) s->tail = NULL;
+    s->busy = 1;
+    execute(s, op);
+    s->busy = 0;
+    free(op);
+    pthread_cond_broadcast(&fake_cv);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return NULL;
+}
+
+/* The checks of every stream call: initialised, the stream's context
+ * current on this thread. */
+static CUresult check_stream(CUstream s) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!s) return CUDA_ERROR_INVALID_HANDLE; /* the backend never uses the legacy stream */
+  if (fake_current != s->ctx) return CUDA_ERROR_INVALID_CONTEXT;
+  return s->ctx->error;
+}
+
+static CUresult enqueue(CUstream s, fake_op *op) {
+  CUresult r = check_stream(s);
+  if (r) {
+    free(op);
+    return r;
+  }
+  op->next = NULL;
+  pthread_mutex_lock(&fake_mu);
+  if (s->tail)
+    s->tail->next = op;
+  else
+    s->head = op;
+  s->tail = op;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&fake_mu);
+  return CUDA_SUCCESS;
+}
+
+static fake_op *op_new(int kind) {
+  fake_op *op = calloc(1, sizeof *op);
+  if (op) op->kind = kind;
+  return op;
+}
+
+/* ---- the API ---- */
+
+CUresult cuInit(unsigned int flags) {
+  if (flags) return CUDA_ERROR_INVALID_VALUE;
+  const char *env = getenv("DS4_FAKE_CUDA_DEVICES");
+  int n = env ? atoi(env) : 1;
+  if (n <= 0) return CUDA_ERROR_NO_DEVICE;
+  pthread_mutex_lock(&fake_mu);
+  if (!fake_initialized) {
+    fake_ndevices = n < FAKE_MAX_DEVICES ? n : FAKE_MAX_DEVICES;
+    for (int i = 0; i < fake_ndevices; i++) fake_ctxs[i].device = i;
+    fake_initialized = 1;
+  }
+  if (!fake_cb_started && pthread_create(&fake_cb_thread, NULL, callback_main, NULL) == 0) {
+    pthread_detach(fake_cb_thread);
+    fake_cb_started = 1;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return fake_cb_started ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuDeviceGetCount(int *out_count) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  *out_count = fake_ndevices;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *out_dev, int ordinal) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ordinal < 0 || ordinal >= fake_ndevices) return CUDA_ERROR_INVALID_DEVICE;
+  *out_dev = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *out_ctx, CUdevice dev) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev < 0 || dev >= fake_ndevices) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&fake_mu);
+  /* A new primary context starts clean, as after a reset. */
+  if (fake_ctxs[dev].refs++ == 0) fake_ctxs[dev].error = CUDA_SUCCESS;
+  pthread_mutex_unlock(&fake_mu);
+  *out_ctx = &fake_ctxs[dev];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (dev < 0 || dev >= fake_ndevices || fake_ctxs[dev].refs == 0) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&fake_mu);
+  fake_ctxs[dev].refs--;
+  pthread_mutex_unlock(&fake_mu);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx && ctx->refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  fake_current = ctx;
+  return CUDA_SUCCESS;
+}
+
+static const struct {
+  CUresult code;
+  const char *name, *text;
+} fake_errors[] = {
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
+};
+
+CUresult cuGetErrorName(CUresult r, const char **out_name) {
+  for (size_t i = 0; i < sizeof fake_errors / sizeof *fake_errors; i++)
+    if (fake_errors[i].code == r) {
+      *out_name = fake_errors[i].name;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult r, const char **out_text) {
+  for (size_t i = 0; i < sizeof fake_errors / sizeof *fake_errors; i++)
+    if (fake_errors[i].code == r) {
+      *out_text = fake_errors[i].text;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult check_context(void) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!fake_current) return CUDA_ERROR_INVALID_CONTEXT;
+  return fake_current->error;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *out_ptr, size_t bytes) {
+  CUresult r = check_context();
+  if (r) return r;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  size_t n = (bytes + 255) & ~(size_t)255;
+  void *p = aligned_alloc(256, n);
+  if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+  memset(p, 0xab, n);
+  *out_ptr = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  CUresult r = check_context();
+  if (r && r != CUDA_ERROR_ILLEGAL_ADDRESS) return r;
+  free((void *)(uintptr_t)ptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+  fake_op *op = op_new(OP_MEMSET);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->dst = (void *)(uintptr_t)dst;
+  op->value = value;
+  op->bytes = n;
+  return enqueue(s, op);
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  fake_op *op = op_new(OP_MEMCPY);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->dst = (void *)(uintptr_t)dst;
+  op->src = (const void *)(uintptr_t)src;
+  op->bytes = bytes;
+  return enqueue(s, op);
+}
+
+CUresult cuStreamCreate(CUstream *out_stream, unsigned int flags) {
+  CUresult r = check_context();
+  if (r) return r;
+  if (flags != 1) return CUDA_ERROR_INVALID_VALUE; /* the backend asks for non-blocking */
+  CUstream s = calloc(1, sizeof *s);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  s->ctx = fake_current;
+  pthread_cond_init(&s->work_cv, NULL);
+  if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
+    pthread_cond_destroy(&s->work_cv);
+    free(s);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *out_stream = s;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+  if (!fake_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (fake_current != s->ctx) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&fake_mu);
+  while (s->head || s->busy) pthread_cond_wait(&fake_cv, &fake_mu);
+  CUresult r = s->ctx->error;
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* Like the driver, destroying returns at once; the queued work still runs
+ * (here: before the thread ends). */
+CUresult cuStreamDestroy_v2(CUstream s) {
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  s->shutdown = 1;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&fake_mu);
+  pthread_join(s->thread, NULL);
+  pthread_cond_destroy(&s->work_cv);
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamAddCallback(CUstream s, CUstreamCallback fn, void *user, unsigned int flags) {
+  if (flags) return CUDA_ERROR_INVALID_VALUE;
+  fake_op *op = op_new(OP_CALLBACK);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->cb = fn;
+  op->user = user;
+  return enqueue(s, op);
+}
+
+CUresult cuEventCreate(CUevent *out_event, unsigned int flags) {
+  CUresult r = check_context();
+  if (r) return r;
+  if (flags & ~2u) return CUDA_ERROR_INVALID_VALUE;
+  CUevent e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  e->ctx = fake_current;
+  e->timing = !(flags & 2u);
+  *out_event = e;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (s && e->ctx != s->ctx) return CUDA_ERROR_INVALID_HANDLE;
+  fake_op *op = op_new(OP_RECORD);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fake_mu);
+  op->event = e;
+  op->seq = ++e->recorded;
+  pthread_mutex_unlock(&fake_mu);
+  return enqueue(s, op);
+}
+
+/* The event may belong to any context; a never-recorded event is no wait. */
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  if (!e || flags) return CUDA_ERROR_INVALID_VALUE;
+  fake_op *op = op_new(OP_WAIT);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fake_mu);
+  op->event = e;
+  op->seq = e->recorded;
+  pthread_mutex_unlock(&fake_mu);
+  return enqueue(s, op);
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  while (e->completed < e->recorded && !e->ctx->error) pthread_cond_wait(&fake_cv, &fake_mu);
+  CUresult r = e->ctx->error;
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* Exported under its old name only, as by drivers before CUDA 12.8. */
+CUresult cuEventElapsedTime(float *out_ms, CUevent from, CUevent to) {
+  if (!from || !to || !from->timing || !to->timing) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  CUresult r = CUDA_SUCCESS;
+  if (!from->recorded || !to->recorded)
+    r = CUDA_ERROR_INVALID_HANDLE;
+  else if (from->completed < from->recorded || to->completed < to->recorded)
+    r = CUDA_ERROR_NOT_READY;
+  else
+    *out_ms = (float)((double)((int64_t)to->ns - (int64_t)from->ns) / 1e6);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* "Compiles" PTX text: it must carry a .version directive. */
+CUresult cuModuleLoadDataEx(CUmodule *out_module, const void *image, unsigned int noptions,
+                            int *options, void **values) {
+  CUresult r = check_context();
+  if (r) return r;
+  const char *text = image;
+  if (!strstr(text, ".version")) {
+    char *log = NULL;
+    size_t len = 0;
+    for (unsigned int i = 0; i < noptions; i++) {
+      if (options[i] == 5) log = values[i];
+      if (options[i] == 6) len = (size_t)(uintptr_t)values[i];
+    }
+    if (log && len) snprintf(log, len, "fake ptxas: line 1: no .version directive\n");
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  CUmodule m = calloc(1, sizeof *m);
+  if (!m || !(m->text = strdup(text))) {
+    free(m);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->ctx = fake_current;
+  *out_module = m;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule m) {
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  free(m->text);
+  free(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *out_function, CUmodule m, const char *name) {
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  char entry[256];
+  snprintf(entry, sizeof entry, ".entry %s(", name);
+  if (!strstr(m->text, entry)) return CUDA_ERROR_NOT_FOUND;
+  for (size_t i = 0; i < sizeof fake_kernels / sizeof *fake_kernels; i++)
+    if (strcmp(fake_kernels[i].name, name) == 0) {
+      *out_function = &fake_kernels[i];
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                        CUstream s, void **params, void **extra) {
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (!gx || !bx || gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || shared || extra ||
+      !params)
+    return CUDA_ERROR_INVALID_VALUE;
+  fake_op *op = op_new(OP_LAUNCH);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->fn = f;
+  op->grid = gx;
+  op->block = bx;
+  /* The values are read at launch, as the driver copies them then. */
+  op->bufs = *(void *const *const *)params[0];
+  op->step = *(const int32_t *const *)params[1];
+  return enqueue(s, op);
+}
+
+CUresult cuMemHostRegister_v2(void *ptr, size_t bytes, unsigned int flags) {
+  CUresult r = check_context();
+  if (r) return r;
+  if (!ptr || !bytes || flags != 1) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fake_mu);
+  r = CUDA_ERROR_OUT_OF_MEMORY;
+  for (int i = 0; i < FAKE_MAX_REGISTERED; i++) {
+    const char *a = fake_registered[i].ptr, *b = ptr;
+    if (a && a < b + bytes && b < a + fake_registered[i].bytes) {
+      r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+      break;
+    }
+  }
+  for (int i = 0; r == CUDA_ERROR_OUT_OF_MEMORY && i < FAKE_MAX_REGISTERED; i++)
+    if (!fake_registered[i].ptr) {
+      fake_registered[i].ptr = ptr;
+      fake_registered[i].bytes = bytes;
+      r = CUDA_SUCCESS;
+    }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+CUresult cuMemHostUnregister(void *ptr) {
+  pthread_mutex_lock(&fake_mu);
+  CUresult r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  for (int i = 0; i < FAKE_MAX_REGISTERED; i++)
+    if (fake_registered[i].ptr == ptr) {
+      fake_registered[i].ptr = NULL;
+      r = CUDA_SUCCESS;
+    }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* Test hook: how many host ranges are registered now. */
+int fake_cuda_registered_count(void) {
+  int n = 0;
+  pthread_mutex_lock(&fake_mu);
+  for (int i = 0; i < FAKE_MAX_REGISTERED; i++) n += fake_registered[i].ptr != NULL;
+  pthread_mutex_unlock(&fake_mu);
+  return n;
+}
