@@ -156,6 +156,39 @@ static rt_status check_copy_reach(const plan *p, const char *name, uint32_t i) {
   return NULL;
 }
 
+/* Records a GPU publishes to another backend and waits on another
+ * backend's events run through the driver's callback thread, which a
+ * device's streams may share: spread over two streams they could block
+ * each other for good. So each GPU keeps them on one stream (the compiler
+ * places them so); stream[d] is that stream, or PLAN_NONE. */
+static rt_status claim_sync_stream(const plan *p, const char *name, uint32_t *stream, uint32_t s) {
+  uint32_t d = p->streams[s].device;
+  if (p->devices[d].backend == PLAN_BACKEND_CPU) return NULL;
+  if (stream[d] == PLAN_NONE) stream[d] = s;
+  if (stream[d] == s) return NULL;
+  return rt_status_make("%s: device '%s' (%s) synchronises with devices of other backends on streams "
+                        "'%s' and '%s'; such records and waits must all be on one stream of the device",
+                        name, plan_str(p, p->devices[d].name), rt_backend_name(p->devices[d].backend),
+                        plan_str(p, p->streams[stream[d]].name), plan_str(p, p->streams[s].name));
+}
+
+static rt_status check_cross_backend_sync(const plan *p, const char *name) {
+  uint32_t *stream = malloc((p->ndevices ? p->ndevices : 1) * sizeof *stream);
+  if (!stream) return rt_status_make("%s: out of memory", name);
+  for (uint32_t d = 0; d < p->ndevices; d++) stream[d] = PLAN_NONE;
+  rt_status err = NULL;
+  for (uint32_t i = 0; i < p->ncommands && !err; i++) {
+    const plan_command *c = &p->commands[i];
+    if (c->kind != PLAN_CMD_WAIT) continue;
+    uint32_t rs = p->commands[c->b].stream; /* plan_decode checked b */
+    if (p->devices[p->streams[rs].device].backend == p->devices[p->streams[c->stream].device].backend) continue;
+    err = claim_sync_stream(p, name, stream, c->stream);
+    if (!err) err = claim_sync_stream(p, name, stream, rs);
+  }
+  free(stream);
+  return err;
+}
+
 /* The runtime's own checks, on top of plan_decode's (which bounds every
  * tensor, byte range, index and device): what replay needs beyond the
  * format, so that it never reads outside the bundle, waits forever or hands
@@ -178,6 +211,7 @@ static rt_status check_plan(const plan *p, const char *name) {
       err = check_copy_reach(p, name, i);
   }
   free(recorded);
+  if (!err) err = check_cross_backend_sync(p, name);
   return err;
 }
 

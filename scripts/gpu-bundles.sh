@@ -11,12 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20}
 scripts/setup.sh build >/dev/null
-ninja -C build gpu_ops gpu_smoke gen_schedules gpu_bench >/dev/null
+ninja -C build gpu_ops gpu_smoke gen_schedules >/dev/null
 
 out=out/gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/schedules"
-cp build/ds4run build/gpu_ops build/gpu_smoke build/gpu_bench "$out/bin/"
+cp build/ds4run build/gpu_ops build/gpu_smoke "$out/bin/"
 cp scripts/gpu-check.sh "$out/"
 
 ds4c=build/ds4c

@@ -781,6 +781,35 @@ START_TEST(copy_reach) {
 }
 END_TEST
 
+/* A GPU keeps its records waited on by another backend and its waits on
+ * another backend's events on one stream: spread over two, the driver's
+ * shared callback thread could hold one behind the other for good. */
+START_TEST(cross_backend_sync_on_one_stream) {
+  tb b;
+  uint32_t s_cpu, s_gpu0, x, g0, g1;
+  copy_reach_plan(&b, &s_cpu, &s_gpu0, &x, &g0, &g1);
+  uint32_t s_main = tb_stream(&b, "main", b.streams[s_gpu0].device);
+  tb_copy(&b, s_gpu0, x, g0);
+  tb_wait(&b, s_cpu, tb_record(&b, s_gpu0)); /* the cpu waits on gpu0.copy */
+  tb_wait(&b, s_main, tb_record(&b, s_cpu)); /* gpu0.main waits on the cpu */
+  tb_write(&b);
+  expect_open_error(b.dir, "/plan.ds4p: device 'gpu0' (cuda) synchronises with devices of other backends on "
+                           "streams 'copy' and 'main'; such records and waits must all be on one stream of "
+                           "the device");
+  tb_cleanup(&b);
+
+  /* The same on one stream passes the check (and stops at the missing
+   * code object file). */
+  copy_reach_plan(&b, &s_cpu, &s_gpu0, &x, &g0, &g1);
+  tb_copy(&b, s_gpu0, x, g0);
+  tb_wait(&b, s_cpu, tb_record(&b, s_gpu0));
+  tb_wait(&b, s_gpu0, tb_record(&b, s_cpu));
+  tb_write(&b);
+  expect_open_error(b.dir, "kernels/sm_90.cubin: cannot open");
+  tb_cleanup(&b);
+}
+END_TEST
+
 /* ---- the cpu backend's events -------------------------------------------- */
 
 static uint64_t now_ns(void) {
@@ -1508,6 +1537,7 @@ static Suite *runtime_suite(void) {
   tcase_add_test(o, codeobj_per_target);
   tcase_add_test(o, codeobj_unused_target);
   tcase_add_test(o, copy_reach);
+  tcase_add_test(o, cross_backend_sync_on_one_stream);
   tcase_add_test(o, cpu_waits_on_foreign_event);
   tcase_add_test(o, init_values);
   tcase_add_test(o, weight_views);
