@@ -13,8 +13,11 @@
 #include "templates.h"
 
 /* Columns per matmul block: rows x tiles keeps blocks writing disjoint
- * bytes while giving a thread pool work even when T is 1 (decode). */
-#define KGEN_MATMUL_TILE 64
+ * bytes while giving a thread pool work even when T is 1 (decode). The
+ * grid is every target's, so the tile also suits the GPU: one 32-lane
+ * group per column, 8 groups (256 threads) per block, and enough blocks
+ * for a decode GEMV to fill the GPU (kgen_gpu.c). */
+#define KGEN_MATMUL_TILE 8
 
 const char *ds4_template_find(const char *target, const char *kind)
 {
@@ -34,7 +37,7 @@ const char *ds4_template_find(const char *target, const char *kind)
 
 typedef struct kgen_slot {
   const char *name;
-  char dtype; /* 'f': f32, 'i': i32 */
+  char dtype; /* 'f': f32, 'i': i32, 'w': a weight in f32 or bf16 */
   const char *dims;
 } kgen_slot;
 
@@ -58,7 +61,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                      {{"x", 'f', "TH"}, {"w", 'f', "H"}, {"y", 'f', "TH"}},
                      1, {{"eps", 1}}},
   [IR_OP_MATMUL] = {"matmul", 2, 1,
-                    {{"x", 'f', "TK"}, {"w", 'f', "NK"}, {"y", 'f', "TN"}}, 0, {{0}}},
+                    {{"x", 'f', "TK"}, {"w", 'w', "NK"}, {"y", 'f', "TN"}}, 0, {{0}}},
   [IR_OP_ROPE] = {"rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
                   3, {{"heads", 0}, {"rope_dim", 0}, {"theta", 1}}},
   [IR_OP_CACHE_WRITE] = {"cache_write", 1, 1,
@@ -201,14 +204,16 @@ static int kgen_check_slot(kgen_ctx *c, int slot)
   const ir_tensor *t = kgen_tensor(c, slot);
   const char *dir = kgen_slot_dir(c, slot);
   const char *kind = c->k->name;
-  if (s->dtype == 'f' && t->dtype != PLAN_F32 && t->dtype != PLAN_I32)
+  int weight = s->dtype == 'w' && t->dtype == PLAN_BF16;
+  if (s->dtype != 'i' && !weight && t->dtype != PLAN_F32 && t->dtype != PLAN_I32)
     return kgen_err(c->d, c->op->pos,
                      "%s: dtype %s not supported by the %s kernels yet (%s %s: %s)",
                      kind, kgen_dtype_name(t->dtype), c->target, dir, s->name, t->path);
   uint32_t want = s->dtype == 'i' ? PLAN_I32 : PLAN_F32;
-  if (t->dtype != want)
-    return kgen_err(c->d, c->op->pos, "%s: %s %s (%s) has dtype %s; expected %s", kind,
-                     dir, s->name, t->path, kgen_dtype_name(t->dtype), kgen_dtype_name(want));
+  if (t->dtype != want && !weight)
+    return kgen_err(c->d, c->op->pos, "%s: %s %s (%s) has dtype %s; expected %s%s", kind,
+                     dir, s->name, t->path, kgen_dtype_name(t->dtype), kgen_dtype_name(want),
+                     s->dtype == 'w' ? " or bf16" : "");
   char shape[160];
   kgen_shape_text(t, shape, sizeof shape);
   if (t->ndim < 1 || t->ndim > IR_MAXDIM)
@@ -311,6 +316,7 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "N", v['N']);
     kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
     kgen_def_int(s, "NTILES", ntiles);
+    kgen_def_int(s, "W_BF16", s->slot_dtype[1] == PLAN_BF16);
     s->grid = (uint64_t)(T * ntiles);
     s->grid_text = "token slot x tile of output columns";
     break;
@@ -501,8 +507,10 @@ int kgen_spec_build(const ir_prog *p, const ir_op *op, const char *target, kgen_
   s->kind = c.k->name;
   s->nin = c.k->nin;
   s->nout = c.k->nout;
-  for (int i = 0; i < s->nin + s->nout; i++)
+  for (int i = 0; i < s->nin + s->nout; i++) {
     s->slot_name[i] = c.k->io[i].name;
+    s->slot_dtype[i] = c.view[i].dtype;
+  }
   if (kgen_specialise(&c, s))
     return -1;
   kgen_buf canon = {0};

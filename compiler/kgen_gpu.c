@@ -22,7 +22,8 @@
 
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
- * template takes from <SLOT>_T (f32 today; the way in for bf16). */
+ * template takes from <SLOT>_T: float, or the prelude's ds4_bf16 where
+ * the shared checks admit a bf16 weight (matmul's w). */
 typedef struct kgen_gpu_kind {
   int nthreads;
   int lanes;
@@ -32,7 +33,7 @@ typedef struct kgen_gpu_kind {
 static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_EMBED] = {256, 0, 1u << 1},
   [IR_OP_RMSNORM] = {256, 0, 1u << 1},
-  [IR_OP_MATMUL] = {256, 4, 1u << 1}, /* 64 columns x 4 lanes */
+  [IR_OP_MATMUL] = {256, 32, 1u << 1}, /* KGEN_MATMUL_TILE (8) columns x 32 lanes */
   [IR_OP_ROPE] = {256, 0, 0},
   [IR_OP_CACHE_WRITE] = {256, 0, 0},
   [IR_OP_ATTENTION] = {256, 0, 0},
@@ -86,8 +87,6 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   kgen_gpu_define(b, undefs, "NTHREADS", "%d", g->nthreads);
   if (g->lanes)
     kgen_gpu_define(b, undefs, "LANES", "%d", g->lanes);
-  /* The shared checks admit only f32 weights today; a bf16 weight would
-   * name a prelude type here. */
   for (int i = 0; i < s->nin; i++)
     if (g->typed_slots & 1u << i) {
       char name[32];
@@ -95,11 +94,10 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
       for (const char *c = s->slot_name[i]; *c && n + 3 < sizeof name; c++)
         name[n++] = (char)toupper((unsigned char)*c);
       memcpy(name + n, "_T", 3);
-      kgen_gpu_define(b, undefs, name, "%s", "float");
+      kgen_gpu_define(b, undefs, name, "%s", s->slot_dtype[i] == PLAN_BF16 ? "ds4_bf16" : "float");
     }
   switch (s->op->kind) {
   case IR_OP_RMSNORM:
-  case IR_OP_MATMUL:
     return nt * 4; /* red */
   case IR_OP_ROPE:
     kgen_gpu_inv_freq(b, undefs, s);

@@ -35,6 +35,7 @@ typedef struct kgen_spec {
   const char *kind; /* the op kind: its template's name */
   int nin, nout;
   const char *slot_name[2 * IR_MAXIO]; /* inputs, then outputs */
+  uint32_t slot_dtype[2 * IR_MAXIO];   /* plan_dtype of each, as the kernel sees it */
   kgen_def defs[KGEN_MAXDEF]; /* shapes and attrs, in template order */
   int ndefs;
   uint64_t grid;

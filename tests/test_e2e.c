@@ -210,6 +210,24 @@ START_TEST(schedules_agree_bit_for_bit) {
 }
 END_TEST
 
+/* A bundle for an AMD GPU on a machine without one: ds4run fails with a
+ * clear error and exit status 1, whether no HIP runtime can be loaded or
+ * Debian's runtime finds no device (the sanitizer builds check that
+ * nothing leaks but ROCm's own state, tests/lsan_hip.supp). */
+START_TEST(hip_bundle_without_a_gpu) {
+  char dir[700], args[800], out[8192];
+  compile_schedule("tiny-gfx1201", dir, sizeof dir);
+  snprintf(args, sizeof args, "%s --steps 2", dir);
+  int rc = ds4run(args, out, sizeof out);
+  ck_assert_msg(rc == 1 && strstr(out, "ds4run: error: ") && strstr(out, "hip"), "exit %d:\n%s", rc, out);
+  ck_assert_msg(strstr(out, "no HIP device") || strstr(out, "cannot load"), "%s", out);
+  setenv("DS4_HIP_LIBRARY", "/nonexistent/libamdhip64.so", 1);
+  rc = ds4run(args, out, sizeof out);
+  unsetenv("DS4_HIP_LIBRARY");
+  ck_assert_msg(rc == 1 && strstr(out, "hip: cannot load /nonexistent/libamdhip64.so"), "exit %d:\n%s", rc, out);
+}
+END_TEST
+
 static double seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -271,6 +289,7 @@ int main(void) {
   tcase_add_test(tc, schedules_agree_bit_for_bit);
   tcase_add_test(tc, damaged_plan_is_refused);
   tcase_add_test(tc, fault_in_a_two_device_replay);
+  tcase_add_test(tc, hip_bundle_without_a_gpu);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);
