@@ -1,7 +1,8 @@
 /* expand.c - the first pass: resolve params, instantiate every block of the
  * layer sequence, and give each tensor and op its stable path
- * (<layer name>[.<index>].<name>). Operand names resolve to the instance's
- * own tensors, then the carried tensor, then the model's globals. */
+ * (<layer name>[.<index>].<name>, the index global across the entries that
+ * share a name). Operand names resolve to the instance's own tensors, then
+ * the carried tensor, then the model's globals. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +231,84 @@ static const dsl_block *find_block(const dsl_model *m, const char *name) {
   return NULL;
 }
 
+/* The block name of instance k of a layer entry. */
+static const dsl_str *layer_block(const dsl_layer *l, int64_t k) {
+  return l->nblocks ? &l->blocks[k % l->nblocks] : &l->block;
+}
+
+static int check_layer_blocks(const dsl_model *m, const dsl_layer *l, dsl_diag *d) {
+  for (int k = 0; k < (l->nblocks ? l->nblocks : 1); k++) {
+    const dsl_str *name = layer_block(l, k);
+    if (!find_block(m, name->text)) return dsl_error(d, name->pos, "unknown block '%s'", name->text);
+  }
+  return 0;
+}
+
+/* The largest `from`, and the most instances of one layer entry. */
+#define MAX_LAYER_INDEX 100000
+
+/* The instances of one layer entry: indices first .. first+count-1, or one
+ * instance without an index (first == -1). */
+typedef struct layer_span {
+  int64_t first, count;
+} layer_span;
+
+static int64_t span_last(const layer_span *s) {
+  return s->first + s->count - 1;
+}
+
+static int eval_span(ir_prog *p, const dsl_layer *l, layer_span *out, dsl_diag *d) {
+  scope top = {p, NULL, -1};
+  out->first = l->from.text || l->repeat.text ? 0 : -1;
+  out->count = 1;
+  if (l->from.text) {
+    if (dsl_eval(&l->from, lookup_param, &top, &out->first, d)) return -1;
+    if (out->first < 0 || out->first > MAX_LAYER_INDEX)
+      return dsl_error(d, l->from.pos, "from is %lld; it must be 0 to %d", (long long)out->first,
+                       MAX_LAYER_INDEX);
+  }
+  if (l->repeat.text) {
+    if (dsl_eval(&l->repeat, lookup_param, &top, &out->count, d)) return -1;
+    if (out->count < 1 || out->count > MAX_LAYER_INDEX)
+      return dsl_error(d, l->repeat.pos, "repeat count is %lld; it must be 1 to %d", (long long)out->count,
+                       MAX_LAYER_INDEX);
+  }
+  return 0;
+}
+
+/* Entries may share a name when all have indices: their indices must not
+ * meet, and must grow from entry to entry, because instances run (and carry
+ * their tensor on) in the order of the entries. */
+static int check_layer_name(const dsl_model *m, const layer_span *spans, int i, dsl_diag *d) {
+  const dsl_layer *l = &m->layers[i];
+  const layer_span *s = &spans[i];
+  dsl_pos at = l->from.text ? l->from.pos : l->name.pos;
+  int highest = -1; /* the earlier entry of this name with the largest index */
+  for (int j = 0; j < i; j++) {
+    const dsl_layer *e = &m->layers[j];
+    const layer_span *t = &spans[j];
+    if (strcmp(e->name.text, l->name.text) != 0) continue;
+    if (s->first < 0 || t->first < 0)
+      return dsl_error(d, l->name.pos,
+                       "duplicate layer name '%s' (first at line %d); layers share a name only when each "
+                       "has indices (repeat or from)",
+                       l->name.text, e->name.pos.line);
+    int64_t lo = s->first > t->first ? s->first : t->first;
+    int64_t hi = span_last(s) < span_last(t) ? span_last(s) : span_last(t);
+    if (lo <= hi)
+      return dsl_error(d, at, "layer '%s' index %lld is given twice: line %d and line %d", l->name.text,
+                       (long long)lo, e->pos.line, l->pos.line);
+    if (highest < 0 || span_last(t) > span_last(&spans[highest])) highest = j;
+  }
+  if (highest >= 0 && s->first < span_last(&spans[highest]))
+    return dsl_error(d, at,
+                     "layer '%s' index %lld comes after index %lld (line %d); the entries of one name "
+                     "must give increasing indices",
+                     l->name.text, (long long)s->first, (long long)span_last(&spans[highest]),
+                     m->layers[highest].pos.line);
+  return 0;
+}
+
 static int expand_instance(ir_prog *p, const dsl_layer *l, const dsl_block *b, int64_t index,
                            int *carry, dsl_diag *d) {
   char prefix[256];
@@ -261,6 +340,31 @@ static int expand_instance(ir_prog *p, const dsl_layer *l, const dsl_block *b, i
   return 0;
 }
 
+/* Every entry's blocks, indices and name, before any instance is made. */
+static int check_layers(ir_prog *p, layer_span *spans, dsl_diag *d) {
+  const dsl_model *m = p->model;
+  for (int i = 0; i < m->nlayers; i++) {
+    if (check_layer_blocks(m, &m->layers[i], d)) return -1;
+    if (eval_span(p, &m->layers[i], &spans[i], d)) return -1;
+    if (check_layer_name(m, spans, i, d)) return -1;
+  }
+  return 0;
+}
+
+static int expand_layers(ir_prog *p, const layer_span *spans, dsl_diag *d) {
+  const dsl_model *m = p->model;
+  int carry = -1;
+  for (int i = 0; i < m->nlayers; i++) {
+    const dsl_layer *l = &m->layers[i];
+    for (int64_t k = 0; k < spans[i].count; k++) {
+      const dsl_block *b = find_block(m, layer_block(l, k)->text);
+      int64_t index = spans[i].first < 0 ? -1 : spans[i].first + k;
+      if (expand_instance(p, l, b, index, &carry, d)) return -1;
+    }
+  }
+  return 0;
+}
+
 int pass_expand(ir_prog *p, dsl_diag *d) {
   const dsl_model *m = p->model;
   p->model_name = ir_strdup(m->name.text);
@@ -269,26 +373,11 @@ int pass_expand(ir_prog *p, dsl_diag *d) {
   scope top = {p, NULL, -1};
   for (int i = 0; i < m->ntensors; i++)
     if (make_tensor(p, &m->tensors[i], NULL, &top, d)) return -1;
-  int carry = -1;
-  for (int i = 0; i < m->nlayers; i++) {
-    const dsl_layer *l = &m->layers[i];
-    const dsl_block *b = find_block(m, l->block.text);
-    if (!b) return dsl_error(d, l->block.pos, "unknown block '%s'", l->block.text);
-    for (int j = 0; j < i; j++)
-      if (strcmp(m->layers[j].name.text, l->name.text) == 0)
-        return dsl_error(d, l->name.pos, "duplicate layer name '%s' (first at line %d)", l->name.text,
-                         m->layers[j].name.pos.line);
-    if (!l->repeat.text) {
-      if (expand_instance(p, l, b, -1, &carry, d)) return -1;
-      continue;
-    }
-    int64_t n;
-    if (dsl_eval(&l->repeat, lookup_param, &top, &n, d)) return -1;
-    if (n < 1 || n > 100000)
-      return dsl_error(d, l->repeat.pos, "repeat count is %lld; it must be 1 to 100000", (long long)n);
-    for (int64_t k = 0; k < n; k++)
-      if (expand_instance(p, l, b, k, &carry, d)) return -1;
-  }
+  layer_span *spans = ir_xrealloc(NULL, (size_t)(m->nlayers ? m->nlayers : 1) * sizeof *spans);
+  int rc = check_layers(p, spans, d);
+  if (rc == 0) rc = expand_layers(p, spans, d);
+  free(spans);
+  if (rc) return -1;
   if (p->nops == 0) return dsl_error(d, m->name.pos, "model '%s' has no ops", m->name.text);
   return 0;
 }

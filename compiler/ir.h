@@ -13,7 +13,7 @@
 
 #define IR_MAXDIM PLAN_MAXDIM
 #define IR_MAXIO 8
-#define IR_MAXATTR 4
+#define IR_MAXATTR 12 /* a compile-time bound: rope has 9 */
 
 enum ir_opkind {
   IR_OP_EMBED,
@@ -29,6 +29,19 @@ enum ir_opkind {
   IR_OP_SWIGLU_FFN,
   IR_OP_ARGMAX,
   IR_OP_SUM_PARTS,
+  IR_OP_HC_PRE,
+  IR_OP_HC_POST,
+  IR_OP_HC_HEAD,
+  IR_OP_SCORE_ROUTE,
+  IR_OP_HASH_ROUTE,
+  IR_OP_RMSNORM_GROUPS,
+  IR_OP_WINDOW_WRITE,
+  IR_OP_SINK_ATTENTION,
+  IR_OP_GROUP_MATMUL,
+  IR_OP_COMPRESS_STORE,
+  IR_OP_COMPRESS_POOL,
+  IR_OP_INDEX_SCORES,
+  IR_OP_INDEX_SELECT,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };

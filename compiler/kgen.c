@@ -44,6 +44,10 @@ typedef struct kgen_slot {
 typedef struct kgen_attr {
   const char *name;
   int is_float;
+  /* 1: added after kernels of the kind shipped, with the default 0 that
+   * leaves the math as it was; at 0 it is left out of the canonical text,
+   * so those kernels keep their symbols. */
+  int absent_at_zero;
 } kgen_attr;
 
 typedef struct kgen_kind {
@@ -63,7 +67,9 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   [IR_OP_MATMUL] = {"matmul", 2, 1,
                     {{"x", 'f', "TK"}, {"w", 'w', "NK"}, {"y", 'f', "TN"}}, 0, {{0}}},
   [IR_OP_ROPE] = {"rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
-                  3, {{"heads", 0}, {"rope_dim", 0}, {"theta", 1}}},
+                  9, {{"heads", 0}, {"rope_dim", 0}, {"theta", 1}, {"inverse", 0, 1},
+                      {"yarn_factor", 1, 1}, {"yarn_orig", 1, 1}, {"yarn_beta_fast", 1, 1},
+                      {"yarn_beta_slow", 1, 1}, {"position", 0, 1}}},
   [IR_OP_CACHE_WRITE] = {"cache_write", 1, 1,
                          {{"src", 'f', "TD"}, {"cache", 'f', "SD"}}, 0, {{0}}},
   [IR_OP_ATTENTION] = {"attention", 3, 1,
@@ -78,17 +84,68 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1,
                          {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'f', "EFH"},
                           {"w3", 'f', "EFH"}, {"w2", 'f', "EHF"}, {"slots", 'f', "TkH"}},
-                         0, {{0}}},
+                         1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1,
                          {{"slots", 'f', "TkH"}, {"w", 'f', "Tk"}, {"y", 'f', "TH"}},
                          0, {{0}}},
   [IR_OP_SWIGLU_FFN] = {"swiglu_ffn", 4, 1,
                         {{"x", 'f', "TH"}, {"w1", 'f', "FH"}, {"w3", 'f', "FH"},
                          {"w2", 'f', "HF"}, {"y", 'f', "TH"}},
-                        0, {{0}}},
+                        1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_ARGMAX] = {"argmax", 1, 1, {{"logits", 'f', "TV"}, {"ids", 'i', "T"}}, 0, {{0}}},
   [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, {{"parts", 'f', "+"}, {"y", 'f', "+"}},
                        1, {{"parts", 0}}},
+  /* fn is [M, K] with M mixes and K = N * D, checked by kgen_specialise */
+  [IR_OP_HC_PRE] = {"hc_pre", 4, 3,
+                    {{"X", 'f', "TND"}, {"fn", 'f', "MK"}, {"base", 'f', "M"}, {"scale", 'f', "s"},
+                     {"x", 'f', "TD"}, {"post", 'f', "TN"}, {"comb", 'f', "TNN"}},
+                    3, {{"eps", 1}, {"hc_eps", 1}, {"iters", 0}}},
+  [IR_OP_HC_POST] = {"hc_post", 4, 1,
+                     {{"y", 'f', "TD"}, {"X", 'f', "TND"}, {"post", 'f', "TN"},
+                      {"comb", 'f', "TNN"}, {"X_out", 'f', "TND"}},
+                     0, {{0}}},
+  [IR_OP_HC_HEAD] = {"hc_head", 4, 1,
+                     {{"X", 'f', "TND"}, {"fn", 'f', "NK"}, {"base", 'f', "N"}, {"scale", 'f', "s"},
+                      {"h", 'f', "TD"}},
+                     2, {{"eps", 1}, {"hc_eps", 1}}},
+  [IR_OP_SCORE_ROUTE] = {"score_route", 2, 2,
+                         {{"logits", 'f', "TE"}, {"bias", 'f', "E"}, {"idx", 'i', "Tk"}, {"w", 'f', "Tk"}},
+                         2, {{"k", 0}, {"scale", 1}}},
+  [IR_OP_HASH_ROUTE] = {"hash_route", 3, 2,
+                        {{"ids", 'i', "T"}, {"logits", 'f', "TE"}, {"table", 'i', "Vk"},
+                         {"idx", 'i', "Tk"}, {"w", 'f', "Tk"}},
+                        1, {{"scale", 1}}},
+  [IR_OP_RMSNORM_GROUPS] = {"rmsnorm_groups", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
+                            2, {{"eps", 1}, {"group", 0}}},
+  [IR_OP_WINDOW_WRITE] = {"window_write", 1, 1, {{"src", 'f', "TD"}, {"ring", 'f', "SD"}},
+                          0, {{0}}},
+  [IR_OP_SINK_ATTENTION] = {"sink_attention", 5, 1,
+                            {{"q", 'f', "TC"}, {"ring", 'f', "SD"}, {"entries", 'f', "ED"},
+                             {"sel", 'i', "TK"}, {"sinks", 'f', "H"}, {"o", 'f', "TC"}},
+                            5, {{"heads", 0}, {"window", 0}, {"ratio", 0}, {"select", 0},
+                                {"scale", 1}}},
+  /* x [T, groups * J], w [N, J]: checked by kgen_specialise */
+  [IR_OP_GROUP_MATMUL] = {"group_matmul", 2, 1,
+                          {{"x", 'f', "TK"}, {"w", 'f', "NJ"}, {"y", 'f', "TN"}},
+                          1, {{"groups", 0}}},
+  /* c, z [T, C]; rings [R, C] with C = (1 + overlap) * W; bias [ratio, C];
+   * entries [N, W]: checked by kgen_specialise */
+  [IR_OP_COMPRESS_STORE] = {"compress_store", 2, 2,
+                            {{"c", 'f', "TC"}, {"z", 'f', "TC"}, {"c_state", 'f', "RC"},
+                             {"z_state", 'f', "RC"}},
+                            0, {{0}}},
+  [IR_OP_COMPRESS_POOL] = {"compress_pool", 4, 1,
+                           {{"c_state", 'f', "RC"}, {"z_state", 'f', "RC"}, {"bias", 'f', "MC"},
+                            {"norm", 'f', "W"}, {"entries", 'f', "NW"}},
+                           9, {{"ratio", 0}, {"rope_dim", 0}, {"theta", 1}, {"overlap", 0},
+                               {"yarn_factor", 1}, {"yarn_orig", 1}, {"yarn_beta_fast", 1},
+                               {"yarn_beta_slow", 1}, {"eps", 1}}},
+  [IR_OP_INDEX_SCORES] = {"index_scores", 3, 1,
+                          {{"q", 'f', "TQ"}, {"weights", 'f', "TH"}, {"keys", 'f', "ND"},
+                           {"scores", 'f', "TN"}},
+                          2, {{"heads", 0}, {"ratio", 0}}},
+  [IR_OP_INDEX_SELECT] = {"index_select", 1, 1, {{"scores", 'f', "TN"}, {"sel", 'i', "TK"}},
+                          2, {{"topk", 0}, {"ratio", 0}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -286,6 +343,289 @@ static int kgen_finite_float(kgen_ctx *c, int a, float *out)
   return 0;
 }
 
+/* Hyper-connection streams an hc_pre or hc_head kernel takes: its mixes
+ * ((2+N)*N) and its N x N Sinkhorn matrix live on the host kernel's stack
+ * and in the GPU kernel's shared memory. */
+#define KGEN_HC_MAXN 64
+
+/* hc_pre and hc_head: fn [M, N*D] and base [M] with M = (2+N)*N mixes
+ * (pre, post, comb) and scale [3], or M = N (pre only) and scale [1]. */
+static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  int pre = c->op->kind == IR_OP_HC_PRE;
+  int64_t n = v['N'], d = v['D'];
+  if (n > KGEN_HC_MAXN)
+    return kgen_err(c->d, c->op->pos, "%s: %" PRId64 " hyper-connection streams; the kernels take at most %d",
+                     c->k->name, n, KGEN_HC_MAXN);
+  int64_t m = pre ? (2 + n) * n : n, nscale = pre ? 3 : 1;
+  if (v['K'] != n * d || v[pre ? 'M' : 'N'] != m || v['s'] != nscale)
+    return kgen_err(c->d, c->op->pos, "%s: fn (%s), base (%s) and scale (%s) must be [%" PRId64 ",%" PRId64
+                     "], [%" PRId64 "] and [%" PRId64 "] for %" PRId64 " streams of %" PRId64,
+                     c->k->name, kgen_tensor(c, 1)->path, kgen_tensor(c, 2)->path, kgen_tensor(c, 3)->path,
+                     m, n * d, m, nscale, n, d);
+  float f;
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "N", n);
+  kgen_def_int(s, "D", d);
+  kgen_def_int(s, "NMIX", m);
+  if (kgen_finite_float(c, 0, &f))
+    return -1;
+  kgen_def_float(s, "EPS", f);
+  if (kgen_finite_float(c, 1, &f))
+    return -1;
+  kgen_def_float(s, "HC_EPS", f);
+  if (pre) {
+    if (c->op->iattr[2] < 1)
+      return kgen_attr_error(c, "iters", "must be at least 1");
+    kgen_def_int(s, "ITERS", c->op->iattr[2]);
+  }
+  return 0;
+}
+
+/* moe_experts, swiglu_ffn: SWIGLU_LIMIT, the clamp of DS4-MATH §3.3 (attr
+ * 0; 0 for none). */
+static int kgen_def_swiglu_limit(kgen_ctx *c, kgen_spec *s)
+{
+  float f = 0.0f;
+  if (kgen_finite_float(c, 0, &f))
+    return -1;
+  if (f < 0.0f)
+    return kgen_attr_error(c, "swiglu_limit", "must be 0 (no clamp) or positive");
+  kgen_def_float(s, "SWIGLU_LIMIT", f);
+  return 0;
+}
+
+/* score_route and hash_route (DS4-MATH §10): k chosen of E experts, the
+ * weights times SCALE (routed_scaling_factor); hash_route's table has V
+ * rows (vocabulary ids). */
+static int kgen_specialise_route(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  int score = c->op->kind == IR_OP_SCORE_ROUTE;
+  float f;
+  if (score && (c->op->iattr[0] != v['k'] || v['k'] > v['E']))
+    return kgen_err(c->d, c->op->pos, "score_route: attr k = %" PRId64
+                     " must equal the outputs' last dimension %" PRId64
+                     " and be at most the %" PRId64 " experts",
+                     c->op->iattr[0], v['k'], v['E']);
+  if (kgen_finite_float(c, score ? 1 : 0, &f))
+    return -1;
+  if (!(f > 0.0f))
+    return kgen_attr_error(c, "scale", "must be positive");
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "E", v['E']);
+  if (!score)
+    kgen_def_int(s, "V", v['V']);
+  kgen_def_int(s, "TOPK", v['k']);
+  kgen_def_float(s, "SCALE", f);
+  return 0;
+}
+
+/* YaRN's correction dimension c(beta) of DS4-MATH §3.2, in double as HF
+ * computes it: the pair count whose wavelength fits beta times in orig. */
+static double kgen_yarn_dim(double beta, int64_t r, double base, double orig)
+{
+  return (double)r * log(orig / (beta * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+/* The inverse frequency of rotated pair i of a rope op with rope_dim r, as
+ * both targets' kernels get it (INV_FREQ). Without YaRN: theta^(-2i/r), the
+ * powf the host kernels used to make at run time. With YaRN: DS4-MATH §3.2
+ * in the order of HF's _compute_yarn_parameters (the ramp ends in double,
+ * the rest in f32), so the table matches HF's fp32 one. */
+static float kgen_rope_freq(const ir_op *op, int64_t r, int64_t i)
+{
+  float theta = (float)op->fattr[2], factor = (float)op->fattr[4];
+  if (factor == 0.0f)
+    return powf(theta, -(float)(2 * i) / (float)r);
+  double lo = fmax(floor(kgen_yarn_dim(op->fattr[6], r, op->fattr[2], op->fattr[5])), 0.0);
+  double hi = fmin(ceil(kgen_yarn_dim(op->fattr[7], r, op->fattr[2], op->fattr[5])), (double)(r - 1));
+  if (hi == lo)
+    hi += 0.001;
+  float base = powf(theta, (float)(2 * i) / (float)r);
+  float extrapolated = 1.0f / base, interpolated = 1.0f / (factor * base);
+  float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+  ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+  float keep = 1.0f - ramp; /* HF's inv_freq_extrapolation_factor */
+  return interpolated * (1.0f - keep) + extrapolated * keep;
+}
+
+/* The YaRN attrs in slots 4..7 (rope's and compress_pool's): all four
+ * zero, or a positive factor with positive orig and betas. */
+static int kgen_check_yarn_attrs(kgen_ctx *c)
+{
+  const ir_op *op = c->op;
+  float f;
+  for (int a = 4; a <= 7; a++)
+    if (kgen_finite_float(c, a, &f))
+      return -1;
+  int yarn = op->fattr[4] != 0.0;
+  for (int a = 4; a <= 7; a++) {
+    if (yarn && !(op->fattr[a] > 0.0))
+      return kgen_attr_error(c, c->k->attrs[a].name, "must be positive with YaRN (yarn_factor not 0)");
+    if (!yarn && op->fattr[a] != 0.0)
+      return kgen_attr_error(c, c->k->attrs[a].name, "needs yarn_factor");
+  }
+  return 0;
+}
+
+/* rope's attrs past theta: inverse, YaRN and position (the token's). */
+static int kgen_check_rope_attrs(kgen_ctx *c)
+{
+  const ir_op *op = c->op;
+  if (op->iattr[3] != 0 && op->iattr[3] != 1)
+    return kgen_attr_error(c, "inverse", "must be 0 or 1");
+  if (op->iattr[8] != 0)
+    return kgen_attr_error(c, "position", "must be 0 (the token's position)");
+  return kgen_check_yarn_attrs(c);
+}
+
+/* Windows an index_scores block scores: one per GPU thread (kgen_gpu.c
+ * gives the kind this many threads). */
+#define KGEN_INDEX_TILE 256
+
+static int kgen_check_ratio(kgen_ctx *c, int a)
+{
+  if (c->op->iattr[a] < 1)
+    return kgen_err(c->d, c->op->pos, "%s: attr ratio = %" PRId64 " must be at least 1", c->k->name,
+                     c->op->iattr[a]);
+  return 0;
+}
+
+/* compress_store: live slots go to distinct ring rows only while T <= R. */
+static int kgen_specialise_compress_store(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  if (v['T'] > v['R'])
+    return kgen_err(c->d, c->op->pos, "compress_store: the rings' %" PRId64 " rows are fewer than the %" PRId64
+                     " token slots", v['R'], v['T']);
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "RING", v['R']);
+  kgen_def_int(s, "CW", v['C']);
+  return 0;
+}
+
+/* compress_pool: the grid is every window that can close in a step whose
+ * tokens, with the window before them, fit the rings: a step of n tokens
+ * closes at most ceil(n / ratio) windows, and R >= n + (1 + overlap) *
+ * ratio - 1 (infer checks it against the model's tokens). The GPU kernel
+ * keeps ring offsets in int32_t. */
+static int kgen_specialise_compress_pool(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  const ir_op *op = c->op;
+  int64_t ratio = op->iattr[0], r = op->iattr[1], overlap = op->iattr[3];
+  float theta, eps;
+  if (kgen_check_ratio(c, 0))
+    return -1;
+  if (overlap != 0 && overlap != 1)
+    return kgen_attr_error(c, "overlap", "must be 0 (HCA) or 1 (CSA)");
+  int64_t span = (1 + overlap) * ratio;
+  if (v['M'] != ratio || v['C'] != (1 + overlap) * v['W'])
+    return kgen_err(c->d, op->pos, "compress_pool: bias (%s) must be [%" PRId64 ",%" PRId64 "] and the rings' %"
+                     PRId64 " columns %" PRId64 " x the width %" PRId64 " of norm (%s)",
+                     kgen_tensor(c, 2)->path, ratio, v['C'], v['C'], 1 + overlap, v['W'], kgen_tensor(c, 3)->path);
+  if (v['R'] < span || v['R'] * v['C'] > INT32_MAX)
+    return kgen_err(c->d, op->pos, "compress_pool: the rings' %" PRId64 " rows must hold a window (%" PRId64
+                     ") and fit %" PRId64 " columns in 2^31 elements", v['R'], span, v['C']);
+  if (r < 0 || r % 2 != 0 || r > v['W'])
+    return kgen_err(c->d, op->pos, "compress_pool: attr rope_dim = %" PRId64
+                     " must be even and at most the width %" PRId64, r, v['W']);
+  if (kgen_finite_float(c, 2, &theta) || kgen_finite_float(c, 8, &eps) || kgen_check_yarn_attrs(c))
+    return -1;
+  if (!(theta > 0.0f))
+    return kgen_attr_error(c, "theta", "must be positive");
+  if (!(eps > 0.0f))
+    return kgen_attr_error(c, "eps", "must be positive");
+  kgen_def_int(s, "RATIO", ratio);
+  kgen_def_int(s, "OVERLAP", overlap);
+  kgen_def_int(s, "RING", v['R']);
+  kgen_def_int(s, "CW", v['C']);
+  kgen_def_int(s, "W", v['W']);
+  kgen_def_int(s, "NENT", v['N']);
+  kgen_def_int(s, "R", r);
+  kgen_def_float(s, "EPS", eps);
+  s->grid = (uint64_t)((v['R'] - span + ratio) / ratio);
+  s->grid_text = "window closing in the step";
+  return 0;
+}
+
+/* index_scores: HSCALE = 1/sqrt(heads) and DSCALE = 1/sqrt(head dim)
+ * (DS4-MATH §9.4), rounded to f32 here once for every target. */
+static int kgen_specialise_index_scores(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  int64_t heads = c->op->iattr[0];
+  if (heads != v['H'] || v['Q'] != heads * v['D'])
+    return kgen_err(c->d, c->op->pos, "index_scores: attr heads = %" PRId64 " must equal the %" PRId64
+                     " weights, and q's %" PRId64 " channels must be heads x %" PRId64 " (keys' width)",
+                     heads, v['H'], v['Q'], v['D']);
+  if (kgen_check_ratio(c, 1))
+    return -1;
+  int64_t ntiles = (v['N'] + KGEN_INDEX_TILE - 1) / KGEN_INDEX_TILE;
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "NH", heads);
+  kgen_def_int(s, "HD", v['D']);
+  kgen_def_int(s, "NENT", v['N']);
+  kgen_def_int(s, "RATIO", c->op->iattr[1]);
+  kgen_def_int(s, "TILE", KGEN_INDEX_TILE);
+  kgen_def_int(s, "NTILES", ntiles);
+  kgen_def_float(s, "HSCALE", (float)(1.0 / sqrt((double)heads)));
+  kgen_def_float(s, "DSCALE", (float)(1.0 / sqrt((double)v['D'])));
+  s->grid = (uint64_t)(v['T'] * ntiles);
+  s->grid_text = "token slot x tile of windows";
+  return 0;
+}
+
+static int kgen_specialise_index_select(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  if (c->op->iattr[0] != v['K'])
+    return kgen_err(c->d, c->op->pos, "index_select: attr topk = %" PRId64
+                     " must equal sel's last dimension %" PRId64, c->op->iattr[0], v['K']);
+  if (kgen_check_ratio(c, 1))
+    return -1;
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "NENT", v['N']);
+  kgen_def_int(s, "TOPK", v['K']);
+  kgen_def_int(s, "RATIO", c->op->iattr[1]);
+  return 0;
+}
+
+static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  const ir_op *op = c->op;
+  int64_t heads = op->iattr[0], window = op->iattr[1], ratio = op->iattr[2], select = op->iattr[3];
+  if (heads != v['H'] || v['C'] != heads * v['D'])
+    return kgen_err(c->d, op->pos, "sink_attention: attr heads = %" PRId64 " must equal the %" PRId64
+                     " sinks, and q's %" PRId64 " channels must be heads x %" PRId64 " (ring's width)",
+                     heads, v['H'], v['C'], v['D']);
+  if (window < 1)
+    return kgen_attr_error(c, "window", "must be at least 1");
+  if (select < 0 || select > 2)
+    return kgen_attr_error(c, "select", "must be 0, 1 or 2");
+  if (select != 0 && ratio < 1)
+    return kgen_attr_error(c, "ratio", "must be at least 1 when select is not 0");
+  float f;
+  if (kgen_finite_float(c, 4, &f))
+    return -1;
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "S", v['S']);
+  kgen_def_int(s, "NH", heads);
+  kgen_def_int(s, "HD", v['D']);
+  kgen_def_int(s, "NE", v['E']);
+  kgen_def_int(s, "NSEL", v['K']);
+  kgen_def_int(s, "WINDOW", window);
+  kgen_def_int(s, "RATIO", ratio);
+  kgen_def_int(s, "SELECT", select);
+  kgen_def_float(s, "SCALE", f);
+  s->grid = (uint64_t)(v['T'] * heads);
+  s->grid_text = "token slot x head";
+  return 0;
+}
+
 /* Fills s from the bound sizes and attrs; checks what the kernel's memory
  * safety relies on (heads divide the channels, k <= E, expert ranges). */
 static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
@@ -348,11 +688,60 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
         return -1;
       if (!(f > 0.0f))
         return kgen_attr_error(c, "theta", "must be positive");
+      if (kgen_check_rope_attrs(c))
+        return -1;
       kgen_def_int(s, "NH", heads);
       kgen_def_int(s, "HD", hd);
       kgen_def_int(s, "R", r);
       kgen_def_float(s, "THETA", f);
+      kgen_def_int(s, "INVERSE", op->iattr[3]);
     }
+    break;
+  }
+  case IR_OP_RMSNORM_GROUPS: {
+    int64_t C = v['C'], g = op->iattr[1] ? op->iattr[1] : C;
+    if (g < 1 || C % g != 0)
+      return kgen_err(c->d, op->pos, "rmsnorm_groups: attr group = %" PRId64
+                       " must divide the %" PRId64 " channels (0: the whole row)", op->iattr[1], C);
+    if (kgen_finite_float(c, 0, &f))
+      return -1;
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "C", C);
+    kgen_def_int(s, "G", g);
+    kgen_def_int(s, "NGROUPS", C / g);
+    kgen_def_float(s, "EPS", f);
+    s->grid = (uint64_t)(T * (C / g));
+    s->grid_text = "token slot x group";
+    break;
+  }
+  case IR_OP_WINDOW_WRITE:
+    /* Live slots go to distinct rows only while they fit in the ring. */
+    if (T > v['S'])
+      return kgen_err(c->d, op->pos, "window_write: the ring's %" PRId64 " rows are fewer than the %" PRId64
+                       " token slots", v['S'], T);
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "S", v['S']);
+    kgen_def_int(s, "D", v['D']);
+    break;
+  case IR_OP_SINK_ATTENTION:
+    if (kgen_specialise_sink_attention(c, s))
+      return -1;
+    break;
+  case IR_OP_GROUP_MATMUL: {
+    int64_t g = op->iattr[0], n = v['N'], ntiles = (n + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
+    if (g < 1 || n % g != 0 || v['K'] != g * v['J'])
+      return kgen_err(c->d, op->pos, "group_matmul: attr groups = %" PRId64 " must split w's %" PRId64
+                       " rows, and x's %" PRId64 " channels must be groups x %" PRId64 " (w's columns)",
+                       g, n, v['K'], v['J']);
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "GROUPS", g);
+    kgen_def_int(s, "KG", v['J']);
+    kgen_def_int(s, "NG", n / g);
+    kgen_def_int(s, "N", n);
+    kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
+    kgen_def_int(s, "NTILES", ntiles);
+    s->grid = (uint64_t)(T * ntiles);
+    s->grid_text = "token slot x tile of output columns";
     break;
   }
   case IR_OP_CACHE_WRITE:
@@ -397,6 +786,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "NEXPERTS", n);
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
+    if (kgen_def_swiglu_limit(c, s))
+      return -1;
     s->grid = (uint64_t)(T * v['k']);
     s->grid_text = "token slot x expert choice";
     break;
@@ -410,6 +801,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
+    if (kgen_def_swiglu_limit(c, s))
+      return -1;
     break;
   case IR_OP_ARGMAX:
     kgen_def_int(s, "T", T);
@@ -430,6 +823,37 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     s->grid = (uint64_t)y->dim[0];
     break;
   }
+  case IR_OP_HC_PRE:
+  case IR_OP_HC_HEAD:
+    if (kgen_specialise_hc(c, s))
+      return -1;
+    break;
+  case IR_OP_HC_POST:
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "N", v['N']);
+    kgen_def_int(s, "D", v['D']);
+    break;
+  case IR_OP_SCORE_ROUTE:
+  case IR_OP_HASH_ROUTE:
+    if (kgen_specialise_route(c, s))
+      return -1;
+    break;
+  case IR_OP_COMPRESS_STORE:
+    if (kgen_specialise_compress_store(c, s))
+      return -1;
+    break;
+  case IR_OP_COMPRESS_POOL:
+    if (kgen_specialise_compress_pool(c, s))
+      return -1;
+    break;
+  case IR_OP_INDEX_SCORES:
+    if (kgen_specialise_index_scores(c, s))
+      return -1;
+    break;
+  case IR_OP_INDEX_SELECT:
+    if (kgen_specialise_index_select(c, s))
+      return -1;
+    break;
   default:
     return kgen_err(c->d, op->pos, "%s: no %s kernel", c->k->name, c->target);
   }
@@ -458,6 +882,9 @@ static void kgen_canonical(const kgen_ctx *c, kgen_buf *b)
   const kgen_kind *k = c->k;
   kgen_printf(b, "kind=%s\n", k->name);
   for (int a = 0; a < k->nattrs; a++) {
+    if (k->attrs[a].absent_at_zero &&
+        (k->attrs[a].is_float ? c->op->fattr[a] == 0.0 : c->op->iattr[a] == 0))
+      continue;
     kgen_printf(b, "attr %s=", k->attrs[a].name);
     if (k->attrs[a].is_float)
       kgen_float_literal(b, (float)c->op->fattr[a]);
@@ -549,6 +976,23 @@ void kgen_write_head(kgen_buf *b, const kgen_spec *s, const char *title, const c
   kgen_printf(b, " * grid: %" PRIu64 " blocks, %s%s. */\n", s->grid, s->grid_text, extra);
 }
 
+/* rope, compress_pool: INV_FREQ, the R/2 inverse frequencies of
+ * kgen_rope_freq as exact literals, computed here once for every target
+ * (the GPU targets have no powf); one 0 when R is 0, so that the table
+ * is never empty. */
+static void kgen_rope_table(kgen_buf *b, const kgen_spec *s)
+{
+  int64_t r = kgen_spec_int(s, "R");
+  kgen_printf(b, "#define INV_FREQ {");
+  for (int64_t i = 0; i < r / 2; i++) {
+    kgen_printf(b, "%s", i ? ", " : "");
+    kgen_float_literal(b, kgen_rope_freq(s->op, r, i));
+  }
+  if (r < 2)
+    kgen_float_literal(b, 0.0f);
+  kgen_printf(b, "}\n");
+}
+
 void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
 {
   kgen_printf(b, "#define KERNEL_NAME %s\n", s->symbol);
@@ -567,6 +1011,8 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
     kgen_printf(b, "#define EXPERT_ROWS ");
     kgen_expert_rows(s->op, kgen_spec_int(s, "E"), b);
   }
+  if (s->op->kind == IR_OP_ROPE || s->op->kind == IR_OP_COMPRESS_POOL)
+    kgen_rope_table(b, s);
   if (!undefs)
     return;
   kgen_printf(undefs, "#undef KERNEL_NAME\n#undef GRID\n");
@@ -574,6 +1020,8 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
     kgen_printf(undefs, "#undef %s\n", s->defs[i].name);
   if (s->op->kind == IR_OP_MOE_EXPERTS)
     kgen_printf(undefs, "#undef EXPERT_ROWS\n");
+  if (s->op->kind == IR_OP_ROPE || s->op->kind == IR_OP_COMPRESS_POOL)
+    kgen_printf(undefs, "#undef INV_FREQ\n");
 }
 
 int kgen_finish(const kgen_spec *s, kgen_buf *src, const char *target, char **out_symbol, char **out_source,

@@ -44,6 +44,19 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_SWIGLU_FFN] = {256, 4, 1u << 1 | 1u << 2 | 1u << 3},
   [IR_OP_ARGMAX] = {1024, 0, 0}, /* a vocabulary per block */
   [IR_OP_SUM_PARTS] = {256, 0, 0},
+  [IR_OP_RMSNORM_GROUPS] = {256, 0, 0},
+  [IR_OP_WINDOW_WRITE] = {256, 0, 0},
+  [IR_OP_SINK_ATTENTION] = {256, 0, 0},
+  [IR_OP_GROUP_MATMUL] = {256, 32, 1u << 1}, /* KGEN_MATMUL_TILE (8) columns x 32 lanes */
+  [IR_OP_SCORE_ROUTE] = {256, 0, 0},
+  [IR_OP_HASH_ROUTE] = {64, 0, 0}, /* a thread per choice: TOPK is small (6) */
+  [IR_OP_HC_PRE] = {256, 0, 0},
+  [IR_OP_HC_POST] = {256, 0, 0},
+  [IR_OP_HC_HEAD] = {256, 0, 0},
+  [IR_OP_COMPRESS_STORE] = {256, 0, 0},
+  [IR_OP_COMPRESS_POOL] = {256, 0, 0},
+  [IR_OP_INDEX_SCORES] = {256, 0, 0}, /* one thread per window: KGEN_INDEX_TILE (256) */
+  [IR_OP_INDEX_SELECT] = {256, 0, 0},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -61,22 +74,6 @@ static void kgen_gpu_define(kgen_buf *b, kgen_buf *undefs, const char *name, con
   va_end(ap);
   kgen_printf(b, "#define %s %s\n", name, value);
   kgen_printf(undefs, "#undef %s\n", name);
-}
-
-/* rope: INV_FREQ, the R/2 inverse frequencies, computed here with the
- * same powf call the host kernel makes at run time (the GPU targets have
- * no powf), as exact literals. */
-static void kgen_gpu_inv_freq(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s)
-{
-  int64_t r = kgen_spec_int(s, "R");
-  float theta = (float)s->op->fattr[2];
-  kgen_printf(b, "#define INV_FREQ {");
-  for (int64_t i = 0; i < r / 2; i++) {
-    kgen_printf(b, "%s", i ? ", " : "");
-    kgen_float_literal(b, powf(theta, -(float)(2 * i) / (float)r));
-  }
-  kgen_printf(b, "}\n");
-  kgen_printf(undefs, "#undef INV_FREQ\n");
 }
 
 /* The kind's own defines, and the bytes of the shared arrays its template
@@ -99,9 +96,6 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   switch (s->op->kind) {
   case IR_OP_RMSNORM:
     return nt * 4; /* red */
-  case IR_OP_ROPE:
-    kgen_gpu_inv_freq(b, undefs, s);
-    return 0;
   case IR_OP_ATTENTION: {
     int64_t hd = kgen_spec_int(s, "HD");
     kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
@@ -109,6 +103,10 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   }
   case IR_OP_TOPK_ROUTE: /* prob, taken; redv, redi; chosen */
     return (uint64_t)kgen_spec_int(s, "E") * 8 + nt * 8 + (uint64_t)kgen_spec_int(s, "TOPK") * 4;
+  case IR_OP_SCORE_ROUTE: /* score, key, taken; redv, redi; chosen */
+    return (uint64_t)kgen_spec_int(s, "E") * 12 + nt * 8 + (uint64_t)kgen_spec_int(s, "TOPK") * 4;
+  case IR_OP_HASH_ROUTE: /* score, eid */
+    return (uint64_t)kgen_spec_int(s, "TOPK") * 8;
   case IR_OP_MOE_EXPERTS:
   case IR_OP_SWIGLU_FFN: { /* red, act */
     int64_t f = kgen_spec_int(s, "F"), chunk = f < KGEN_GPU_FFN_CHUNK ? f : KGEN_GPU_FFN_CHUNK;
@@ -117,6 +115,29 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   }
   case IR_OP_ARGMAX: /* redv, redi */
     return nt * 8;
+  case IR_OP_RMSNORM_GROUPS: /* red */
+  case IR_OP_GROUP_MATMUL:
+    return nt * 4;
+  case IR_OP_SINK_ATTENTION: {
+    /* red, prob; with select 2, cand and keep (select 2's list of entries:
+     * only then does the template use them, so only then are they kept) */
+    int64_t hd = kgen_spec_int(s, "HD"), select2 = kgen_spec_int(s, "SELECT") == 2;
+    int64_t nlist = select2 ? kgen_spec_int(s, "NSEL") : 1;
+    kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
+    kgen_gpu_define(b, undefs, "NLIST", "%" PRId64, nlist);
+    return nt * 4 * 2 + (select2 ? (uint64_t)nlist * 4 * 2 : 0);
+  }
+  case IR_OP_HC_PRE: { /* red, mix, comb, pre */
+    uint64_t n = (uint64_t)kgen_spec_int(s, "N");
+    return (nt + (uint64_t)kgen_spec_int(s, "NMIX") + n * n + n) * 4;
+  }
+  case IR_OP_HC_HEAD: /* red, pre */
+    return (nt + (uint64_t)kgen_spec_int(s, "N")) * 4;
+  case IR_OP_COMPRESS_POOL: /* red, y; ring, brow: int32_t per slot */
+    return (nt + (uint64_t)kgen_spec_int(s, "W")) * 4 +
+           (uint64_t)((1 + kgen_spec_int(s, "OVERLAP")) * kgen_spec_int(s, "RATIO")) * 8;
+  case IR_OP_INDEX_SELECT: /* counts[2], above_n, ties_n; taken_key, taken */
+    return nt * 16 + (uint64_t)kgen_spec_int(s, "TOPK") * 8;
   default:
     return 0;
   }

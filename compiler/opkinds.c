@@ -26,6 +26,24 @@ static const char *const out_route[] = {"idx", "w"};
 static const char *const out_slots[] = {"slots"};
 static const char *const out_ids[] = {"ids"};
 static const char *const out_dst[] = {"dst"};
+static const char *const in_sink_attn[] = {"q", "ring", "entries", "sel", "sinks"};
+static const char *const out_ring[] = {"ring"};
+static const char *const in_hc_pre[] = {"X", "fn", "base", "scale"};
+static const char *const out_hc_pre[] = {"x", "post", "comb"};
+static const char *const in_hc_post[] = {"y", "X", "post", "comb"};
+static const char *const out_hc_post[] = {"X_out"};
+static const char *const in_hc_head[] = {"X", "fn", "base", "scale"};
+static const char *const out_h[] = {"h"};
+static const char *const in_score_route[] = {"logits", "bias"};
+static const char *const in_hash_route[] = {"ids", "logits", "table"};
+static const char *const in_cstore[] = {"c", "z"};
+static const char *const out_cstore[] = {"c_state", "z_state"};
+static const char *const in_cpool[] = {"c_state", "z_state", "bias", "norm"};
+static const char *const out_cpool[] = {"entries"};
+static const char *const in_iscores[] = {"q", "weights", "keys"};
+static const char *const out_iscores[] = {"scores"};
+static const char *const in_iselect[] = {"scores"};
+static const char *const out_iselect[] = {"sel"};
 
 const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_EMBED] = {"embed", 2, 1, in_embed, out_x, {{0}}, 0, 0},
@@ -33,18 +51,62 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_MATMUL] = {"matmul", 2, 1, in_mm, out_y, {{0}}, 0, 0},
     [IR_OP_ROPE] = {"rope", 1, 1, in_x, out_y,
                     {{"heads", IR_ATTR_INT, 1, 0}, {"rope_dim", IR_ATTR_INT, 1, 0},
-                     {"theta", IR_ATTR_FLOAT, 0, 10000.0}}, 3, 0},
+                     {"theta", IR_ATTR_FLOAT, 0, 10000.0}, {"inverse", IR_ATTR_INT, 0, 0},
+                     /* yarn_factor 0: no YaRN (DS4-MATH §3.2 "compress") */
+                     {"yarn_factor", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_orig", IR_ATTR_FLOAT, 0, 0.0},
+                     {"yarn_beta_fast", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_beta_slow", IR_ATTR_FLOAT, 0, 0.0},
+                     /* 0: the token's position pos + t, the only one so far */
+                     {"position", IR_ATTR_INT, 0, 0}}, 9, 0},
     [IR_OP_CACHE_WRITE] = {"cache_write", 1, 1, in_src, out_cache, {{0}}, 0, 1u},
     /* scale 0 means 1/sqrt(head_dim), resolved by infer */
     [IR_OP_ATTENTION] = {"attention", 3, 1, in_attn, out_o,
                          {{"heads", IR_ATTR_INT, 1, 0}, {"scale", IR_ATTR_FLOAT, 0, 0.0}}, 2, 0},
     [IR_OP_ADD] = {"add", 2, 1, in_add, out_c, {{0}}, 0, 0},
     [IR_OP_TOPK_ROUTE] = {"topk_route", 1, 2, in_logits, out_route, {{"k", IR_ATTR_INT, 1, 0}}, 1, 0},
-    [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1, in_moe, out_slots, {{0}}, 0, 0},
+    /* swiglu_limit 0: no clamp (DS4-MATH §3.3 clamps at swiglu_limit > 0) */
+    [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1, in_moe, out_slots,
+                           {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0},
     [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1, in_comb, out_y, {{0}}, 0, 0},
-    [IR_OP_SWIGLU_FFN] = {"swiglu_ffn", 4, 1, in_ffn, out_y, {{0}}, 0, 0},
+    [IR_OP_SWIGLU_FFN] = {"swiglu_ffn", 4, 1, in_ffn, out_y,
+                          {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0},
     [IR_OP_ARGMAX] = {"argmax", 1, 1, in_logits, out_ids, {{0}}, 0, 0},
     [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, in_parts, out_y, {{"parts", IR_ATTR_INT, 1, 0}}, 1, 0},
+    /* hyper-connections (DS4-MATH §4): defaults are DeepSeek-V4's */
+    [IR_OP_HC_PRE] = {"hc_pre", 4, 3, in_hc_pre, out_hc_pre,
+                      {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6},
+                       {"iters", IR_ATTR_INT, 0, 20}}, 3, 0},
+    [IR_OP_HC_POST] = {"hc_post", 4, 1, in_hc_post, out_hc_post, {{0}}, 0, 0},
+    [IR_OP_HC_HEAD] = {"hc_head", 4, 1, in_hc_head, out_h,
+                       {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6}}, 2, 0},
+    /* DeepSeek-V4 routers (DS4-MATH §10); scale is routed_scaling_factor */
+    [IR_OP_SCORE_ROUTE] = {"score_route", 2, 2, in_score_route, out_route,
+                           {{"k", IR_ATTR_INT, 1, 0}, {"scale", IR_ATTR_FLOAT, 0, 1.0}}, 2, 0},
+    [IR_OP_HASH_ROUTE] = {"hash_route", 3, 2, in_hash_route, out_route,
+                          {{"scale", IR_ATTR_FLOAT, 0, 1.0}}, 1, 0},
+    /* DeepSeek-V4 attention (DS4-MATH §6); group 0: the whole row */
+    [IR_OP_RMSNORM_GROUPS] = {"rmsnorm_groups", 1, 1, in_x, out_y,
+                              {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"group", IR_ATTR_INT, 0, 0}}, 2, 0},
+    [IR_OP_WINDOW_WRITE] = {"window_write", 1, 1, in_src, out_ring, {{0}}, 0, 1u},
+    /* ratio 0 is allowed only with select 0; scale 0: 1/sqrt(head_dim) */
+    [IR_OP_SINK_ATTENTION] = {"sink_attention", 5, 1, in_sink_attn, out_o,
+                              {{"heads", IR_ATTR_INT, 1, 0}, {"window", IR_ATTR_INT, 0, 128},
+                               {"ratio", IR_ATTR_INT, 0, 0}, {"select", IR_ATTR_INT, 0, 0},
+                               {"scale", IR_ATTR_FLOAT, 0, 0.0}}, 5, 0},
+    [IR_OP_GROUP_MATMUL] = {"group_matmul", 2, 1, in_mm, out_y, {{"groups", IR_ATTR_INT, 1, 0}}, 1, 0},
+    /* DeepSeek-V4 compressor and Lightning Indexer (DS4-MATH §8, §9):
+     * compress_pool keeps rope's slots for rope_dim, theta and the YaRN
+     * attrs (kgen_rope_freq serves both); overlap 1 is CSA, 0 HCA. */
+    [IR_OP_COMPRESS_STORE] = {"compress_store", 2, 2, in_cstore, out_cstore, {{0}}, 0, 3u},
+    [IR_OP_COMPRESS_POOL] = {"compress_pool", 4, 1, in_cpool, out_cpool,
+                             {{"ratio", IR_ATTR_INT, 1, 0}, {"rope_dim", IR_ATTR_INT, 1, 0},
+                              {"theta", IR_ATTR_FLOAT, 0, 10000.0}, {"overlap", IR_ATTR_INT, 0, 0},
+                              {"yarn_factor", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_orig", IR_ATTR_FLOAT, 0, 0.0},
+                              {"yarn_beta_fast", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_beta_slow", IR_ATTR_FLOAT, 0, 0.0},
+                              {"eps", IR_ATTR_FLOAT, 0, 1e-6}}, 9, 1u},
+    [IR_OP_INDEX_SCORES] = {"index_scores", 3, 1, in_iscores, out_iscores,
+                            {{"heads", IR_ATTR_INT, 1, 0}, {"ratio", IR_ATTR_INT, 1, 0}}, 2, 0},
+    [IR_OP_INDEX_SELECT] = {"index_select", 1, 1, in_iselect, out_iselect,
+                            {{"topk", IR_ATTR_INT, 1, 0}, {"ratio", IR_ATTR_INT, 1, 0}}, 2, 0},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0},
 };
 

@@ -55,7 +55,7 @@ typedef struct dsl_tensor {
   int ndim;
   dsl_str dtype;      /* f32 bf16 f16 i32 fp8_e4m3 mxfp4 (checked by dsl) */
   dsl_str role;       /* input output weight state activation (checked) */
-  dsl_str checkpoint; /* optional; "{i}" is replaced by the instance index */
+  dsl_str checkpoint; /* optional; "{i}" is replaced by the instance's index */
   dsl_str init_scale, init_offset; /* optional float literals */
 } dsl_tensor;
 
@@ -83,9 +83,15 @@ typedef struct dsl_block {
 
 typedef struct dsl_layer { /* one entry of the layer sequence */
   dsl_pos pos;
-  dsl_str block;  /* name of a block */
-  dsl_str name;   /* path prefix: "layers" gives layers.0, layers.1, ... */
-  dsl_str repeat; /* optional integer expression; absent = one instance, no index */
+  dsl_str block;   /* name of a block; NULL text when blocks is given */
+  dsl_str *blocks; /* or a non-empty list: instance k uses blocks[k % nblocks] */
+  int nblocks;
+  dsl_str name;   /* path prefix: "layers" gives layers.0, layers.1, ...; entries
+                   * with indices may share a name */
+  dsl_str from;   /* optional integer expression: the first instance's index
+                   * (absent: 0 with repeat); gives an index even without repeat */
+  dsl_str repeat; /* optional integer expression; absent = one instance, no index
+                   * unless from is given */
   dsl_kv *params; /* per-layer params, visible to that block's expressions */
   int nparams;
 } dsl_layer;

@@ -12,7 +12,7 @@ static const char *const tensor_keys[] = {"name", "shape", "dtype", "role", "che
 static const char *const block_keys[] = {"name", "carry", "tensors", "ops", NULL};
 static const char *const carry_keys[] = {"in", "out", NULL};
 static const char *const op_keys[] = {"name", "op", "in", "out", "attrs", NULL};
-static const char *const layer_keys[] = {"block", "name", "repeat", "params", NULL};
+static const char *const layer_keys[] = {"block", "blocks", "name", "from", "repeat", "params", NULL};
 static const char *const dtypes[] = {"f32", "bf16", "f16", "i32", "fp8_e4m3", "mxfp4", NULL};
 static const char *const roles[] = {"input", "output", "weight", "state", "activation", NULL};
 
@@ -121,11 +121,27 @@ static int load_block(dy_node *n, dsl_block *b, dsl_diag *d) {
   return 0;
 }
 
+/* A layer names its block, or lists blocks that its instances take in
+ * turn; exactly one of the two. */
+static int load_layer_blocks(dy_node *n, dsl_layer *l, dsl_diag *d) {
+  dy_node *list = dy_get(n, "blocks");
+  if (!list) {
+    if (!dy_get(n, "block")) return dsl_error(d, n->pos, "missing required key 'block' or 'blocks' in layer");
+    return dy_take_req(n, "block", "layer", &l->block, d);
+  }
+  if (dy_get(n, "block"))
+    return dsl_error(d, list->pos, "a layer has either 'block' or 'blocks', not both");
+  if (dy_take_list(list, "blocks", "layer", &l->blocks, &l->nblocks, d)) return -1;
+  if (l->nblocks == 0) return dsl_error(d, list->pos, "'blocks' in layer must not be empty");
+  return 0;
+}
+
 static int load_layer(dy_node *n, dsl_layer *l, dsl_diag *d) {
   l->pos = n->pos;
   if (dy_check_keys(n, "layer", layer_keys, d)) return -1;
-  if (dy_take_req(n, "block", "layer", &l->block, d)) return -1;
+  if (load_layer_blocks(n, l, d)) return -1;
   if (dy_take_req(n, "name", "layer", &l->name, d)) return -1;
+  if (dy_take_opt(n, "from", "layer", &l->from, d)) return -1;
   if (dy_take_opt(n, "repeat", "layer", &l->repeat, d)) return -1;
   return load_params(n, "layer", &l->params, &l->nparams, d);
 }
@@ -198,7 +214,9 @@ void dsl_model_free(dsl_model *m) {
   for (int i = 0; m->layers && i < m->nlayers; i++) {
     dsl_layer *l = &m->layers[i];
     free(l->block.text);
+    dsl_strs_free(l->blocks, l->nblocks);
     free(l->name.text);
+    free(l->from.text);
     free(l->repeat.text);
     dsl_kvs_free(l->params, l->nparams);
   }

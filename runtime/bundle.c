@@ -1,9 +1,9 @@
 /* bundle.c - opening a bundle: read and check the plan, pick each device's
- * code object and verify its SHA-256, open devices, allocate arenas (and
- * register cpu arenas with GPU devices), fill weights (views included) from
- * the seeded generator, load kernels, and resolve every command once, launch
- * buffer arrays in device memory, so that replay (replay.c) only walks
- * arrays. */
+ * code object and verify its SHA-256, bind weights to a checkpoint's
+ * tensors, open devices, allocate arenas (and register cpu arenas with GPU
+ * devices), fill weights (views included) from the checkpoint or the seeded
+ * generator, load kernels, and resolve every command once, launch buffer
+ * arrays in device memory, so that replay (replay.c) only walks arrays. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,11 +15,17 @@
 
 /* ---- the seeded generator and dtype rounding ---- */
 
+/* Elements per index of dim 0 (1 for a tensor of fewer than two dims). */
+static uint64_t row_elems_of(const plan_tensor *t) {
+  uint64_t row_elems = 1;
+  for (uint32_t d = 1; d < t->ndim; d++) row_elems *= t->dim[d];
+  return row_elems;
+}
+
 /* Element i of a view is element (row rows[r] or r, same column) of its
  * source, where r is i's row: so a view holds exactly its source's bytes. */
 static uint64_t view_source_index(const plan *p, const plan_tensor *t, uint64_t i) {
-  uint64_t row_elems = 1;
-  for (uint32_t d = 1; d < t->ndim; d++) row_elems *= t->dim[d];
+  uint64_t row_elems = row_elems_of(t);
   if (row_elems == 0) return i; /* no elements: nothing to map */
   uint64_t r = i / row_elems, src_row = t->rows == PLAN_NONE ? r : p->rows[t->rows + r];
   return src_row * row_elems + i % row_elems;
@@ -315,6 +321,8 @@ static void bundle_free(rt_bundle *b) {
   free(b->enqueued);
   free(b->trace_start);
   free(b->trace_end);
+  free(b->bound);
+  st_close(b->ckpt);
   if (b->sync_ready) rt_sync_destroy(&b->sync);
   if (b->plan_loaded) plan_free(&b->p);
   free(b->dir);
@@ -354,27 +362,187 @@ static rt_status verify_codeobjs(rt_bundle *b) {
   return NULL;
 }
 
+/* ---- weights: checkpoint binding and upload ---- */
+
+static void shape_text(const uint64_t *dims, uint32_t ndim, char *out, size_t n) {
+  size_t k = (size_t)snprintf(out, n, "[");
+  for (uint32_t d = 0; d < ndim && k < n; d++)
+    k += (size_t)snprintf(out + k, n - k, "%s%llu", d ? ", " : "", (unsigned long long)dims[d]);
+  if (k < n) snprintf(out + k, n - k, "]");
+}
+
+/* s, prefixed with the weight and the checkpoint tensor it is bound to. */
+static rt_status weight_error(const rt_bundle *b, uint32_t t, const st_tensor *c, rt_status s) {
+  return rt_status_wrap(s, "weight '%s' (checkpoint '%s' in %s)", plan_str(&b->p, b->p.tensors[t].name),
+                        c->name, st_file(b->ckpt, c->file));
+}
+
+static rt_status missing_error(const rt_bundle *b, const plan_tensor *pt) {
+  const char *w = plan_str(&b->p, pt->name), *ck = plan_str(&b->p, pt->checkpoint);
+  if (!st_is_dir(b->ckpt))
+    return rt_status_make("weight '%s' (checkpoint '%s') is not in %s", w, ck, st_path(b->ckpt));
+  uint32_t n = st_nfiles(b->ckpt);
+  return rt_status_make("weight '%s' (checkpoint '%s') is in none of the %u file%s under %s", w, ck,
+                        n, n == 1 ? "" : "s", st_path(b->ckpt));
+}
+
+/* Weight t (not a view) takes the values of its checkpoint tensor, which
+ * must have the plan tensor's shape exactly and a dtype that converts. */
+static rt_status bind_weight(rt_bundle *b, uint32_t t) {
+  const plan_tensor *pt = &b->p.tensors[t];
+  const st_tensor *c = st_find_checkpoint(b->ckpt, plan_str(&b->p, pt->checkpoint));
+  if (!c) return missing_error(b, pt);
+  int same = c->ndim == pt->ndim;
+  for (uint32_t d = 0; same && d < pt->ndim; d++) same = c->shape[d] == pt->dim[d];
+  if (!same) {
+    char have[200], want[200];
+    shape_text(c->shape, c->ndim, have, sizeof have);
+    shape_text(pt->dim, pt->ndim, want, sizeof want);
+    return weight_error(b, t, c, rt_status_make("shape %s in the checkpoint, %s in the plan", have, want));
+  }
+  rt_status s = st_convertible(c->dtype, pt->dtype);
+  if (s) return weight_error(b, t, c, s);
+  b->bound[t] = c;
+  return NULL;
+}
+
+/* With a checkpoint (rt_options.weights), every weight that is not a view
+ * and names a checkpoint tensor is bound to it, before any device opens; a
+ * view takes its source's binding. The others keep the generator. */
+static rt_status bind_weights(rt_bundle *b, const char *path) {
+  const plan *p = &b->p;
+  if (path) {
+    RT_TRY(st_open(path, &b->ckpt));
+    b->bound = calloc(p->ntensors ? p->ntensors : 1, sizeof *b->bound);
+    if (!b->bound) return rt_status_make("out of memory");
+  }
+  for (uint32_t t = 0; t < p->ntensors; t++) {
+    const plan_tensor *pt = &p->tensors[t];
+    if (pt->role != PLAN_WEIGHT || pt->view_of != PLAN_NONE) continue;
+    if (!path || pt->checkpoint == PLAN_NONE) {
+      b->ngenerated++;
+      continue;
+    }
+    RT_TRY(bind_weight(b, t));
+    b->nbound++;
+  }
+  return NULL;
+}
+
+/* The weight (t itself, or a view's source) whose binding t's values
+ * follow. */
+static uint32_t value_owner(const plan *p, uint32_t t) {
+  return p->tensors[t].view_of == PLAN_NONE ? t : p->tensors[t].view_of;
+}
+
+/* The checkpoint tensor weight t's values come from, or NULL: the seeded
+ * generator. */
+static const st_tensor *bound_tensor(const rt_bundle *b, uint32_t t) {
+  return b->bound ? b->bound[value_owner(&b->p, t)] : NULL;
+}
+
+/* From element i of weight t on (up to end), the run of elements that are
+ * consecutive in its source (a view with a rows list: up to the end of the
+ * row); *out_src is the run's first source element. */
+static uint64_t source_run(const plan *p, const plan_tensor *pt, uint64_t i, uint64_t end,
+                           uint64_t *out_src) {
+  *out_src = view_source_index(p, pt, i);
+  if (pt->rows == PLAN_NONE) return end - i; /* the weight itself, or a replica */
+  uint64_t row = row_elems_of(pt), left = row - i % row;
+  return left < end - i ? left : end - i;
+}
+
+/* Elements [i0, i0 + m) of weight t, in its dtype, into stage. */
+static rt_status stage_checkpoint(const rt_bundle *b, uint32_t t, const st_tensor *c, uint64_t i0,
+                                  uint64_t m, uint8_t *stage) {
+  const plan_tensor *pt = &b->p.tensors[t];
+  uint32_t esz = plan_dtype_size(pt->dtype);
+  for (uint64_t i = i0; i < i0 + m;) {
+    uint64_t src, run = source_run(&b->p, pt, i, i0 + m, &src);
+    rt_status s = st_convert(c, src, run, pt->dtype, stage + (i - i0) * esz);
+    if (s) return weight_error(b, value_owner(&b->p, t), c, s);
+    i += run;
+  }
+  return NULL;
+}
+
+static void stage_generator(const rt_bundle *b, uint32_t t, uint64_t i0, uint64_t m, uint8_t *stage) {
+  const plan *p = &b->p;
+  for (uint64_t i = 0; i < m; i++)
+    store_value(p->tensors[t].dtype, stage, i, rt_init_value(p, t, b->seed, i0 + i));
+}
+
+/* Every resident weight, through one staging buffer of bounded size (a
+ * weight may be larger than host memory would like to copy at once). */
 static rt_status fill_weights(rt_bundle *b) {
   const plan *p = &b->p;
-  enum { CHUNK = 16384 };
-  uint8_t *stage = malloc(CHUNK * 4);
+  enum { STAGE_BYTES = 1 << 20 };
+  uint8_t *stage = malloc(STAGE_BYTES);
   if (!stage) return rt_status_make("out of memory");
   rt_status s = NULL;
   for (uint32_t t = 0; t < p->ntensors && !s; t++) {
     const plan_tensor *pt = &p->tensors[t];
     if (pt->role != PLAN_WEIGHT || pt->device == PLAN_NONE) continue;
+    const st_tensor *c = bound_tensor(b, t);
     uint32_t esz = plan_dtype_size(pt->dtype);
-    uint64_t n = pt->bytes / esz;
+    uint64_t n = pt->bytes / esz, chunk = STAGE_BYTES / esz;
     rt_dev *v = &b->devs[pt->device];
-    for (uint64_t i0 = 0; i0 < n && !s; i0 += CHUNK) {
-      uint64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
-      for (uint64_t i = 0; i < m; i++) store_value(pt->dtype, stage, i, rt_init_value(p, t, b->seed, i0 + i));
+    for (uint64_t i0 = 0; i0 < n && !s; i0 += chunk) {
+      uint64_t m = n - i0 < chunk ? n - i0 : chunk;
+      if (c) {
+        s = stage_checkpoint(b, t, c, i0, m, stage);
+        if (s) break;
+      } else {
+        stage_generator(b, t, i0, m, stage);
+      }
       s = v->be->copy_h2d(v->dev, (uint8_t *)b->tensor_ptr[t] + i0 * esz, stage, m * esz);
+      if (s) s = rt_status_wrap(s, "filling weight %s", plan_str(p, pt->name));
     }
-    if (s) s = rt_status_wrap(s, "filling weight %s", plan_str(p, pt->name));
   }
   free(stage);
   return s;
+}
+
+rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, uint64_t count,
+                           double *out) {
+  const plan *p = &b->p;
+  if (tensor >= p->ntensors)
+    return rt_status_make("rt_weight_values: tensor index %u out of range (%u tensors)", tensor,
+                          p->ntensors);
+  const plan_tensor *pt = &p->tensors[tensor];
+  if (pt->role != PLAN_WEIGHT)
+    return rt_status_make("rt_weight_values: tensor %s is not a weight (role %s)",
+                          plan_str(p, pt->name), plan_role_name(pt->role));
+  uint64_t n = pt->bytes / plan_dtype_size(pt->dtype);
+  if (first > n || count > n - first)
+    return rt_status_make("rt_weight_values: elements [%llu, %llu) asked of weight %s, which has %llu",
+                          (unsigned long long)first, (unsigned long long)(first + count),
+                          plan_str(p, pt->name), (unsigned long long)n);
+  const st_tensor *c = bound_tensor(b, tensor);
+  for (uint64_t i = first; i < first + count;) {
+    if (!c) {
+      out[i - first] = rt_init_value(p, tensor, b->seed, i);
+      i++;
+      continue;
+    }
+    uint64_t src, run = source_run(p, pt, i, first + count, &src);
+    rt_status s = st_values(c, src, run, out + (i - first));
+    if (s) return weight_error(b, value_owner(p, tensor), c, s);
+    i += run;
+  }
+  return NULL;
+}
+
+void rt_bundle_weights(const rt_bundle *b, rt_weights_info *out) {
+  uint32_t files = b->ckpt ? st_nfiles(b->ckpt) : 0;
+  *out = (rt_weights_info){
+      .path = b->ckpt ? st_path(b->ckpt) : NULL,
+      .files = files,
+      .file = files == 1 ? st_file(b->ckpt, 0) : NULL,
+      .from_checkpoint = b->nbound,
+      .from_generator = b->ngenerated,
+      .seed = b->seed,
+  };
 }
 
 static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fault *fault) {
@@ -663,6 +831,7 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   const plan *p = &b->p;
   b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
   RT_TRY(verify_codeobjs(b));
+  RT_TRY(bind_weights(b, opts ? opts->weights : NULL));
   RT_TRY(rt_sync_init(&b->sync));
   b->sync_ready = 1;
   uint32_t nd = p->ndevices, nev = p->info.nevents ? p->info.nevents : 1;

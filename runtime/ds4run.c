@@ -15,19 +15,22 @@ enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 
 static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
-    "              [--threads N] [--json]\n"
+    "              [--weights PATH] [--threads N] [--json]\n"
     "       ds4run --help\n"
     "\n"
     "Replays BUNDLE's plan: prefills the prompt (default: the plan's seeded\n"
     "prompt) in chunks of the plan's token slots, then runs N greedy decode\n"
     "steps (default 8).\n"
     "\n"
-    "  --steps N     decode steps after the prefill\n"
-    "  --check       compare every step with the float64 reference\n"
-    "  --prompt IDS  comma-separated token ids\n"
-    "  --seed S      weight generator seed (default: the plan's)\n"
-    "  --threads N   threads per cpu device (default: the plan's)\n"
-    "  --json        print the results as one JSON object\n"
+    "  --steps N       decode steps after the prefill\n"
+    "  --check         compare every step with the float64 reference\n"
+    "  --prompt IDS    comma-separated token ids\n"
+    "  --seed S        weight generator seed (default: the plan's)\n"
+    "  --weights PATH  weights from a safetensors file, or from every\n"
+    "                  *.safetensors file of directory PATH (default: all\n"
+    "                  from the seeded generator)\n"
+    "  --threads N     threads per cpu device (default: the plan's)\n"
+    "  --json          print the results as one JSON object\n"
     "\n"
     "Exit status: 0 ok, 1 error, 2 check failed, 64 usage.\n";
 
@@ -37,6 +40,7 @@ typedef struct cli {
   int check;
   int json;
   uint64_t seed;
+  const char *weights;
   int threads;
   int32_t *prompt;
   int nprompt;
@@ -115,6 +119,10 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       if (!s || !*s || *s == '-' || errno || *end || u == 0)
         return usage_error("--seed needs a nonzero unsigned integer");
       c->seed = u;
+    } else if (!strcmp(a, "--weights")) {
+      if (i + 1 >= argc || !*argv[i + 1] || c->weights)
+        return usage_error("--weights needs one safetensors file or directory");
+      c->weights = argv[++i];
     } else if (!strcmp(a, "--prompt")) {
       if (i + 1 >= argc || c->prompt || parse_prompt(argv[++i], c))
         return usage_error("--prompt needs comma-separated token ids, e.g. --prompt 1,2,3");
@@ -150,8 +158,31 @@ static int fail(rt_status s) {
   return EXIT_FAIL;
 }
 
-static void print_human(const cli *c, const plan *p, const rt_report *r, int nprefill,
-                        int nprompt, const ds4run_check_result *chk) {
+static void print_weights_human(const rt_weights_info *w) {
+  if (!w->path) {
+    printf("weights:   %u tensors from the generator (seed %llu)\n", w->from_generator,
+           (unsigned long long)w->seed);
+    return;
+  }
+  if (w->files == 1)
+    printf("weights:   %u tensors from 1 file %s", w->from_checkpoint, w->file);
+  else
+    printf("weights:   %u tensors from %u files under %s", w->from_checkpoint, w->files, w->path);
+  printf("; %u from the generator\n", w->from_generator);
+}
+
+static void print_weights_json(const rt_weights_info *w) {
+  printf(", \"weights\": {\"path\": ");
+  if (w->path)
+    json_string(w->path);
+  else
+    printf("null");
+  printf(", \"files\": %u, \"from_checkpoint\": %u, \"from_generator\": %u, \"seed\": %llu}",
+         w->files, w->from_checkpoint, w->from_generator, (unsigned long long)w->seed);
+}
+
+static void print_human(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
+                        int nprefill, int nprompt, const ds4run_check_result *chk) {
   printf("bundle:    %s\n", c->bundle);
   printf("model:     %s   schedule: %s\n", plan_str(p, p->info.model), plan_str(p, p->info.schedule));
   for (uint32_t d = 0; d < p->ndevices; d++) {
@@ -163,6 +194,7 @@ static void print_human(const cli *c, const plan *p, const rt_report *r, int npr
       printf(", %d threads", c->threads ? c->threads : (int)(pd->threads ? pd->threads : 1));
     printf(", arena %llu bytes)\n", (unsigned long long)pd->arena_bytes);
   }
+  print_weights_human(w);
   printf("steps:     %d prefill (%d prompt tokens, %u slots) + %d decode = %d\n", nprefill, nprompt,
          p->info.tokens, r->steps - nprefill, r->steps);
   printf("tokens:    %d processed\n", r->tokens);
@@ -181,8 +213,8 @@ static void print_human(const cli *c, const plan *p, const rt_report *r, int npr
   printf("outputs sha256: %s\n", hex);
 }
 
-static void print_json(const cli *c, const plan *p, const rt_report *r, int nprefill, int nprompt,
-                       const ds4run_check_result *chk) {
+static void print_json(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
+                       int nprefill, int nprompt, const ds4run_check_result *chk) {
   printf("{\"bundle\": ");
   json_string(c->bundle);
   printf(", \"model\": ");
@@ -199,7 +231,9 @@ static void print_json(const cli *c, const plan *p, const rt_report *r, int npre
     json_string(plan_str(p, pd->arch));
     printf(", \"arena_bytes\": %llu}", (unsigned long long)pd->arena_bytes);
   }
-  printf("], \"prompt_tokens\": %d, \"slots\": %u, \"prefill_steps\": %d, \"decode_steps\": %d",
+  printf("]");
+  print_weights_json(w);
+  printf(", \"prompt_tokens\": %d, \"slots\": %u, \"prefill_steps\": %d, \"decode_steps\": %d",
          nprompt, p->info.tokens, nprefill, r->steps - nprefill);
   printf(", \"steps\": %d, \"tokens\": %d, \"seconds_median\": %.9g, \"seconds_total\": %.9g",
          r->steps, r->tokens, r->seconds_median, r->seconds_total);
@@ -217,7 +251,7 @@ static void print_json(const cli *c, const plan *p, const rt_report *r, int npre
 }
 
 static int run(cli *c) {
-  rt_options opts = {.weight_seed = c->seed, .threads = c->threads};
+  rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights};
   rt_bundle *b = NULL;
   rt_status s = rt_bundle_open(c->bundle, &opts, &b);
   if (s) return fail(s);
@@ -231,7 +265,7 @@ static int run(cli *c) {
   }
   ds4run_check *chk = NULL;
   if (c->check) {
-    s = ds4run_check_open(b, c->seed ? c->seed : p->info.weight_seed, &chk);
+    s = ds4run_check_open(b, &chk);
     if (s) {
       rt_bundle_close(b);
       return fail(s);
@@ -247,10 +281,12 @@ static int run(cli *c) {
   ds4run_check_result res;
   if (chk) ds4run_check_result_get(chk, &res);
   int nprefill = (c->nprompt + (int)p->info.tokens - 1) / (int)p->info.tokens;
+  rt_weights_info w;
+  rt_bundle_weights(b, &w);
   if (c->json)
-    print_json(c, p, &r, nprefill, c->nprompt, chk ? &res : NULL);
+    print_json(c, p, &w, &r, nprefill, c->nprompt, chk ? &res : NULL);
   else
-    print_human(c, p, &r, nprefill, c->nprompt, chk ? &res : NULL);
+    print_human(c, p, &w, &r, nprefill, c->nprompt, chk ? &res : NULL);
   fflush(stdout);
   int rc = chk && !res.passed ? EXIT_CHECK : 0;
   free(r.generated);

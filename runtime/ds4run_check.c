@@ -1,6 +1,7 @@
 /* ds4run_check.c - `ds4run --check`: compares every replayed step's logits
  * and next tokens with the float64 reference (tests/ref), whose weights are
- * regenerated from the seed here rather than read back from the bundle. */
+ * the values the bundle bound (checkpoint or seeded generator), taken from
+ * their source rather than read back from the replay's buffers. */
 #include "ds4run_check.h"
 
 #include <limits.h>
@@ -86,7 +87,8 @@ static uint64_t elements_of(const plan_tensor *t) {
 
 /* The reference takes each logical weight once: from the tensors that are
  * not views (resident or not), since a view's values are its source's. */
-static rt_status set_weights(ds4run_check *c, const plan *p, uint64_t seed) {
+static rt_status set_weights(ds4run_check *c, rt_bundle *b) {
+  const plan *p = rt_bundle_plan(b);
   for (uint32_t ti = 0; ti < p->ntensors; ti++) {
     const plan_tensor *t = &p->tensors[ti];
     if (t->role != PLAN_WEIGHT || t->view_of != PLAN_NONE) continue;
@@ -101,10 +103,15 @@ static rt_status set_weights(ds4run_check *c, const plan *p, uint64_t seed) {
       return rt_status_make("ds4run --check: plan weight '%s' has %llu values, the reference "
                             "expects %zu",
                             path, (unsigned long long)n, want_n);
-    double *vals = malloc((size_t)n * sizeof *vals);
+    double *vals = malloc((size_t)(n ? n : 1) * sizeof *vals);
     if (!vals) return rt_status_make("ds4run --check: out of memory for weight '%s'", path);
+    rt_status s = rt_weight_values(b, ti, 0, n, vals);
+    if (s) {
+      free(vals);
+      return rt_status_wrap(s, "ds4run --check");
+    }
     for (uint64_t i = 0; i < n; i++) {
-      rt_status s = round_dtype(rt_init_value(p, ti, seed, i), t->dtype, &vals[i]);
+      s = round_dtype(vals[i], t->dtype, &vals[i]);
       if (s) {
         free(vals);
         return rt_status_wrap(s, "weight '%s'", path);
@@ -136,7 +143,7 @@ static rt_status check_output(const plan *p, uint32_t ti, const char *what, uint
   return NULL;
 }
 
-static rt_status check_build(ds4run_check *c, rt_bundle *b, uint64_t weight_seed) {
+static rt_status check_build(ds4run_check *c, rt_bundle *b) {
   const plan *p = rt_bundle_plan(b);
   const char *model = plan_str(p, p->info.model);
   if (strcmp(model, "tiny-moe") != 0)
@@ -165,7 +172,7 @@ static rt_status check_build(ds4run_check *c, rt_bundle *b, uint64_t weight_seed
   c->tokens = rp.tokens;
   c->vocab = rp.vocab;
 
-  RT_TRY(set_weights(c, p, weight_seed ? weight_seed : p->info.weight_seed));
+  RT_TRY(set_weights(c, b));
 
   RT_TRY(rt_status_wrap(rt_tensor_find(b, "logits", &c->logits_tensor), "ds4run --check"));
   RT_TRY(check_output(p, c->logits_tensor, "logits", PLAN_F32,
@@ -183,12 +190,12 @@ static rt_status check_build(ds4run_check *c, rt_bundle *b, uint64_t weight_seed
   return NULL;
 }
 
-rt_status ds4run_check_open(rt_bundle *b, uint64_t weight_seed, ds4run_check **out_check) {
+rt_status ds4run_check_open(rt_bundle *b, ds4run_check **out_check) {
   *out_check = NULL;
   if (!b) return rt_status_make("ds4run --check: no bundle");
   ds4run_check *c = calloc(1, sizeof *c);
   if (!c) return rt_status_make("ds4run --check: out of memory");
-  rt_status s = check_build(c, b, weight_seed);
+  rt_status s = check_build(c, b);
   if (s) {
     ds4run_check_close(c);
     return s;

@@ -7,11 +7,11 @@
 
 typedef struct ds4run_check ds4run_check;
 
-/* Build the reference from the plan's params and the weights the seeded
- * generator defines (regenerated here, not read from the replay's buffers,
- * so a corrupted buffer is caught). Errors if the plan's model has no
- * reference. */
-rt_status ds4run_check_open(rt_bundle *b, uint64_t weight_seed, ds4run_check **out_check);
+/* Build the reference from the plan's params and the weights the bundle
+ * bound, checkpoint or seeded generator (rt_weight_values: taken from their
+ * source, not read from the replay's buffers, so a corrupted buffer is
+ * caught). Errors if the plan's model has no reference. */
+rt_status ds4run_check_open(rt_bundle *b, ds4run_check **out_check);
 /* An rt_step_hook: ctx is the ds4run_check. Runs the reference on the same
  * ids and step, compares the plan's outputs; records the worst error. */
 rt_status ds4run_check_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids);

@@ -13,13 +13,16 @@ typedef struct rt_options {
   uint64_t weight_seed; /* 0: the plan's seed */
   int threads;          /* 0: each cpu device's thread count from the plan */
   int trace;            /* nonzero: time every launch and copy (rt_trace_last_step) */
+  const char *weights;  /* a safetensors file, or a directory of them; NULL: every
+                           weight from the seeded generator */
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;
 
-/* Read DIR/plan.ds4p, validate it, check every code object's SHA-256, load
- * them, open the devices, allocate arenas, fill weights from the seeded
- * generator and zero the state. */
+/* Read DIR/plan.ds4p, validate it, check every code object's SHA-256, bind
+ * weights to opts->weights' tensors (docs/RUNTIME.md, Weights), load the
+ * code objects, open the devices, allocate arenas, fill weights from the
+ * checkpoint or the seeded generator and zero the state. */
 rt_status rt_bundle_open(const char *dir, const rt_options *opts, rt_bundle **out_bundle);
 void rt_bundle_close(rt_bundle *b);
 const plan *rt_bundle_plan(const rt_bundle *b);
@@ -34,6 +37,26 @@ rt_status rt_tensor_write(rt_bundle *b, uint32_t tensor, const void *src, size_t
  * tensor's dtype; for a weight view, its source's value at the element the
  * view maps i to. Independent of load order; the reference uses it too. */
 double rt_init_value(const plan *p, uint32_t tensor, uint64_t seed, uint64_t i);
+
+/* Where an open bundle's weights came from. Weights that are views are not
+ * counted: they hold their source's values. */
+typedef struct rt_weights_info {
+  const char *path;         /* rt_options.weights, or NULL */
+  uint32_t files;           /* safetensors files read */
+  const char *file;         /* the one file, when files is 1 */
+  uint32_t from_checkpoint; /* weights bound to a checkpoint tensor */
+  uint32_t from_generator;  /* the others */
+  uint64_t seed;            /* the generator's */
+} rt_weights_info;
+void rt_bundle_weights(const rt_bundle *b, rt_weights_info *out);
+
+/* Values [first, first + count) of weight `tensor` as bound at open, before
+ * rounding to its dtype: the checkpoint's elements (read again from the
+ * file, exactly) or the seeded generator's; a view gives its source's
+ * values at the elements it maps to. Never read from device memory, so a
+ * reference built from them catches a weight buffer that changed. */
+rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, uint64_t count,
+                           double *out);
 
 /* Replay one step: upload the step block {pos, ntok, step, 0}, submit every
  * stream's commands, wait for the step to finish. Inputs must have been

@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "rt.h"
+#include "safetensors.h"
 
 /* A resolved command that is not in the plan: with rt_options.trace, one
  * before and one after each LAUNCH and COPY, on the same stream. */
@@ -63,6 +64,12 @@ struct rt_bundle {
   plan p;
   int plan_loaded;
   uint64_t seed;
+  /* rt_options.weights: the checkpoint, mapped while the bundle is open
+   * (rt_weight_values reads it), and per weight that is not a view the
+   * checkpoint tensor bound to it (NULL: the generator); NULL without. */
+  st_set *ckpt;
+  const st_tensor **bound; /* [p.ntensors] */
+  uint32_t nbound, ngenerated; /* weights that are not views, each way */
   rt_sync sync;
   int sync_ready;
 

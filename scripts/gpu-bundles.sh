@@ -2,21 +2,22 @@
 # Builds, on a machine without a GPU, everything the GPU checks of
 # docs/GPU.md need, into out/gpu/: the tools (bin/), the tiny-moe bundles
 # for one NVIDIA sm_90 GPU (tiny-h200, tiny-gpu-cpu, every op kind for
-# gpu_ops, and N random multi-stream schedules), as users of an
-# ahead-of-time compiler do. Carry out/gpu to the GPU machine and run
-# scripts/gpu-check.sh there.
+# gpu_ops, and N random multi-stream schedules) and the expert GEMVs of
+# bench/gpu.c (expert-gemv, host and sm_90), as users of an ahead-of-time
+# compiler do. Carry out/gpu to the GPU machine and run scripts/gpu-check.sh
+# (and bin/gpu_bench out/gpu) there.
 #
 #   scripts/gpu-bundles.sh [N]      N random schedules (default 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20}
 scripts/setup.sh build >/dev/null
-ninja -C build gpu_ops gpu_smoke gen_schedules >/dev/null
+ninja -C build gpu_ops gpu_smoke gen_schedules gpu_bench >/dev/null
 
 out=out/gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/schedules"
-cp build/ds4run build/gpu_ops build/gpu_smoke "$out/bin/"
+cp build/ds4run build/gpu_ops build/gpu_smoke build/gpu_bench "$out/bin/"
 cp scripts/gpu-check.sh "$out/"
 
 ds4c=build/ds4c
@@ -25,6 +26,9 @@ $ds4c compile models/tiny-moe.yaml schedules/tiny-gpu-cpu.yaml -o "$out/tiny-gpu
 $ds4c compile models/tiny-moe.yaml schedules/tiny-1dev.yaml -o "$out/tiny-1dev"
 # every kernel of tiny-moe, split experts included, for host and sm_90
 $ds4c compile models/tiny-moe.yaml schedules/tiny-hotcold.yaml -o "$out/ops" --target host,sm_90
+# bench/gpu.c's bf16 expert GEMVs; the host code object lets gpu_ops check them
+$ds4c compile bench/models/expert-gemv.yaml bench/schedules/expert-gemv-h200.yaml -o "$out/expert-gemv" \
+  --target host,sm_90
 build/gen_schedules "$out/schedules" "$n"
 for i in $(seq 0 $((n - 1))); do
   $ds4c compile models/tiny-moe.yaml "$out/schedules/random-$i.yaml" -o "$out/random-$i" >/dev/null

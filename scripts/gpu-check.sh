@@ -7,7 +7,9 @@
 #   3. tiny-moe on the GPU with --check against the float64 reference;
 #   4. tiny-gpu-cpu (experts 6-7 on the CPU, copies both ways) with --check;
 #   5. the exact oracle on the GPU: every random multi-stream schedule
-#      prints the same outputs sha256 as tiny-h200.
+#      prints the same outputs sha256 as tiny-h200;
+#   6. bench/gpu (gpu_bench): copy bandwidth, the expert-FFN GEMV, host
+#      cost per replayed launch, a tiny-moe decode step.
 set -uo pipefail
 cd "$(dirname "$0")"
 bin=./bin
@@ -36,6 +38,9 @@ for b in random-*; do
 done
 echo "random schedules: $same of $total identical to tiny-h200 ($want)"
 
+
+step "bench/gpu"
+$bin/gpu_bench . || fail=1
 
 echo
 [ "$fail" = 0 ] && echo "gpu-check: PASS" || echo "gpu-check: FAIL"

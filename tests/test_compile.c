@@ -416,6 +416,38 @@ START_TEST(early_resolve_changes_order_only) {
 }
 END_TEST
 
+/* Entries that share the name 'layers' number their instances globally
+ * (DeepSeek-V4's layout in small): layers.0-1 sliding, layers.2 CSA, then
+ * HCA and CSA in turn from layers.3; checkpoint names take the global index
+ * and the carried tensor runs through every instance in order. */
+START_TEST(shared_layer_name_numbers_globally) {
+  ir_prog *p = build("tests/cases/compile/layers-shared-name.yaml", "tests/cases/compile/one-cpu.sched.yaml");
+  static const char *const kinds[] = {"swa", "swa", "csa", "hca", "csa", "hca", "csa"};
+  int prev = -1;
+  for (int i = 0; i < 7; i++) {
+    char path[128], other[128], w[64], y[64], ckpt[64];
+    snprintf(path, sizeof path, "layers.%d.attn.%s", i, kinds[i]);
+    snprintf(other, sizeof other, "layers.%d.attn.%s", i, strcmp(kinds[i], "hca") ? "hca" : "csa");
+    int op = ir_find_op(p, path);
+    ck_assert_msg(op > prev, "%s missing or out of order", path);
+    ck_assert_msg(ir_find_op(p, other) < 0, "%s should not exist", other);
+    snprintf(w, sizeof w, "layers.%d.w", i);
+    snprintf(ckpt, sizeof ckpt, "layers.%d.attn.w.weight", i);
+    int t = ir_find_tensor(p, w);
+    ck_assert_int_ge(t, 0);
+    ck_assert_str_eq(p->tensors[t].checkpoint, ckpt);
+    /* the carried tensor: the previous instance's output */
+    if (i) snprintf(y, sizeof y, "layers.%d.y", i - 1);
+    else snprintf(y, sizeof y, "embed.x");
+    ck_assert_int_eq(p->ops[op].in[0], ir_find_tensor(p, y));
+    prev = op;
+  }
+  ck_assert_int_lt(ir_find_op(p, "layers.7.attn.hca"), 0);
+  ck_assert_int_eq(p->ops[ir_find_op(p, "head.proj")].in[0], ir_find_tensor(p, "layers.6.y"));
+  ds4c_prog_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("tiny-moe");
@@ -429,6 +461,7 @@ int main(void) {
   tcase_add_test(tc, early_resolve_changes_order_only);
   tcase_add_test(tc, state_hazards);
   tcase_add_test(tc, disjoint_rows_do_not_conflict);
+  tcase_add_test(tc, shared_layer_name_numbers_globally);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);

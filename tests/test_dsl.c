@@ -102,7 +102,8 @@ static int eval_shapes(const dsl_tensor *t, int n, param_env *env, dsl_diag *d) 
   return 0;
 }
 
-/* Everything the expression cases exercise: params, shapes, repeats. */
+/* Everything the expression cases exercise: params, shapes, repeats and
+ * layers' first indices. */
 static int eval_model(const dsl_model *m, dsl_diag *d) {
   param_env env;
   if (eval_params(m, &env, d)) return -1;
@@ -112,6 +113,7 @@ static int eval_model(const dsl_model *m, dsl_diag *d) {
   for (int l = 0; l < m->nlayers; l++) {
     int64_t v;
     if (m->layers[l].repeat.text && dsl_eval(&m->layers[l].repeat, env_lookup, &env, &v, d)) return -1;
+    if (m->layers[l].from.text && dsl_eval(&m->layers[l].from, env_lookup, &env, &v, d)) return -1;
   }
   return 0;
 }
@@ -338,6 +340,44 @@ START_TEST(test_model_layer_params) {
 }
 END_TEST
 
+/* Layers that share a name: a list of blocks taken in turn, and the index
+ * of the first instance. */
+START_TEST(test_model_layer_blocks) {
+  static const char text[] =
+      "model: m\n"
+      "blocks:\n"
+      "  - {name: hca, ops: [{name: a, op: add, in: [], out: [y]}]}\n"
+      "  - {name: csa, ops: [{name: a, op: add, in: [], out: [y]}]}\n"
+      "layers:\n"
+      "  - {block: csa, name: layers, from: 2}\n"
+      "  - blocks: [hca, csa]\n"
+      "    name: layers\n"
+      "    from: n - 40\n"
+      "    repeat: 40\n";
+  dsl_diag d = {0};
+  dsl_model *m;
+  ck_assert_msg(dsl_model_parse("m.yaml", text, strlen(text), &m, &d) == 0, "%s", d.msg);
+  ck_assert_int_eq(m->nlayers, 2);
+  const dsl_layer *one = &m->layers[0], *alt = &m->layers[1];
+  ck_assert_str_eq(one->block.text, "csa");
+  ck_assert_int_eq(one->nblocks, 0);
+  ck_assert_ptr_null(one->blocks);
+  ck_assert_str_eq(one->from.text, "2");
+  ck_assert_ptr_null(one->repeat.text);
+  ck_assert_ptr_null(alt->block.text);
+  ck_assert_int_eq(alt->nblocks, 2);
+  ck_assert_str_eq(alt->blocks[0].text, "hca");
+  ck_assert_str_eq(alt->blocks[1].text, "csa");
+  ck_assert_int_eq(alt->blocks[1].pos.line, 7);
+  ck_assert_int_eq(alt->blocks[1].pos.col, 19);
+  ck_assert_str_eq(alt->from.text, "n - 40");
+  ck_assert_int_eq(alt->from.pos.line, 9);
+  ck_assert_int_eq(alt->from.pos.col, 11);
+  ck_assert_str_eq(alt->repeat.text, "40");
+  dsl_model_free(m);
+}
+END_TEST
+
 /* ---- error cases: tests/cases/dsl/<name>.yaml and <name>.err ---- */
 
 /* model_* load as models, sched_* as schedules, expr_* as models whose
@@ -353,7 +393,9 @@ static const char *const error_cases[] = {
     "sched_bad_priority",    "expr_unclosed",          "sched_owner_empty_glob",
     "model_missing_top",     "model_scalar_root",      "sched_bad_launch",
     "expr_escaped_quote",    "model_complex_key",      "model_attr_list",
-    "sched_owner_empty_stream",
+    "sched_owner_empty_stream", "model_layer_block_and_blocks", "model_layer_no_block",
+    "model_layer_empty_blocks", "model_layer_unknown_key", "model_layer_blocks_scalar",
+    "expr_layer_from",
 };
 #define NCASES ((int)(sizeof error_cases / sizeof error_cases[0]))
 
@@ -802,6 +844,7 @@ static void oom_sweep(const char *path, int schedule) {
 
 START_TEST(test_out_of_memory) {
   oom_sweep("models/tiny-moe.yaml", 0);
+  oom_sweep("tests/cases/compile/layers-shared-name.yaml", 0); /* lists of blocks */
   oom_sweep("schedules/tiny-1dev.yaml", 1);
 }
 END_TEST
@@ -813,6 +856,7 @@ static Suite *dsl_suite(void) {
   tcase_add_test(tc, test_tiny_1dev_loads);
   tcase_add_test(tc, test_schedule_optional_parts);
   tcase_add_test(tc, test_model_layer_params);
+  tcase_add_test(tc, test_model_layer_blocks);
   suite_add_tcase(s, tc);
   tc = tcase_create("errors");
   tcase_add_loop_test(tc, test_error_case, 0, NCASES);

@@ -1,7 +1,7 @@
 /* test_e2e.c - the main job end to end: ds4c compiles tiny-moe, ds4run
- * replays it with --check and passes; a corrupted weight, a kernel that
- * computes something else, and a damaged code object each make it fail
- * with a non-zero exit. */
+ * replays it with --check and passes, also on weights from a safetensors
+ * checkpoint; a corrupted weight, a kernel that computes something else,
+ * and a damaged code object each make it fail with a non-zero exit. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 #include "pipeline.h"
 #include "rt.h"
 #include "sha256.h"
+#include "st_write.h"
 
 static char tmpdir[] = "/tmp/ds4-e2e-XXXXXX";
 static char bundle[600];
@@ -74,7 +75,7 @@ START_TEST(corrupted_weight_fails_the_check) {
   w[5 * 64 + 7] += 0.25f; /* one weight off */
   ck_assert_ptr_null(rt_tensor_write(b, t, w, sizeof w));
   ds4run_check *c;
-  st = ds4run_check_open(b, 0, &c);
+  st = ds4run_check_open(b, &c);
   ck_assert_msg(!st, "%s", rt_status_msg(st));
   int32_t *prompt;
   int nprompt;
@@ -210,6 +211,90 @@ START_TEST(schedules_agree_bit_for_bit) {
 }
 END_TEST
 
+static uint16_t bf16_bits(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16); /* nearest even; no NaN here */
+}
+
+/* A checkpoint of every checkpoint tensor of plan p: the generator's values
+ * under another seed, the experts in BF16 and the rest in F32. Returns the
+ * number of tensors written. */
+static int write_checkpoint(const plan *p, const char *path, uint64_t seed) {
+  st_entry *es = calloc(p->ntensors, sizeof *es);
+  ck_assert_ptr_nonnull(es);
+  int n = 0;
+  for (uint32_t t = 0; t < p->ntensors; t++) {
+    const plan_tensor *pt = &p->tensors[t];
+    if (pt->role != PLAN_WEIGHT || pt->view_of != PLAN_NONE || pt->checkpoint == PLAN_NONE) continue;
+    ck_assert_uint_eq(pt->dtype, PLAN_F32);
+    uint64_t count = pt->bytes / 4;
+    int bf16 = strstr(plan_str(p, pt->checkpoint), ".experts.") != NULL;
+    void *data = malloc(count * (bf16 ? 2 : 4));
+    ck_assert_ptr_nonnull(data);
+    for (uint64_t i = 0; i < count; i++) {
+      float v = (float)rt_init_value(p, t, seed, i);
+      if (bf16) ((uint16_t *)data)[i] = bf16_bits(v);
+      else ((float *)data)[i] = v;
+    }
+    es[n] = (st_entry){plan_str(p, pt->checkpoint), bf16 ? "BF16" : "F32", pt->ndim, {0}, data,
+                       count * (bf16 ? 2 : 4)};
+    memcpy(es[n].shape, pt->dim, sizeof es[n].shape);
+    n++;
+  }
+  ck_assert_int_eq(st_write(path, es, (size_t)n), 0);
+  for (int k = 0; k < n; k++) free((void *)es[k].data);
+  free(es);
+  return n;
+}
+
+/* Real weights from a safetensors file, on tiny-1dev and on tiny-hotcold,
+ * whose cold experts are views: both pass the check against the reference
+ * fed the same values and print the same outputs, which the default
+ * weights do not. */
+START_TEST(checkpoint_weights) {
+  char path[700], ckpt[700], hotcold[700], args[1600], want[800];
+  plan pl;
+  snprintf(path, sizeof path, "%s/plan.ds4p", bundle);
+  ck_assert_ptr_null(plan_read(path, &pl));
+  snprintf(ckpt, sizeof ckpt, "%s/tiny-moe.safetensors", tmpdir);
+  int n = write_checkpoint(&pl, ckpt, 424242);
+  plan_free(&pl);
+  ck_assert_int_eq(n, 29);
+
+  char a[8192], b[8192], base[8192];
+  snprintf(args, sizeof args, "%s --weights %s --steps 4 --check", bundle, ckpt);
+  int rc = ds4run(args, a, sizeof a);
+  ck_assert_msg(rc == 0 && strstr(a, "PASS"), "exit %d:\n%s", rc, a);
+  snprintf(want, sizeof want, "weights:   29 tensors from 1 file %s; 0 from the generator\n", ckpt);
+  ck_assert_msg(strstr(a, want), "%s", a);
+
+  compile_schedule("tiny-hotcold", hotcold, sizeof hotcold);
+  snprintf(args, sizeof args, "%s --weights %s --steps 4 --check", hotcold, ckpt);
+  rc = ds4run(args, b, sizeof b);
+  ck_assert_msg(rc == 0 && strstr(b, "PASS"), "exit %d:\n%s", rc, b);
+  ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
+
+  snprintf(args, sizeof args, "%s --steps 4", bundle);
+  ck_assert_int_eq(ds4run(args, base, sizeof base), 0);
+  ck_assert_msg(strstr(base, "weights:   29 tensors from the generator (seed "), "%s", base);
+  ck_assert_str_ne(strstr(a, "outputs sha256: "), strstr(base, "outputs sha256: "));
+
+  snprintf(args, sizeof args, "%s --weights %s --steps 1 --json", hotcold, ckpt);
+  ck_assert_int_eq(ds4run(args, b, sizeof b), 0);
+  ck_assert_msg(strstr(b, "\"files\": 1, \"from_checkpoint\": 29, \"from_generator\": 0"), "%s", b);
+
+  /* a checkpoint that lacks a tensor is refused, naming it and the file */
+  snprintf(path, sizeof path, "%s/nothing.safetensors", tmpdir);
+  ck_assert_int_eq(st_write(path, NULL, 0), 0);
+  snprintf(args, sizeof args, "%s --weights %s --steps 1", bundle, path);
+  ck_assert_int_eq(ds4run(args, b, sizeof b), 1);
+  snprintf(want, sizeof want,
+           "ds4run: error: weight 'embed.table' (checkpoint 'embed.weight') is not in %s\n", path);
+  ck_assert_str_eq(b, want);
+}
+END_TEST
+
 /* A bundle for an AMD GPU on a machine without one: ds4run fails with a
  * clear error and exit status 1, whether no HIP runtime can be loaded or
  * Debian's runtime finds no device (the sanitizer builds check that
@@ -287,6 +372,7 @@ int main(void) {
   tcase_add_test(tc, wrong_kernel_fails_the_check);
   tcase_add_test(tc, damaged_code_object_is_refused);
   tcase_add_test(tc, schedules_agree_bit_for_bit);
+  tcase_add_test(tc, checkpoint_weights);
   tcase_add_test(tc, damaged_plan_is_refused);
   tcase_add_test(tc, fault_in_a_two_device_replay);
   tcase_add_test(tc, hip_bundle_without_a_gpu);

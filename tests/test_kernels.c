@@ -8,7 +8,9 @@
  * and the toolchain's errors. */
 #include <check.h>
 #include <dlfcn.h>
+#include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,7 +72,7 @@ static void kt_add(kt *k, int out, uint32_t dtype, int ndim, ...)
     n *= t->dim[j];
   }
   va_end(ap);
-  t->bytes = n * 4;
+  t->bytes = n * plan_dtype_size(dtype);
   if (out)
     k->op.out[k->op.nout++] = i;
   else
@@ -243,6 +245,23 @@ static double silu(double x)
   return x / (1.0 + exp(-x));
 }
 
+/* DS4-MATH §3.3: silu(min(g, L)) * clamp(u, -L, L), the gate clamped from
+ * above only; L = 0: no clamp. seen (may be NULL) counts the clamps that
+ * engage: g > L, g < -L (left alone) and |u| > L. */
+static double ref_swiglu_act(double g, double u, double limit, int seen[3])
+{
+  if (limit > 0.0) {
+    if (seen) {
+      seen[0] += g > limit;
+      seen[1] += g < -limit;
+      seen[2] += fabs(u) > limit;
+    }
+    g = fmin(g, limit);
+    u = fmax(-limit, fmin(u, limit));
+  }
+  return silu(g) * u;
+}
+
 /* ---- suite setup: one temporary directory for the generated files ---- */
 
 static void dir_setup(void)
@@ -345,7 +364,7 @@ START_TEST(test_rmsnorm)
 }
 END_TEST
 
-/* ---- matmul: N = 150 makes three column tiles, the last one partial ---- */
+/* ---- matmul: N = 150 makes 19 column tiles of 8, the last one partial ---- */
 
 START_TEST(test_matmul)
 {
@@ -357,7 +376,7 @@ START_TEST(test_matmul)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)N);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T * 3);
+  ck_assert_uint_eq(b.kk.grid, T * 19);
   bufs bs;
   bufs_alloc(&bs, &k);
   for (int s = 0; s < NSTEPS; s++) {
@@ -383,19 +402,108 @@ START_TEST(test_matmul)
 }
 END_TEST
 
+/* ---- matmul with a bf16 weight: widened exactly, summed in f32 ---- */
+
+/* The bf16 nearest x (ties to even), as its 16 bits. */
+static uint16_t bf16_of(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static double bf16_value(uint16_t h)
+{
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+START_TEST(test_matmul_bf16)
+{
+  /* K = 37: no multiple of a GPU chunk; 150 columns: a partial tile. */
+  enum { T = 4, K = 37, N = 150 };
+  kt k;
+  kt_init(&k, IR_OP_MATMUL);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)K);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)N, (int64_t)K);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)N);
+  ck_assert_int_eq(k.tensors[1].bytes, N * K * 2);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T * 19);
+  ck_assert_ptr_nonnull(strstr(b.kk.source, "#define W_BF16 ((int64_t)1)\n"));
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  uint16_t *w = bs.b[1];
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    fill_f32(bs.b[0], T * K, 1.0);
+    for (int i = 0; i < N * K; i++)
+      w[i] = bf16_of((float)rnd());
+    fill_garbage(bs.b[2], T * N);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    const float *x = bs.b[0];
+    double *ref = dalloc(T * N);
+    for (int t = 0; t < ntok; t++)
+      for (int n = 0; n < N; n++) {
+        double acc = 0.0;
+        for (int i = 0; i < K; i++)
+          acc += (double)x[t * K + i] * bf16_value(w[n * K + i]);
+        ref[t * N + n] = acc;
+      }
+    check_rows("matmul bf16", bs.b[2], ref, T, N, ntok, REL_TOL);
+    free(ref);
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+END_TEST
+
 /* ---- rope ---- */
 
-static void rope_case(int heads, int hd, int r, double theta, int pos_scale)
+/* DeepSeek-V4's YaRN ("compress" table, DS4-MATH §3.2): factor, original
+ * positions, beta_fast, beta_slow; as rope attrs 4..7. */
+static const double g_ds4_yarn[4] = {16.0, 65536.0, 32.0, 1.0};
+
+/* The inverse frequency of pair i (of r/2), in float64 from DS4-MATH §3.2:
+ * theta^(-2i/r), or with YaRN the blend of it and it / factor along the
+ * ramp between the correction dimensions c(beta_fast) and c(beta_slow). */
+static double ref_rope_freq(double theta, int r, int i, const double *yarn)
+{
+  double extrapolated = pow(theta, -2.0 * i / r);
+  if (!yarn)
+    return extrapolated;
+  double c_fast = r * log(yarn[1] / (yarn[2] * 2.0 * M_PI)) / (2.0 * log(theta));
+  double c_slow = r * log(yarn[1] / (yarn[3] * 2.0 * M_PI)) / (2.0 * log(theta));
+  double lo = fmax(floor(c_fast), 0.0), hi = fmin(ceil(c_slow), r - 1.0);
+  if (hi == lo)
+    hi += 0.001;
+  double ramp = fmin(fmax((i - lo) / (hi - lo), 0.0), 1.0);
+  return extrapolated / yarn[0] * ramp + extrapolated * (1.0 - ramp);
+}
+
+static void rope_op(kt *k, int heads, int hd, int r, double theta, int inverse, const double *yarn)
+{
+  enum { T = 4 };
+  kt_init(k, IR_OP_ROPE);
+  k->op.iattr[0] = heads;
+  k->op.iattr[1] = r;
+  k->op.fattr[2] = theta;
+  k->op.iattr[3] = inverse;
+  for (int a = 0; yarn && a < 4; a++)
+    k->op.fattr[4 + a] = yarn[a];
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)(heads * hd));
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)(heads * hd));
+}
+
+static void rope_case(int heads, int hd, int r, double theta, int pos_scale, int inverse, const double *yarn)
 {
   enum { T = 4 };
   const int C = heads * hd;
   kt k;
-  kt_init(&k, IR_OP_ROPE);
-  k.op.iattr[0] = heads;
-  k.op.iattr[1] = r;
-  k.op.fattr[2] = theta;
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)C);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)C);
+  rope_op(&k, heads, hd, r, theta, inverse, yarn);
   built b;
   build(&k, &b);
   ck_assert_uint_eq(b.kk.grid, T);
@@ -415,10 +523,12 @@ static void rope_case(int heads, int hd, int r, double theta, int pos_scale)
         for (int c = 0; c < hd - r; c++)
           yh[c] = xh[c];
         for (int i = 0; i < r / 2; i++) {
-          double phi = (double)(float)(pos + t) * pow((double)(float)theta, -2.0 * i / r);
+          /* inverse: RotInv of DS4-MATH §3.2, sin -> -sin */
+          double phi = (double)(float)(pos + t) * ref_rope_freq((double)(float)theta, r, i, yarn);
           double x0 = xh[hd - r + 2 * i], x1 = xh[hd - r + 2 * i + 1];
-          yh[hd - r + 2 * i] = x0 * cos(phi) - x1 * sin(phi);
-          yh[hd - r + 2 * i + 1] = x0 * sin(phi) + x1 * cos(phi);
+          double sn = inverse ? -sin(phi) : sin(phi);
+          yh[hd - r + 2 * i] = x0 * cos(phi) - x1 * sn;
+          yh[hd - r + 2 * i + 1] = x0 * sn + x1 * cos(phi);
         }
       }
     /* The angle is an f32 product (OPS.md), so its error grows with the
@@ -433,10 +543,108 @@ static void rope_case(int heads, int hd, int r, double theta, int pos_scale)
 
 START_TEST(test_rope)
 {
-  rope_case(3, 16, 8, 10000.0, 1);  /* trailing channels rotate, the rest copy */
-  rope_case(2, 8, 8, 500.0, 1);     /* the whole head rotates */
-  rope_case(2, 6, 0, 10000.0, 1);   /* no rotation: a copy */
-  rope_case(4, 16, 8, 10000.0, 350); /* positions up to 4200 */
+  rope_case(3, 16, 8, 10000.0, 1, 0, NULL);   /* trailing channels rotate, the rest copy */
+  rope_case(2, 8, 8, 500.0, 1, 0, NULL);      /* the whole head rotates */
+  rope_case(2, 6, 0, 10000.0, 1, 0, NULL);    /* no rotation: a copy */
+  rope_case(4, 16, 8, 10000.0, 350, 0, NULL); /* positions up to 4200 */
+  rope_case(3, 16, 8, 10000.0, 350, 1, NULL); /* the inverse rotation */
+  /* DeepSeek-V4's compress table (64 of 80 channels rotate, as 64 of 512
+   * do), forward and inverse, at positions up to 60000. */
+  rope_case(2, 80, 64, 160000.0, 1, 0, g_ds4_yarn);
+  rope_case(2, 80, 64, 160000.0, 5000, 0, g_ds4_yarn);
+  rope_case(2, 80, 64, 160000.0, 5000, 1, g_ds4_yarn);
+}
+END_TEST
+
+/* The inverse rotation undoes the rotation at the same position: the same
+ * f32 angle, so only the rotations' rounding remains, at any position. */
+START_TEST(test_rope_inverse_roundtrip)
+{
+  enum { T = 4, NH = 2, HD = 80, C = NH * HD };
+  kt fwd, inv;
+  rope_op(&fwd, NH, HD, 64, 160000.0, 0, g_ds4_yarn);
+  rope_op(&inv, NH, HD, 64, 160000.0, 1, g_ds4_yarn);
+  built bf, bi;
+  build(&fwd, &bf);
+  build(&inv, &bi);
+  ck_assert_str_ne(bf.kk.symbol, bi.kk.symbol);
+  bufs bs;
+  bufs_alloc(&bs, &fwd);
+  float *x = bs.b[0], *y = bs.b[1];
+  static const int positions[] = {0, 7, 127, 4096, 65535, 1000003};
+  for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+    fill_f32(x, T * C, 1.0);
+    float orig[T * C];
+    memcpy(orig, x, sizeof orig);
+    run(&bf, &bs, positions[i], T, 0);
+    memcpy(x, y, sizeof orig);
+    run(&bi, &bs, positions[i], T, 0);
+    double *ref = dalloc(T * C);
+    for (int j = 0; j < T * C; j++)
+      ref[j] = orig[j];
+    check_rows("rope roundtrip", y, ref, T, C, T, 4 * FLT_EPSILON);
+    free(ref);
+  }
+  bufs_free(&bs);
+  unbuild(&bf);
+  unbuild(&bi);
+}
+END_TEST
+
+/* The INV_FREQ table of a rope op's host kernel (the GPU kernels get the
+ * same define), parsed back from its exact literals. */
+static int rope_table(kt *k, float *out, int max)
+{
+  dsl_diag d = {0};
+  kgen_kernel kk;
+  ck_assert_msg(kgen_host(&k->prog, &k->op, &kk, &d) == 0, "kgen_host: %s", d.msg);
+  const char *at = strstr(kk.source, "#define INV_FREQ {");
+  ck_assert_ptr_nonnull(at);
+  at += strlen("#define INV_FREQ {");
+  int n = 0;
+  while (*at != '}') {
+    char *end;
+    ck_assert_int_lt(n, max);
+    out[n++] = strtof(at, &end);
+    ck_assert_msg(end != at && *end == 'f', "bad INV_FREQ literal at \"%.20s\"", at);
+    at = end + 1;
+    if (*at == ',')
+      at += 2;
+  }
+  kgen_kernel_free(&kk);
+  return n;
+}
+
+/* The compress table against the values DS4-MATH §3.2 lists from HF 5.17
+ * (fp32): the same floats, as HF's order of f32 operations is kept; every
+ * entry against the float64 formula; the main table's ends. */
+START_TEST(test_rope_tables)
+{
+  static const struct { int i; double w; } hf[] = {
+      {0, 1.0}, {1, 0.687656045}, {15, 0.00363553851}, {16, 0.00226562493},
+      {24, 1.95312532e-05}, {25, 5.37231244e-06}, {31, 5.68052940e-07}};
+  kt k;
+  float w[33];
+  rope_op(&k, 1, 512, 64, 160000.0, 0, g_ds4_yarn);
+  ck_assert_int_eq(rope_table(&k, w, 33), 32);
+  for (size_t j = 0; j < sizeof hf / sizeof hf[0]; j++)
+    ck_assert_msg(w[hf[j].i] == (float)hf[j].w, "compress w_%d = %.9g, HF %.9g", hf[j].i,
+                  (double)w[hf[j].i], hf[j].w);
+  for (int i = 0; i < 32; i++) {
+    double ref = ref_rope_freq(160000.0, 64, i, g_ds4_yarn);
+    ck_assert_msg(fabs(w[i] - ref) <= 4 * FLT_EPSILON * ref, "compress w_%d = %.9g, float64 %.9g", i,
+                  (double)w[i], ref);
+  }
+  /* Unscaled up to pair 15, divided by 16 from pair 25. */
+  ck_assert(w[15] == powf(160000.0f, -30.0f / 64.0f));
+  ck_assert(fabs(w[31] * 16.0 - pow(160000.0, -62.0 / 64.0)) <= 4 * FLT_EPSILON * w[31] * 16.0);
+  rope_op(&k, 1, 512, 64, 10000.0, 1, NULL);
+  ck_assert_int_eq(rope_table(&k, w, 33), 32);
+  ck_assert(w[0] == 1.0f);
+  ck_assert_msg(fabs(w[31] - 1.3335e-4) <= 1e-8, "main w_31 = %.9g", (double)w[31]);
+  rope_op(&k, 1, 16, 0, 10000.0, 0, NULL); /* nothing rotates: a one-entry table */
+  ck_assert_int_eq(rope_table(&k, w, 33), 1);
+  ck_assert(w[0] == 0.0f);
 }
 END_TEST
 
@@ -530,6 +738,292 @@ START_TEST(test_attention)
             ref[t * C + h * HD + c] += exp(sc[j] - m) / sum * vc[j * C + h * HD + c];
       }
     check_rows("attention", bs.b[3], ref, T, C, ntok, REL_TOL);
+    free(ref);
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+END_TEST
+
+/* ---- rmsnorm_groups: no weight, each group of channels on its own ---- */
+
+static void rmsnorm_groups_case(int C, int group)
+{
+  enum { T = 4 };
+  const double eps = 1e-6;
+  const int g = group ? group : C;
+  kt k;
+  kt_init(&k, IR_OP_RMSNORM_GROUPS);
+  k.op.fattr[0] = eps;
+  k.op.iattr[1] = group;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)C);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)C);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T * (C / g));
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    float *x = bs.b[0];
+    fill_f32(x, T * C, 3.0);
+    /* The last group 40 times larger: a norm over more than the group
+     * would shrink the others. */
+    for (int t = 0; t < T; t++)
+      for (int j = C - g; j < C; j++)
+        x[t * C + j] *= 40.0f;
+    fill_garbage(bs.b[1], T * C);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    double *ref = dalloc(T * C);
+    for (int t = 0; t < ntok; t++)
+      for (int g0 = 0; g0 < C; g0 += g) {
+        double ss = 0.0;
+        for (int j = g0; j < g0 + g; j++)
+          ss += (double)x[t * C + j] * x[t * C + j];
+        double den = sqrt(ss / g + (double)(float)eps);
+        for (int j = g0; j < g0 + g; j++)
+          ref[t * C + j] = x[t * C + j] / den;
+      }
+    check_rows("rmsnorm_groups", bs.b[1], ref, T, C, ntok, REL_TOL);
+    free(ref);
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+
+START_TEST(test_rmsnorm_groups)
+{
+  rmsnorm_groups_case(48, 16); /* three groups, like per-head query norms */
+  rmsnorm_groups_case(48, 0);  /* the whole row */
+  rmsnorm_groups_case(37, 37); /* one group, named */
+}
+END_TEST
+
+/* ---- window_write: a ring of the last S positions ---- */
+
+START_TEST(test_window_write)
+{
+  enum { T = 4, S = 6, D = 5 };
+  kt k;
+  kt_init(&k, IR_OP_WINDOW_WRITE);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)D);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)S, (int64_t)D);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  float before[S * D];
+  /* Steps inside the ring, wrapping inside one step (5..8: rows 5, 0, 1,
+   * 2), and far along the sequence. */
+  static const int steps[][2] = {{0, 4}, {0, 1}, {3, 2}, {5, 4}, {9, 3}, {12, 4}, {1000001, 4}};
+  for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+    int pos = steps[s][0], ntok = steps[s][1];
+    fill_f32(bs.b[0], T * D, 1.0);
+    fill_f32(bs.b[1], S * D, 1.0);
+    memcpy(before, bs.b[1], sizeof before);
+    run_checked(&b, &k, &bs, pos, ntok);
+    const float *src = bs.b[0], *ring = bs.b[1];
+    for (int row = 0; row < S; row++) {
+      const float *want = before + row * D;
+      for (int t = 0; t < ntok; t++)
+        if ((pos + t) % S == row)
+          want = src + t * D;
+      ck_assert_msg(memcmp(ring + row * D, want, D * sizeof(float)) == 0, "window_write pos %d ntok %d: row %d",
+                    pos, ntok, row);
+    }
+  }
+  /* A negative position (a bad parameter block) writes nothing. */
+  memcpy(before, bs.b[1], sizeof before);
+  run(&b, &bs, -3, T, 0);
+  ck_assert(memcmp(bs.b[1], before, sizeof before) == 0);
+  bufs_free(&bs);
+  unbuild(&b);
+}
+END_TEST
+
+/* ---- sink_attention ---- */
+
+typedef struct sink_cfg {
+  int heads, hd, window, S, ratio, select, ne, nsel;
+} sink_cfg;
+
+/* DS4-MATH §6.3 with the softmax with sink of §3.4, in float64, for the
+ * query q (all heads) at position p. Keys: kv rows of the raw window
+ * max(0, p - window + 1)..p of the sequence (not of the ring), then the
+ * compressed entries w < floor((p + 1) / ratio) (§8.3), for select 2 only
+ * those sel_t names (§9.5, a set). */
+static void ref_sink_attention(const sink_cfg *c, const float *q, const float *kv, const float *entries,
+                               const int32_t *sel_t, const float *sinks, double scale, int p, double *out)
+{
+  const float **keys = malloc((size_t)(c->window + c->ne) * sizeof *keys);
+  ck_assert_ptr_nonnull(keys);
+  int n = 0;
+  for (int s = p - c->window + 1 > 0 ? p - c->window + 1 : 0; s <= p; s++)
+    keys[n++] = kv + s * c->hd;
+  for (int w = 0; c->select && w < c->ne && w < (p + 1) / c->ratio; w++) {
+    int chosen = c->select == 1;
+    for (int j = 0; c->select == 2 && j < c->nsel; j++)
+      chosen |= sel_t[j] == w;
+    if (chosen)
+      keys[n++] = entries + w * c->hd;
+  }
+  double *logit = dalloc(n);
+  for (int h = 0; h < c->heads; h++) {
+    const float *qh = q + h * c->hd;
+    double mx = sinks[h], den = 0.0;
+    for (int k = 0; k < n; k++) {
+      double dot = 0.0;
+      for (int i = 0; i < c->hd; i++)
+        dot += (double)qh[i] * keys[k][i];
+      logit[k] = scale * dot;
+      mx = fmax(mx, logit[k]);
+    }
+    for (int k = 0; k < n; k++)
+      den += exp(logit[k] - mx);
+    den += exp(sinks[h] - mx);
+    for (int i = 0; i < c->hd; i++) {
+      double acc = 0.0;
+      for (int k = 0; k < n; k++)
+        acc += exp(logit[k] - mx) / den * keys[k][i];
+      out[h * c->hd + i] = acc;
+    }
+  }
+  free(logit);
+  free(keys);
+}
+
+/* q [T, heads*hd], ring [S, hd], entries [ne, hd], sel [T, nsel], sinks
+ * [heads] -> o [T, heads*hd], scale 1/sqrt(hd), as infer resolves it. */
+static void sink_op(kt *k, const sink_cfg *c, int64_t T)
+{
+  const int64_t C = (int64_t)c->heads * c->hd;
+  kt_init(k, IR_OP_SINK_ATTENTION);
+  k->op.iattr[0] = c->heads;
+  k->op.iattr[1] = c->window;
+  k->op.iattr[2] = c->ratio;
+  k->op.iattr[3] = c->select;
+  k->op.fattr[4] = 1.0 / sqrt((double)c->hd);
+  kt_add(k, 0, PLAN_F32, 2, T, C);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)c->S, (int64_t)c->hd);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)c->ne, (int64_t)c->hd);
+  kt_add(k, 0, PLAN_I32, 2, T, (int64_t)c->nsel);
+  kt_add(k, 0, PLAN_F32, 1, (int64_t)c->heads);
+  kt_add(k, 1, PLAN_F32, 2, T, C);
+}
+
+static void sink_case(const sink_cfg *c)
+{
+  enum { T = 4, MAXPOS = 64 };
+  const int C = c->heads * c->hd;
+  const double scale = 1.0 / sqrt((double)c->hd);
+  ck_assert_int_ge(c->S, c->window + T - 1); /* what infer asks of a model */
+  kt k;
+  sink_op(&k, c, T);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T * c->heads);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  float *q = bs.b[0], *ring = bs.b[1], *entries = bs.b[2], *sinks = bs.b[4], *o = bs.b[5];
+  int32_t *sel = bs.b[3];
+  float *kv = malloc((size_t)(MAXPOS + T) * c->hd * sizeof *kv), *first = malloc((size_t)T * C * sizeof *first);
+  ck_assert(kv && first);
+  /* Queries before the window fills, at its edge, and far past it, so
+   * that the ring wraps (often within a step); the last steps see more
+   * closed entries than the op's ne (clamped). */
+  static const int steps[][2] = {{0, 4}, {0, 1}, {2, 3}, {5, 4}, {7, 1}, {13, 2}, {30, 4}, {47, 3}, {60, 4}};
+  for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+    int pos = steps[s][0], ntok = steps[s][1];
+    fill_f32(kv, (MAXPOS + T) * c->hd, 1.0);
+    fill_f32(q, T * C, 2.0);
+    fill_f32(entries, c->ne * c->hd, 1.0);
+    /* A sink that takes most of the mass, one that takes almost none. */
+    for (int h = 0; h < c->heads; h++)
+      sinks[h] = h == 1 ? 4.0f : h == 2 ? -30.0f : (float)rnd();
+    /* The ring as window_write leaves it after positions 0..pos+ntok-1;
+     * rows never written stay NaN, and a kernel reading them fails. */
+    fill_garbage(ring, c->S * c->hd);
+    for (int p = 0; p < pos + ntok; p++)
+      memcpy(ring + (p % c->S) * c->hd, kv + p * c->hd, (size_t)c->hd * sizeof *kv);
+    /* Entries visible or not, -1, other negatives, repeats, any order. */
+    for (int t = 0; t < T; t++) {
+      int nvis = c->ratio ? (pos + t + 1) / c->ratio : 0;
+      for (int j = 0; j < c->nsel; j++)
+        sel[t * c->nsel + j] = (int32_t)((rnd() + 1.0) * 0.5 * (nvis + 5)) - 2;
+      sel[t * c->nsel + c->nsel - 1] = sel[t * c->nsel];
+    }
+    fill_garbage(o, T * C);
+    run_checked(&b, &k, &bs, pos, ntok);
+    double *ref = dalloc(T * C);
+    for (int t = 0; t < ntok; t++)
+      ref_sink_attention(c, q + t * C, kv, entries, sel + t * c->nsel, sinks, (double)(float)scale, pos + t,
+                         ref + t * C);
+    check_rows("sink_attention", o, ref, T, C, ntok, REL_TOL);
+    free(ref);
+    if (c->select == 2) { /* the selection is a set: its order does not change a bit */
+      memcpy(first, o, (size_t)T * C * sizeof *first);
+      for (int t = 0; t < T; t++)
+        for (int j = 0; j < c->nsel / 2; j++) {
+          int32_t *a = sel + t * c->nsel + j, *z = sel + t * c->nsel + c->nsel - 1 - j, tmp = *a;
+          *a = *z;
+          *z = tmp;
+        }
+      run(&b, &bs, pos, ntok, 0);
+      ck_assert(memcmp(first, o, (size_t)T * C * sizeof *first) == 0);
+    }
+  }
+  free(kv);
+  free(first);
+  bufs_free(&bs);
+  unbuild(&b);
+}
+
+START_TEST(test_sink_attention)
+{
+  /* heads, hd, window, S, ratio, select, ne, nsel */
+  static const sink_cfg cases[] = {
+      {3, 16, 6, 9, 0, 0, 1, 1},   /* sliding window only; the smallest ring */
+      {3, 16, 6, 11, 4, 1, 12, 1}, /* HCA: every closed entry */
+      {3, 16, 6, 11, 4, 2, 12, 5}, /* CSA: the selected ones */
+      {4, 24, 8, 13, 3, 2, 20, 9}, /* a wider window and selection */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    sink_case(&cases[i]);
+}
+END_TEST
+
+/* ---- group_matmul: DS4-MATH §6.4's block-diagonal o_a projection ---- */
+
+START_TEST(test_group_matmul)
+{
+  enum { T = 4, G = 3, KG = 10, NG = 7, N = G * NG };
+  kt k;
+  kt_init(&k, IR_OP_GROUP_MATMUL);
+  k.op.iattr[0] = G;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)(G * KG));
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)N, (int64_t)KG);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)N);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T * 3); /* 21 columns: tiles of 8, 8, 5 */
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    fill_f32(bs.b[0], T * G * KG, 1.0);
+    fill_f32(bs.b[1], N * KG, 1.0);
+    fill_garbage(bs.b[2], T * N);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    const float *x = bs.b[0], *w = bs.b[1];
+    double *ref = dalloc(T * N);
+    /* u_g = A_g . z_g, A_g = rows g*NG.. of w, z_g = channels g*KG.. of x */
+    for (int t = 0; t < ntok; t++)
+      for (int g = 0; g < G; g++)
+        for (int n = 0; n < NG; n++)
+          for (int i = 0; i < KG; i++)
+            ref[t * N + g * NG + n] += (double)w[(g * NG + n) * KG + i] * x[t * G * KG + g * KG + i];
+    check_rows("group_matmul", bs.b[2], ref, T, N, ntok, REL_TOL);
     free(ref);
   }
   bufs_free(&bs);
@@ -677,16 +1171,18 @@ END_TEST
 
 /* ---- moe_experts ---- */
 
-/* A launch holding experts ex[0..n) of E = 5 (all when ex is NULL): its
- * weights have n rows, row r holding expert ex[r]. Slots of other experts
- * must be zero; the returned slots (caller frees) are the launch's output
- * for the last step, all tokens live. */
-static float *moe_case(const int *ex, int n)
+/* A launch holding experts ex[0..n) of E = 5 (all when ex is NULL), with
+ * the SwiGLU clamp `limit` (0: none): its weights have n rows, row r
+ * holding expert ex[r]. Slots of other experts must be zero; the returned
+ * slots (caller frees) are the launch's output for the last step, all
+ * tokens live. */
+static float *moe_case(const int *ex, int n, double limit)
 {
   enum { T = 4, K = 3, E = 5, H = 12, F = 7 };
-  int rows = ex ? n : E, row_of[E];
+  int rows = ex ? n : E, row_of[E], seen[3] = {0};
   kt k;
   kt_init(&k, IR_OP_MOE_EXPERTS);
+  k.op.fattr[0] = limit;
   for (int e = 0; e < E; e++)
     row_of[e] = ex ? -1 : e;
   for (int r = 0; ex && r < n; r++)
@@ -748,7 +1244,7 @@ static float *moe_case(const int *ex, int n)
             g += (double)x[t * H + c] * w1[(r * F + f) * H + c];
             u += (double)x[t * H + c] * w3[(r * F + f) * H + c];
           }
-          act[f] = silu(g) * u;
+          act[f] = ref_swiglu_act(g, u, limit, seen);
         }
         for (int c = 0; c < H; c++) {
           double acc = 0.0;
@@ -762,6 +1258,8 @@ static float *moe_case(const int *ex, int n)
     free(ref);
     memcpy(last, slots, T * K * H * sizeof *last);
   }
+  if (limit > 0.0) /* |g|, |u| ~ 3-4 here: every side of the clamp is hit */
+    ck_assert_msg(seen[0] && seen[1] && seen[2], "moe_experts: clamp at %g not exercised", limit);
   bufs_free(&bs);
   unbuild(&b);
   return last;
@@ -770,19 +1268,21 @@ static float *moe_case(const int *ex, int n)
 START_TEST(test_moe_experts)
 {
   static const int range[] = {2, 3}, list[] = {0, 4, 1};
-  free(moe_case(NULL, 0)); /* one launch for all experts */
-  free(moe_case(range, 2)); /* a split: experts 2 and 3 */
-  free(moe_case(list, 3));  /* a list, rows out of expert order */
+  free(moe_case(NULL, 0, 0.0)); /* one launch for all experts */
+  free(moe_case(range, 2, 0.0)); /* a split: experts 2 and 3 */
+  free(moe_case(list, 3, 0.0));  /* a list, rows out of expert order */
+  free(moe_case(NULL, 0, 2.0));  /* the SwiGLU clamp of DS4-MATH §3.3 */
+  free(moe_case(list, 3, 2.0));
 }
 END_TEST
 
 /* The parts of a split sum to the unsplit slots bit for bit, through the
- * sum_parts kernel that merges them. */
-START_TEST(test_moe_split_is_exact)
+ * sum_parts kernel that merges them; with the SwiGLU clamp too. */
+static void moe_split_case(double limit)
 {
   enum { T = 4, K = 3, H = 12, N = T * K * H };
   static const int a[] = {0, 2, 4}, b2[] = {1, 3};
-  float *whole = moe_case(NULL, 0), *pa = moe_case(a, 3), *pb = moe_case(b2, 2);
+  float *whole = moe_case(NULL, 0, limit), *pa = moe_case(a, 3, limit), *pb = moe_case(b2, 2, limit);
   kt k;
   kt_init(&k, IR_OP_SUM_PARTS);
   k.op.iattr[0] = 2;
@@ -803,6 +1303,12 @@ START_TEST(test_moe_split_is_exact)
   free(whole);
   free(pa);
   free(pb);
+}
+
+START_TEST(test_moe_split_is_exact)
+{
+  moe_split_case(0.0);
+  moe_split_case(2.0);
 }
 END_TEST
 
@@ -843,11 +1349,15 @@ END_TEST
 
 /* ---- swiglu_ffn ---- */
 
-START_TEST(test_swiglu_ffn)
+/* With the SwiGLU clamp `limit` (0: none); the kernel's symbol goes to
+ * symbol (64 bytes). */
+static void swiglu_case(double limit, char *symbol)
 {
   enum { T = 4, H = 12, F = 20 };
+  int seen[3] = {0};
   kt k;
   kt_init(&k, IR_OP_SWIGLU_FFN);
+  k.op.fattr[0] = limit;
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)F, (int64_t)H);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)F, (int64_t)H);
@@ -875,7 +1385,7 @@ START_TEST(test_swiglu_ffn)
           g += (double)x[t * H + c] * w1[f * H + c];
           u += (double)x[t * H + c] * w3[f * H + c];
         }
-        act[f] = silu(g) * u;
+        act[f] = ref_swiglu_act(g, u, limit, seen);
       }
       for (int c = 0; c < H; c++)
         for (int f = 0; f < F; f++)
@@ -884,8 +1394,39 @@ START_TEST(test_swiglu_ffn)
     check_rows("swiglu_ffn", bs.b[4], ref, T, H, ntok, REL_TOL);
     free(ref);
   }
+  if (limit > 0.0) /* |g|, |u| ~ 0.6 here: every side of the clamp is hit */
+    ck_assert_msg(seen[0] && seen[1] && seen[2], "swiglu_ffn: clamp at %g not exercised", limit);
+  snprintf(symbol, 64, "%s", b.kk.symbol);
   bufs_free(&bs);
   unbuild(&b);
+}
+
+START_TEST(test_swiglu_ffn)
+{
+  char plain[64], clamped[64];
+  swiglu_case(0.0, plain);
+  swiglu_case(0.5, clamped);
+  ck_assert_str_ne(plain, clamped);
+  /* The default leaves the attr out of the hashed facts, so kernels from
+   * before swiglu_limit keep their symbols; a limit is one of the facts. */
+  kt k;
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)8, (int64_t)16);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  kgen_kernel a, c;
+  dsl_diag d = {0};
+  ck_assert_int_eq(kgen_host(&k.prog, &k.op, &a, &d), 0);
+  ck_assert_ptr_null(strstr(a.source, "attr swiglu_limit"));
+  ck_assert_ptr_nonnull(strstr(a.source, "#define SWIGLU_LIMIT (0x0p+0f)\n"));
+  k.op.fattr[0] = 0.5;
+  ck_assert_int_eq(kgen_host(&k.prog, &k.op, &c, &d), 0);
+  ck_assert_ptr_nonnull(strstr(c.source, " *   attr swiglu_limit=0x800000p-24f\n"));
+  ck_assert_ptr_nonnull(strstr(c.source, "#define SWIGLU_LIMIT (0x800000p-24f)\n"));
+  kgen_kernel_free(&a);
+  kgen_kernel_free(&c);
 }
 END_TEST
 
@@ -927,6 +1468,531 @@ START_TEST(test_argmax)
   }
   bufs_free(&bs);
   unbuild(&b);
+}
+END_TEST
+
+/* ---- hyper-connections: float64 DS4-MATH §4, written from the spec ---- */
+
+#define HC_MAXMIX 80 /* (2+N)*N for the N <= 8 used here */
+
+static double sigmoid(double z)
+{
+  return 1.0 / (1.0 + exp(-z));
+}
+
+/* One token's state xs (N streams of D, stream-major): the pre weights of
+ * §4.1 step 4 / §4.3 step 3, and with post and C (hc_pre) steps 5-7.
+ * x~ = RMSNorm_u(xs) first, then mu = fn . x~, as the spec writes it. */
+static void ref_hc_weights(const float *xs, int N, int D, const float *fn, const float *base,
+                           const float *scale, double eps, double hc_eps, int iters, double *pre,
+                           double *post, double *C)
+{
+  int K = N * D, M = post ? (2 + N) * N : N;
+  ck_assert_int_le(N, 8);
+  ck_assert_int_le(M, HC_MAXMIX);
+  double ss = 0.0, mu[HC_MAXMIX];
+  for (int k = 0; k < K; k++)
+    ss += (double)xs[k] * xs[k];
+  double rs = 1.0 / sqrt(ss / K + eps);
+  for (int m = 0; m < M; m++) {
+    mu[m] = 0.0;
+    for (int k = 0; k < K; k++)
+      mu[m] += (double)fn[m * K + k] * ((double)xs[k] * rs);
+  }
+  for (int i = 0; i < N; i++)
+    pre[i] = sigmoid(mu[i] * scale[0] + base[i]) + hc_eps;
+  if (!post)
+    return;
+  for (int i = 0; i < N; i++)
+    post[i] = 2.0 * sigmoid(mu[N + i] * scale[1] + base[N + i]);
+  for (int i = 0; i < N; i++) { /* row softmax of the logits, + eps */
+    double z[8], mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < N; j++) {
+      z[j] = mu[2 * N + N * i + j] * scale[2] + base[2 * N + N * i + j];
+      mx = fmax(mx, z[j]);
+    }
+    for (int j = 0; j < N; j++)
+      sum += exp(z[j] - mx);
+    for (int j = 0; j < N; j++)
+      C[i * N + j] = exp(z[j] - mx) / sum + hc_eps;
+  }
+  for (int round = 0; round < iters; round++) {
+    if (round > 0) /* the iters - 1 row normalisations */
+      for (int i = 0; i < N; i++) {
+        double s = 0.0;
+        for (int j = 0; j < N; j++)
+          s += C[i * N + j];
+        for (int j = 0; j < N; j++)
+          C[i * N + j] /= s + hc_eps;
+      }
+    for (int j = 0; j < N; j++) { /* the iters column normalisations */
+      double s = 0.0;
+      for (int i = 0; i < N; i++)
+        s += C[i * N + j];
+      for (int i = 0; i < N; i++)
+        C[i * N + j] /= s + hc_eps;
+    }
+  }
+}
+
+/* sum_i w_i X[i] over the N streams of one token. */
+static void ref_hc_collapse(const float *xs, int N, int D, const double *w, double *out)
+{
+  for (int d = 0; d < D; d++) {
+    out[d] = 0.0;
+    for (int i = 0; i < N; i++)
+      out[d] += w[i] * xs[i * D + d];
+  }
+}
+
+/* Weights whose mixes are O(1) for a unit-RMS state: fn in +-2.5/sqrt(K),
+ * scale in [0.5, 1.5], base in [-1, 1). */
+static void fill_hc_weights(bufs *bs, int M, int K, int nscale)
+{
+  fill_f32(bs->b[1], (int64_t)M * K, 2.5 / sqrt((double)K));
+  fill_f32(bs->b[2], M, 1.0);
+  float *scale = bs->b[3];
+  for (int i = 0; i < nscale; i++)
+    scale[i] = (float)(1.0 + 0.5 * rnd());
+}
+
+static void hc_pre_op(kt *k, int64_t T, int64_t N, int64_t D, int64_t iters)
+{
+  kt_init(k, IR_OP_HC_PRE);
+  k->op.fattr[0] = 1e-6;
+  k->op.fattr[1] = 1e-6;
+  k->op.iattr[2] = iters;
+  kt_add(k, 0, PLAN_F32, 3, T, N, D);
+  kt_add(k, 0, PLAN_F32, 2, (2 + N) * N, N * D);
+  kt_add(k, 0, PLAN_F32, 1, (2 + N) * N);
+  kt_add(k, 0, PLAN_F32, 1, (int64_t)3);
+  kt_add(k, 1, PLAN_F32, 2, T, D);
+  kt_add(k, 1, PLAN_F32, 2, T, N);
+  kt_add(k, 1, PLAN_F32, 3, T, N, N);
+}
+
+/* hc_pre on T = 4 slots for every step of g_steps: x, post and comb
+ * against float64, dead rows zero. */
+static void hc_pre_case(int N, int D, int iters)
+{
+  enum { T = 4 };
+  int K = N * D, M = (2 + N) * N;
+  kt k;
+  hc_pre_op(&k, T, N, D, iters);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    fill_f32(bs.b[0], (int64_t)T * K, 2.0);
+    fill_hc_weights(&bs, M, K, 3);
+    fill_garbage(bs.b[4], (int64_t)T * D);
+    fill_garbage(bs.b[5], T * N);
+    fill_garbage(bs.b[6], T * N * N);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    const float *X = bs.b[0];
+    double *rx = dalloc((int64_t)T * D), *rpost = dalloc(T * N), *rcomb = dalloc(T * N * N);
+    for (int t = 0; t < ntok; t++) {
+      double pre[8];
+      ref_hc_weights(X + t * K, N, D, bs.b[1], bs.b[2], bs.b[3], (double)(float)1e-6, (double)(float)1e-6,
+                     iters, pre, rpost + t * N, rcomb + t * N * N);
+      ref_hc_collapse(X + t * K, N, D, pre, rx + t * D);
+    }
+    check_rows("hc_pre x", bs.b[4], rx, T, D, ntok, REL_TOL);
+    check_rows("hc_pre post", bs.b[5], rpost, T, N, ntok, REL_TOL);
+    check_rows("hc_pre comb", bs.b[6], rcomb, T, N * N, ntok, REL_TOL);
+    /* The last step normalised columns: each sums to 1 - O(hc_eps), and
+     * the mix is not symmetric (so hc_post's orientation matters). */
+    const float *comb = bs.b[6];
+    for (int t = 0; t < ntok; t++) {
+      double asym = 0.0;
+      for (int j = 0; j < N; j++) {
+        double col = 0.0;
+        for (int i = 0; i < N; i++) {
+          col += comb[(t * N + i) * N + j];
+          asym = fmax(asym, fabs(comb[(t * N + i) * N + j] - comb[(t * N + j) * N + i]));
+        }
+        ck_assert_msg(fabs(col - 1.0) < 1e-5, "hc_pre comb: row %d column %d sums to %.9g", t, j, col);
+      }
+      ck_assert_msg(asym > 1e-3, "hc_pre comb: row %d is symmetric", t);
+    }
+    free(rx);
+    free(rpost);
+    free(rcomb);
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+
+START_TEST(test_hc_pre)
+{
+  /* The release's N = 4 with a small D; N = 3 with one Sinkhorn step and
+   * with two (iters is honoured); the release's D = 4096, whose f32 sums
+   * of 16384 terms are still within REL_TOL (3e-6 measured). */
+  hc_pre_case(4, 40, 20);
+  hc_pre_case(3, 33, 1);
+  hc_pre_case(3, 33, 2);
+  hc_pre_case(4, 4096, 20);
+
+  /* Defaults are DeepSeek-V4's. */
+  const ir_opkind_def *d = &ir_opkinds[IR_OP_HC_PRE];
+  ck_assert_str_eq(d->name, "hc_pre");
+  ck_assert_int_eq(d->nattrs, 3);
+  ck_assert(d->attrs[0].fallback == 1e-6 && d->attrs[1].fallback == 1e-6 && d->attrs[2].fallback == 20);
+}
+END_TEST
+
+START_TEST(test_hc_post)
+{
+  enum { T = 4, N = 4, D = 37 };
+  kt k;
+  kt_init(&k, IR_OP_HC_POST);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)D);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)T, (int64_t)N, (int64_t)D);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)N);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)T, (int64_t)N, (int64_t)N);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)N, (int64_t)D);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  float *post = bs.b[2], *comb = bs.b[3], *out = bs.b[4];
+  const float *y = bs.b[0], *X = bs.b[1];
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    fill_f32(bs.b[0], T * D, 1.0);
+    fill_f32(bs.b[1], T * N * D, 1.0);
+    for (int i = 0; i < T * N; i++)
+      post[i] = (float)(1.0 + rnd()); /* (0, 2) as 2 sigma */
+    for (int i = 0; i < T * N * N; i++)
+      comb[i] = (float)(0.5 + 0.5 * rnd()); /* positive, not symmetric */
+    fill_garbage(out, T * N * D);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    double *ref = dalloc(T * N * D);
+    for (int t = 0; t < ntok; t++)
+      for (int j = 0; j < N; j++)
+        for (int d = 0; d < D; d++) {
+          double acc = (double)post[t * N + j] * y[t * D + d];
+          for (int i = 0; i < N; i++)
+            acc += (double)comb[(t * N + i) * N + j] * X[(t * N + i) * D + d];
+          ref[(t * N + j) * D + d] = acc;
+        }
+    check_rows("hc_post", out, ref, T, N * D, ntok, REL_TOL);
+    free(ref);
+  }
+
+  /* Orientation: comb[i][(i+1) mod N] = 1, the rest and post 0, moves
+   * stream i to stream i + 1 exactly. */
+  memset(post, 0, T * N * sizeof *post);
+  memset(comb, 0, T * N * N * sizeof *comb);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < N; i++)
+      comb[(t * N + i) * N + (i + 1) % N] = 1.0f;
+  fill_garbage(out, T * N * D);
+  run_checked(&b, &k, &bs, 0, T);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < N; i++)
+      for (int d = 0; d < D; d++)
+        ck_assert_msg(out[(t * N + (i + 1) % N) * D + d] == X[(t * N + i) * D + d],
+                      "hc_post: stream %d did not move to stream %d", i, (i + 1) % N);
+  bufs_free(&bs);
+  unbuild(&b);
+}
+END_TEST
+
+static void hc_head_op(kt *k, int64_t T, int64_t N, int64_t D)
+{
+  kt_init(k, IR_OP_HC_HEAD);
+  k->op.fattr[0] = 1e-6;
+  k->op.fattr[1] = 1e-6;
+  kt_add(k, 0, PLAN_F32, 3, T, N, D);
+  kt_add(k, 0, PLAN_F32, 2, N, N * D);
+  kt_add(k, 0, PLAN_F32, 1, N);
+  kt_add(k, 0, PLAN_F32, 1, (int64_t)1);
+  kt_add(k, 1, PLAN_F32, 2, T, D);
+}
+
+START_TEST(test_hc_head)
+{
+  enum { T = 4 };
+  static const int shapes[][2] = {{4, 40}, {4, 4096}, {2, 9}};
+  for (int c = 0; c < 3; c++) {
+    int N = shapes[c][0], D = shapes[c][1], K = N * D;
+    kt k;
+    hc_head_op(&k, T, N, D);
+    built b;
+    build(&k, &b);
+    ck_assert_uint_eq(b.kk.grid, T);
+    bufs bs;
+    bufs_alloc(&bs, &k);
+    for (int s = 0; s < NSTEPS; s++) {
+      int ntok = g_steps[s][1];
+      fill_f32(bs.b[0], (int64_t)T * K, 2.0);
+      fill_hc_weights(&bs, N, K, 1);
+      fill_garbage(bs.b[4], (int64_t)T * D);
+      run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+      const float *X = bs.b[0];
+      double *ref = dalloc((int64_t)T * D);
+      for (int t = 0; t < ntok; t++) {
+        double pre[8];
+        ref_hc_weights(X + t * K, N, D, bs.b[1], bs.b[2], bs.b[3], (double)(float)1e-6, (double)(float)1e-6, 0,
+                       pre, NULL, NULL);
+        ref_hc_collapse(X + t * K, N, D, pre, ref + t * D);
+      }
+      check_rows("hc_head", bs.b[4], ref, T, D, ntok, REL_TOL);
+      free(ref);
+    }
+    bufs_free(&bs);
+    unbuild(&b);
+  }
+}
+END_TEST
+
+/* ---- score_route and hash_route: DS4-MATH §10, in float64 ---- */
+
+#define ROUTE_MAXE 256
+
+/* §10.1: s = sqrt(softplus(z)), softplus(z) = z above PyTorch's threshold
+ * 20, else ln(1 + e^z). */
+static double ref_route_score(double z)
+{
+  return sqrt(z > 20.0 ? z : log1p(exp(z)));
+}
+
+/* §10.2-10.3, score-routed: I = the K largest keys s_e + b_e, taken by
+ * repeated scans with a strict comparison (ties: the lower index first);
+ * w_j = s_I[j] / (sum over I of s + 1e-20) * scale. Returns how close the
+ * choice came to another: the smallest gap between consecutive keys of
+ * the order, down to the best key left out. */
+static double ref_score_route(const float *z, const float *b, int E, int K, double scale, int32_t *idx,
+                              double *w)
+{
+  double s[ROUTE_MAXE], key[ROUTE_MAXE], sum = 0.0, gap = INFINITY;
+  int taken[ROUTE_MAXE] = {0};
+  ck_assert_int_le(E, ROUTE_MAXE);
+  for (int e = 0; e < E; e++) {
+    s[e] = ref_route_score(z[e]);
+    key[e] = s[e] + b[e];
+  }
+  for (int j = 0; j <= K && j < E; j++) {
+    int best = -1;
+    for (int e = 0; e < E; e++)
+      if (!taken[e] && (best < 0 || key[e] > key[best]))
+        best = e;
+    if (j > 0)
+      gap = fmin(gap, key[idx[j - 1]] - key[best]);
+    if (j == K)
+      break;
+    taken[best] = 1;
+    idx[j] = best;
+    sum += s[best];
+  }
+  for (int j = 0; j < K; j++)
+    w[j] = s[idx[j]] / (sum + 1e-20) * scale;
+  return gap;
+}
+
+static void score_route_op(kt *k, int64_t T, int64_t E, int64_t K, double scale)
+{
+  kt_init(k, IR_OP_SCORE_ROUTE);
+  k->op.iattr[0] = K;
+  k->op.fattr[1] = scale;
+  kt_add(k, 0, PLAN_F32, 2, T, E);
+  kt_add(k, 0, PLAN_F32, 1, E);
+  kt_add(k, 1, PLAN_I32, 2, T, K);
+  kt_add(k, 1, PLAN_F32, 2, T, K);
+}
+
+/* One score_route kernel for every step of g_steps. With fixed logits
+ * and bias (every row the same), want_idx, when given, is the choice;
+ * else logits in +-zmax and bias in +-0.5, drawn afresh. The choice must
+ * be the float64 one exactly, so random inputs must not come within f32
+ * rounding of a different choice (checked); the weights within REL_TOL.
+ * seen counts chosen experts with z > 20 and with z <= 20. */
+static void score_route_case(int E, int K, double zmax, const float *fixed_z, const float *fixed_b,
+                             const int32_t *want_idx, int seen[2])
+{
+  enum { T = 4 };
+  const double scale = 1.5;
+  kt k;
+  score_route_op(&k, T, E, K, scale);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  float *z = bs.b[0], *bias = bs.b[1];
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    if (fixed_z) {
+      for (int t = 0; t < T; t++)
+        memcpy(z + t * E, fixed_z, (size_t)E * sizeof *z);
+      memcpy(bias, fixed_b, (size_t)E * sizeof *bias);
+    } else {
+      fill_f32(z, T * E, zmax);
+      fill_f32(bias, E, 0.5);
+    }
+    fill_garbage(bs.b[2], T * K);
+    fill_garbage(bs.b[3], T * K);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    const int32_t *idx = bs.b[2];
+    double *ref = dalloc(T * K);
+    for (int t = 0; t < T; t++) {
+      if (t >= ntok) {
+        for (int j = 0; j < K; j++)
+          ck_assert_int_eq(idx[t * K + j], 0);
+        continue;
+      }
+      int32_t ridx[ROUTE_MAXE];
+      double gap = ref_score_route(z + t * E, bias, E, K, scale, ridx, ref + t * K);
+      if (!fixed_z) /* a few f32 ulps of keys up to ~sqrt(zmax) + 0.5 */
+        ck_assert_msg(gap > 1e-5, "score_route: random keys within %g of another choice", gap);
+      for (int j = 0; j < K; j++) {
+        ck_assert_msg(idx[t * K + j] == ridx[j], "score_route E %d K %d: row %d choice %d is %d, float64 %d",
+                      E, K, t, j, idx[t * K + j], ridx[j]);
+        if (want_idx)
+          ck_assert_int_eq(idx[t * K + j], want_idx[j]);
+        seen[z[t * E + ridx[j]] > 20.0f ? 0 : 1]++;
+      }
+    }
+    check_rows("score_route", bs.b[3], ref, T, K, ntok, REL_TOL);
+    free(ref);
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+
+START_TEST(test_score_route)
+{
+  int seen[2] = {0};
+  /* DeepSeek-V4's 256 experts, 6 chosen; smaller; all chosen. Logits in
+   * +-25 put chosen scores on both sides of softplus' threshold. */
+  score_route_case(256, 6, 25.0, NULL, NULL, NULL, seen);
+  score_route_case(16, 4, 25.0, NULL, NULL, NULL, seen);
+  score_route_case(5, 5, 3.0, NULL, NULL, NULL, seen);
+  ck_assert_msg(seen[0] > 0 && seen[1] > 0, "score_route: chosen z > 20: %d, z <= 20: %d", seen[0], seen[1]);
+
+  /* Exact ties (equal logits and bias give bit-equal keys): the lower
+   * index first, below the threshold and above it. */
+  static const float tz[6] = {1.0f, 3.0f, 3.0f, 0.0f, 3.0f, 2.0f}, tb[6] = {0};
+  static const int32_t tw[5] = {1, 2, 4, 5, 0};
+  score_route_case(6, 5, 0.0, tz, tb, tw, seen);
+  static const float hz[5] = {21.0f, 25.0f, 25.0f, 30.0f, 25.0f}, hb[5] = {0.25f, 0.25f, 0.25f, 0.25f, 0.25f};
+  static const int32_t hw[4] = {3, 1, 2, 4};
+  score_route_case(5, 4, 0.0, hz, hb, hw, seen);
+
+  /* Near ties: equal logits, biases 16 f32 steps apart (about 4 ulps of
+   * the keys): the larger key wins although its index is higher, and the
+   * bias moves the choice but never the weights (all equal). */
+  float nz[8], nb[8];
+  for (int e = 0; e < 8; e++) {
+    nz[e] = 2.0f;
+    nb[e] = 0.25f;
+    for (int i = 0; i < 16 * e; i++)
+      nb[e] = nextafterf(nb[e], 1.0f);
+  }
+  static const int32_t nw[3] = {7, 6, 5};
+  score_route_case(8, 3, 0.0, nz, nb, nw, seen);
+
+  /* The bias chooses, the scores weigh: a large bias on a small score. */
+  static const float bz[4] = {3.0f, -4.0f, 2.0f, 1.0f}, bb[4] = {0.0f, 10.0f, 0.0f, 0.0f};
+  static const int32_t bw[2] = {1, 0};
+  score_route_case(4, 2, 0.0, bz, bb, bw, seen);
+}
+END_TEST
+
+/* §10.2-10.4, hash-routed: slot j of a token with id takes expert
+ * table[id, j] (repeats count twice); w_j = s_j / (sum over the slots of s
+ * + 1e-20) * scale. An id outside [0, V) or an entry outside [0, E)
+ * leaves idx -1, w 0, out of the sum (docs/OPS.md). */
+static void ref_hash_route(int32_t id, const float *z, const int32_t *table, int E, int V, int K, double scale,
+                           int32_t *idx, double *w)
+{
+  double s[ROUTE_MAXE], sum = 0.0;
+  ck_assert_int_le(K, ROUTE_MAXE);
+  for (int j = 0; j < K; j++) {
+    int32_t e = id >= 0 && id < V ? table[(int64_t)id * K + j] : -1;
+    idx[j] = e >= 0 && e < E ? e : -1;
+    s[j] = idx[j] >= 0 ? ref_route_score(z[idx[j]]) : 0.0;
+    sum += s[j];
+  }
+  for (int j = 0; j < K; j++)
+    w[j] = idx[j] >= 0 ? s[j] / (sum + 1e-20) * scale : 0.0;
+}
+
+static void hash_route_op(kt *k, int64_t T, int64_t E, int64_t V, int64_t K, double scale)
+{
+  kt_init(k, IR_OP_HASH_ROUTE);
+  k->op.fattr[0] = scale;
+  kt_add(k, 0, PLAN_I32, 1, T);
+  kt_add(k, 0, PLAN_F32, 2, T, E);
+  kt_add(k, 0, PLAN_I32, 2, V, K);
+  kt_add(k, 1, PLAN_I32, 2, T, K);
+  kt_add(k, 1, PLAN_F32, 2, T, K);
+}
+
+/* hash_route for every step of g_steps, against float64. Table rows 0-2
+ * are special: a repeated expert, bad entries, nothing valid. */
+static void hash_route_case(int E, int V, int K)
+{
+  enum { T = 4 };
+  const double scale = 1.5;
+  kt k;
+  hash_route_op(&k, T, E, V, K, scale);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  int32_t *ids = bs.b[0], *table = bs.b[2];
+  /* Valid ids (special rows included) and ids that must read nothing. */
+  const int32_t idsets[3][T] = {{V - 1, 0, V / 2, 1}, {2, -1, V, 0}, {INT32_MAX, 1, INT32_MIN, V - 2}};
+  for (int set = 0; set < 3; set++)
+    for (int s = 0; s < NSTEPS; s++) {
+      int ntok = g_steps[s][1];
+      memcpy(ids, idsets[set], sizeof idsets[set]);
+      fill_f32(bs.b[1], T * E, 25.0);
+      for (int i = 0; i < V * K; i++)
+        table[i] = (int32_t)((rnd() + 1.0) * 0.5 * E) % E;
+      table[0 * K + 1] = table[0 * K + 0];                    /* row 0: one expert twice */
+      table[1 * K + 0] = -1;                                  /* row 1: bad entries */
+      table[1 * K + K - 1] = E;
+      for (int j = 0; j < K; j++)                             /* row 2: nothing valid */
+        table[2 * K + j] = j % 2 ? INT32_MIN : E + j;
+      fill_garbage(bs.b[3], T * K);
+      fill_garbage(bs.b[4], T * K);
+      run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+      const int32_t *idx = bs.b[3];
+      const float *w = bs.b[4];
+      double *ref = dalloc(T * K);
+      for (int t = 0; t < T; t++) {
+        int32_t ridx[ROUTE_MAXE];
+        if (t < ntok)
+          ref_hash_route(ids[t], (const float *)bs.b[1] + t * E, table, E, V, K, scale, ridx, ref + t * K);
+        for (int j = 0; j < K; j++)
+          ck_assert_msg(idx[t * K + j] == (t < ntok ? ridx[j] : 0), "hash_route: row %d slot %d is %d", t, j,
+                        idx[t * K + j]);
+        if (t < ntok && ids[t] == 0) /* both copies of a repeat weigh the same */
+          ck_assert(w[t * K] == w[t * K + 1] && w[t * K] > 0.0f);
+        for (int j = 0; t < ntok && j < K; j++)
+          if (ridx[j] < 0)
+            ck_assert_msg(w[t * K + j] == 0.0f && !signbit(w[t * K + j]), "hash_route: bad slot not +0");
+      }
+      check_rows("hash_route", w, ref, T, K, ntok, REL_TOL);
+      free(ref);
+    }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+
+START_TEST(test_hash_route)
+{
+  hash_route_case(256, 50, 6); /* DeepSeek-V4's experts and choices */
+  hash_route_case(8, 11, 3);
+  hash_route_case(4, 5, 2);
 }
 END_TEST
 
@@ -1022,7 +2088,10 @@ START_TEST(test_templates)
   static const char *const kinds[] = {"embed", "rmsnorm", "matmul", "rope",
                                       "cache_write", "attention", "add", "topk_route",
                                       "moe_experts", "moe_combine", "swiglu_ffn", "argmax",
-                                      "sum_parts"};
+                                      "sum_parts", "hc_pre", "hc_post", "hc_head", "score_route",
+                                      "hash_route", "compress_store", "compress_pool", "index_scores",
+                                      "index_select", "rmsnorm_groups", "window_write", "sink_attention",
+                                      "group_matmul"};
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
     const char *t = ds4_template_find("host", kinds[i]);
     ck_assert_msg(t != NULL, "no host template for %s", kinds[i]);
@@ -1095,6 +2164,18 @@ START_TEST(test_errors)
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)9);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)16);
   expect_error(&k, "dimension 1 (K) must be 8 as in input x");
+  /* The weight may be f32 or bf16; nothing else, and no other operand. */
+  k.tensors[1].dim[1] = 8;
+  k.tensors[1].dtype = PLAN_I32;
+  expect_error(&k, "matmul: input w (t1) has dtype i32; expected f32 or bf16");
+  k.tensors[1].dtype = PLAN_F16;
+  expect_error(&k, "matmul: dtype f16 not supported by the host kernels yet (input w: t1)");
+  k.tensors[1].dtype = PLAN_BF16;
+  k.tensors[0].dtype = PLAN_BF16;
+  expect_error(&k, "matmul: dtype bf16 not supported by the host kernels yet (input x: t0)");
+  k.tensors[0].dtype = PLAN_F32;
+  k.tensors[2].dtype = PLAN_BF16;
+  expect_error(&k, "matmul: dtype bf16 not supported by the host kernels yet (output y: t2)");
 
   kt_init(&k, IR_OP_ROPE);
   k.op.iattr[0] = 3;
@@ -1159,10 +2240,1054 @@ START_TEST(test_errors)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)5);
   expect_error(&k, "sum_parts: parts (t0) must be 3 copies of the shape of y (t1) along dimension 0");
 
+  hc_pre_op(&k, 4, 4, 40, 20);
+  k.tensors[3].dim[0] = 2;
+  expect_error(&k, "hc_pre: fn (t1), base (t2) and scale (t3) must be [24,160], [24] and [3] for 4 streams of 40");
+  hc_pre_op(&k, 4, 4, 40, 20);
+  k.tensors[1].dim[1] = 161;
+  expect_error(&k, "must be [24,160]");
+  hc_pre_op(&k, 4, 4, 40, 0);
+  expect_error(&k, "hc_pre: attr iters must be at least 1");
+  hc_pre_op(&k, 4, 4, 40, 20);
+  k.op.fattr[1] = NAN;
+  expect_error(&k, "hc_pre: attr hc_eps must be a finite f32 value");
+  hc_pre_op(&k, 4, 4, 40, 20);
+  k.tensors[6].dim[2] = 3;
+  expect_error(&k, "hc_pre: output comb (t6) has shape [4,4,3]; dimension 2 (N) must be 4 as in input X");
+  hc_head_op(&k, 4, 65, 2);
+  expect_error(&k, "hc_head: 65 hyper-connection streams; the kernels take at most 64");
+  hc_head_op(&k, 4, 4, 40);
+  k.tensors[3].dim[0] = 3;
+  expect_error(&k, "hc_head: fn (t1), base (t2) and scale (t3) must be [4,160], [4] and [1]");
+
+  /* rope's DS4 attrs */
+  rope_op(&k, 4, 16, 8, 10000.0, 2, NULL);
+  expect_error(&k, "rope: attr inverse must be 0 or 1");
+  rope_op(&k, 4, 16, 8, 10000.0, 0, NULL);
+  k.op.iattr[8] = 1;
+  expect_error(&k, "rope: attr position must be 0 (the token's position)");
+  rope_op(&k, 4, 16, 8, 10000.0, 0, NULL);
+  k.op.fattr[6] = 32.0;
+  expect_error(&k, "rope: attr yarn_beta_fast needs yarn_factor");
+  rope_op(&k, 4, 16, 8, 10000.0, 0, g_ds4_yarn);
+  k.op.fattr[5] = 0.0;
+  expect_error(&k, "rope: attr yarn_orig must be positive with YaRN");
+  k.op.fattr[5] = NAN;
+  expect_error(&k, "rope: attr yarn_orig must be a finite f32 value");
+
+  kt_init(&k, IR_OP_RMSNORM_GROUPS);
+  k.op.fattr[0] = 1e-6;
+  k.op.iattr[1] = 5;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  expect_error(&k, "rmsnorm_groups: attr group = 5 must divide the 64 channels");
+
+  kt_init(&k, IR_OP_WINDOW_WRITE);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)3, (int64_t)8);
+  expect_error(&k, "window_write: the ring's 3 rows are fewer than the 4 token slots");
+
+  static const sink_cfg sc = {4, 16, 4, 7, 4, 2, 16, 3};
+  sink_op(&k, &sc, 4);
+  k.op.iattr[0] = 2;
+  expect_error(&k, "sink_attention: attr heads = 2 must equal the 4 sinks");
+  sink_op(&k, &sc, 4);
+  k.tensors[2].dim[1] = 8;
+  expect_error(&k, "sink_attention: input entries (t2) has shape [16,8]; dimension 1 (D) must be 16 as in input ring");
+  sink_op(&k, &sc, 4);
+  k.op.iattr[3] = 3;
+  expect_error(&k, "sink_attention: attr select must be 0, 1 or 2");
+  sink_op(&k, &sc, 4);
+  k.op.iattr[2] = 0;
+  expect_error(&k, "sink_attention: attr ratio must be at least 1 when select is not 0");
+  sink_op(&k, &sc, 4);
+  k.op.iattr[1] = 0;
+  expect_error(&k, "sink_attention: attr window must be at least 1");
+  sink_op(&k, &sc, 4);
+  k.tensors[3].dtype = PLAN_F32;
+  expect_error(&k, "sink_attention: input sel (t3) has dtype f32; expected i32");
+
+  kt_init(&k, IR_OP_GROUP_MATMUL);
+  k.op.iattr[0] = 3;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)48);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)20, (int64_t)16);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)20);
+  expect_error(&k, "group_matmul: attr groups = 3 must split w's 20 rows");
+
   kt_init(&k, IR_OP_COPY);
   expect_error(&k, "has no host kernel");
   kt_init(&k, IR_NOPKIND + 3);
   expect_error(&k, "has no host kernel");
+}
+END_TEST
+
+START_TEST(test_route_errors)
+{
+  kt k;
+  score_route_op(&k, 4, 8, 3, 1.5);
+  k.op.iattr[0] = 2;
+  expect_error(&k, "score_route: attr k = 2 must equal the outputs' last dimension 3");
+  score_route_op(&k, 4, 8, 9, 1.5);
+  expect_error(&k, "be at most the 8 experts");
+  score_route_op(&k, 4, 8, 3, 1.5);
+  k.tensors[1].dim[0] = 7;
+  expect_error(&k, "score_route: input bias (t1) has shape [7]; dimension 0 (E) must be 8 as in input logits");
+  score_route_op(&k, 4, 8, 3, NAN);
+  expect_error(&k, "score_route: attr scale must be a finite f32 value");
+  score_route_op(&k, 4, 8, 3, 0.0);
+  expect_error(&k, "score_route: attr scale must be positive");
+
+  hash_route_op(&k, 4, 8, 16, 3, 1.5);
+  k.tensors[2].dtype = PLAN_F32;
+  expect_error(&k, "hash_route: input table (t2) has dtype f32; expected i32");
+  hash_route_op(&k, 4, 8, 16, 3, 1.5);
+  k.tensors[4].dim[1] = 2;
+  expect_error(&k, "hash_route: output w (t4) has shape [4,2]; dimension 1 (k) must be 3 as in input table");
+  hash_route_op(&k, 4, 8, 16, 3, -1.0);
+  expect_error(&k, "hash_route: attr scale must be positive");
+
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  k.op.fattr[0] = -1.0;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)8, (int64_t)16);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  expect_error(&k, "swiglu_ffn: attr swiglu_limit must be 0 (no clamp) or positive");
+  k.op.fattr[0] = INFINITY;
+  expect_error(&k, "swiglu_ffn: attr swiglu_limit must be a finite f32 value");
+}
+END_TEST
+
+/* ---- DeepSeek-V4 compressor and Lightning Indexer: float64 DS4-MATH §8,
+ * §9 and §12, written from the spec ----
+ * A sequence of S tokens runs through compress_store and compress_pool
+ * (and, with an indexer, index_scores and index_select over the entries as
+ * index keys) under several step schedules on one state: whole prefill
+ * chunks, chunks that end inside windows, one token through the T-slot
+ * kernels, and decode steps through kernels built for one slot. Entries
+ * are checked against float64 after every step, and entries, scores and
+ * selections must be the same bits whatever the schedule. */
+
+typedef struct comp_case {
+  int m, overlap, W, r; /* ratio, CSA (1) or HCA (0), entry width, rope_dim */
+  double theta;
+  const double *yarn; /* NULL: no YaRN */
+  int T, S;           /* token slots of the prefill kernels; sequence length */
+  int heads, topk;    /* the indexer over the entries (width W = dI); heads 0: none */
+} comp_case;
+
+static int comp_cols(const comp_case *cc)
+{
+  return (1 + cc->overlap) * cc->W;
+}
+
+/* The rings: a step's tokens and the window before them (docs/OPS.md). */
+static int comp_ring(const comp_case *cc)
+{
+  return cc->T + (1 + cc->overlap) * cc->m - 1;
+}
+
+/* Entry rows: two more than the windows of the sequence, which must stay
+ * untouched. */
+static int comp_nent(const comp_case *cc)
+{
+  return cc->S / cc->m + 2;
+}
+
+static void cstore_op(kt *k, int T, int R, int C)
+{
+  kt_init(k, IR_OP_COMPRESS_STORE);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)C);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)C);
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)R, (int64_t)C);
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)R, (int64_t)C);
+}
+
+static void cpool_op(kt *k, const comp_case *cc)
+{
+  int C = comp_cols(cc);
+  kt_init(k, IR_OP_COMPRESS_POOL);
+  k->op.iattr[0] = cc->m;
+  k->op.iattr[1] = cc->r;
+  k->op.fattr[2] = cc->theta;
+  k->op.iattr[3] = cc->overlap;
+  for (int a = 0; cc->yarn && a < 4; a++)
+    k->op.fattr[4 + a] = cc->yarn[a];
+  k->op.fattr[8] = 1e-6;
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)comp_ring(cc), (int64_t)C);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)comp_ring(cc), (int64_t)C);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)cc->m, (int64_t)C);
+  kt_add(k, 0, PLAN_F32, 1, (int64_t)cc->W);
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)comp_nent(cc), (int64_t)cc->W);
+}
+
+static void iscores_op(kt *k, int T, int heads, int d, int nent, int m)
+{
+  kt_init(k, IR_OP_INDEX_SCORES);
+  k->op.iattr[0] = heads;
+  k->op.iattr[1] = m;
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)(heads * d));
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)heads);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)nent, (int64_t)d);
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)nent);
+}
+
+static void iselect_op(kt *k, int T, int nent, int topk, int m)
+{
+  kt_init(k, IR_OP_INDEX_SELECT);
+  k->op.iattr[0] = topk;
+  k->op.iattr[1] = m;
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)nent);
+  kt_add(k, 1, PLAN_I32, 2, (int64_t)T, (int64_t)topk);
+}
+
+/* Entry w in float64 (DS4-MATH §8.2, §9.3) from the sequence's projections
+ * c, z [S, C]: per channel a softmax over the window's slots, the previous
+ * window's Ca half first (value 0, logit -inf for w = 0), then the norm
+ * and the rotation at position m*w (angle f32(m*w) * omega_i). */
+static void ref_entry(const comp_case *cc, const float *c, const float *z, const float *bias,
+                      const float *norm, int w, double *out)
+{
+  int m = cc->m, W = cc->W, C = comp_cols(cc), nslot = (1 + cc->overlap) * m;
+  double ss = 0.0;
+  for (int ch = 0; ch < W; ch++) {
+    double logit[256], value[256], mx = -INFINITY;
+    for (int j = 0; j < nslot; j++) {
+      int own = j >= cc->overlap * m, jj = own ? j - cc->overlap * m : j;
+      int s = m * (own ? w : w - 1) + jj, col = (own ? cc->overlap * W : 0) + ch;
+      if (s < 0) {
+        logit[j] = -INFINITY;
+        value[j] = 0.0;
+      } else {
+        logit[j] = (double)z[s * C + col] + bias[jj * C + col];
+        value[j] = c[s * C + col];
+      }
+      mx = fmax(mx, logit[j]);
+    }
+    double sum = 0.0, acc = 0.0;
+    for (int j = 0; j < nslot; j++)
+      sum += exp(logit[j] - mx);
+    for (int j = 0; j < nslot; j++)
+      acc += exp(logit[j] - mx) / sum * value[j];
+    out[ch] = acc;
+    ss += acc * acc;
+  }
+  double den = sqrt(ss / W + (double)1e-6f);
+  for (int ch = 0; ch < W; ch++)
+    out[ch] = out[ch] * norm[ch] / den;
+  for (int i = 0; i < cc->r / 2; i++) {
+    double phi = (double)(float)(m * w) * ref_rope_freq(cc->theta, cc->r, i, cc->yarn);
+    double x0 = out[W - cc->r + 2 * i], x1 = out[W - cc->r + 2 * i + 1];
+    out[W - cc->r + 2 * i] = x0 * cos(phi) - x1 * sin(phi);
+    out[W - cc->r + 2 * i + 1] = x0 * sin(phi) + x1 * cos(phi);
+  }
+}
+
+/* The windows visible to the token at position p: the closed ones. */
+static int ref_visible(int p, int m, int nent)
+{
+  int v = (p + 1) / m;
+  return v < nent ? v : nent;
+}
+
+/* DS4-MATH §9.4 in float64, and the scale its f32 rounding is measured
+ * against: the same sum over absolute values. */
+static double ref_score(const float *q, const float *wt, const float *key, int heads, int d, double *scale)
+{
+  double acc = 0.0, mag = 0.0;
+  for (int h = 0; h < heads; h++) {
+    double dot = 0.0, adot = 0.0;
+    for (int c = 0; c < d; c++) {
+      dot += (double)q[h * d + c] * key[c];
+      adot += fabs((double)q[h * d + c] * key[c]);
+    }
+    acc += wt[h] / sqrt((double)heads) * fmax(dot, 0.0);
+    mag += fabs(wt[h] / sqrt((double)heads)) * adot;
+  }
+  *scale = mag / sqrt((double)d);
+  return acc / sqrt((double)d);
+}
+
+/* a ranks ahead of b (DS4-MATH §9.5 with docs/OPS.md's rule): the larger
+ * score, NaN below everything, equal scores (-0 == +0) by the lower w. */
+static int ref_ahead(float a, int wa, float b, int wb)
+{
+  if (isnan(a) || isnan(b))
+    return isnan(b) && (!isnan(a) || wa < wb);
+  return a > b || (a == b && wa < wb);
+}
+
+/* The selection from the f32 scores of a row, by repeated scans. */
+static void ref_select(const float *scores, int vis, int topk, int32_t *out)
+{
+  char *taken = calloc((size_t)vis + 1, 1);
+  ck_assert_ptr_nonnull(taken);
+  for (int j = 0; j < topk; j++) {
+    int best = -1;
+    for (int w = 0; w < vis; w++)
+      if (!taken[w] && (best < 0 || ref_ahead(scores[w], w, scores[best], best)))
+        best = w;
+    out[j] = best;
+    if (best >= 0)
+      taken[best] = 1;
+  }
+  free(taken);
+}
+
+/* ---- GPU kernels run on the host ----
+ * A GPU kernel's source (kgen_gpu) compiled for the host by clang as C++,
+ * its block's NTHREADS threads as pthreads and ds4_barrier a pthread
+ * barrier: the prelude's math and the kernel's own code are the same IEEE
+ * f32/f64 operations the GPU targets run (-ffp-contract=off), so this
+ * gives the GPU kernel's bits, and its mapping of threads, shared memory
+ * and barriers is exercised. ds4_block_sum is the prelude's tree, written
+ * again below for the host (the prelude keeps it for the GPU targets). */
+
+#define EMU_MAXTHREADS 1024
+
+typedef void (*gpu_kernel_fn)(void *const *bufs, const int32_t *step);
+
+static const char g_emu_head[] =
+    "struct ds4_emu_hooks { unsigned (*block)(void); int (*thread)(void); void (*barrier)(void); };\n"
+    "extern \"C\" { struct ds4_emu_hooks ds4_emu; }\n"
+    "#define DS4_KERNEL extern \"C\"\n"
+    "#define DS4_SHARED static\n";
+
+static const char g_emu_tail[] =
+    "DS4_DEVICE uint32_t ds4_block(void) { return ds4_emu.block(); }\n"
+    "DS4_DEVICE int ds4_thread(void) { return ds4_emu.thread(); }\n"
+    "DS4_DEVICE void ds4_barrier(void) { ds4_emu.barrier(); }\n"
+    "template <int NT> DS4_DEVICE float ds4_block_sum(float *red, float v)\n"
+    "{\n"
+    "  int tid = ds4_thread();\n"
+    "  red[tid] = v;\n"
+    "  ds4_barrier();\n"
+    "  for (int s = NT / 2; s > 0; s /= 2) {\n"
+    "    if (tid < s)\n"
+    "      red[tid] = red[tid] + red[tid + s];\n"
+    "    ds4_barrier();\n"
+    "  }\n"
+    "  float total = red[0];\n"
+    "  ds4_barrier();\n"
+    "  return total;\n"
+    "}\n";
+
+typedef struct emu_hooks {
+  unsigned (*block)(void);
+  int (*thread)(void);
+  void (*barrier)(void);
+} emu_hooks;
+
+/* The threads of one block, kept between blocks and launches (test state
+ * only; one pool per test process). */
+typedef struct emu_pool {
+  int nthreads; /* 0: not started */
+  pthread_t th[EMU_MAXTHREADS];
+  pthread_barrier_t start, done, block_barrier;
+  gpu_kernel_fn fn;
+  void *const *bufs;
+  const int32_t *step;
+  uint32_t block;
+  int quit;
+} emu_pool;
+
+static emu_pool g_emu;
+static _Thread_local int g_emu_tid;
+
+static unsigned emu_hook_block(void)
+{
+  return g_emu.block;
+}
+
+static int emu_hook_thread(void)
+{
+  return g_emu_tid;
+}
+
+static void emu_hook_barrier(void)
+{
+  pthread_barrier_wait(&g_emu.block_barrier);
+}
+
+static void *emu_worker(void *arg)
+{
+  g_emu_tid = (int)(intptr_t)arg;
+  for (;;) {
+    pthread_barrier_wait(&g_emu.start);
+    if (g_emu.quit)
+      return NULL;
+    g_emu.fn(g_emu.bufs, g_emu.step);
+    pthread_barrier_wait(&g_emu.done);
+  }
+}
+
+static void emu_stop(void)
+{
+  if (!g_emu.nthreads)
+    return;
+  g_emu.quit = 1;
+  pthread_barrier_wait(&g_emu.start);
+  for (int i = 0; i < g_emu.nthreads; i++)
+    pthread_join(g_emu.th[i], NULL);
+  pthread_barrier_destroy(&g_emu.start);
+  pthread_barrier_destroy(&g_emu.done);
+  pthread_barrier_destroy(&g_emu.block_barrier);
+  memset(&g_emu, 0, sizeof g_emu);
+}
+
+static void emu_start(int nthreads)
+{
+  if (g_emu.nthreads == nthreads)
+    return;
+  emu_stop();
+  ck_assert_int_le(nthreads, EMU_MAXTHREADS);
+  ck_assert_int_eq(pthread_barrier_init(&g_emu.start, NULL, (unsigned)nthreads + 1), 0);
+  ck_assert_int_eq(pthread_barrier_init(&g_emu.done, NULL, (unsigned)nthreads + 1), 0);
+  ck_assert_int_eq(pthread_barrier_init(&g_emu.block_barrier, NULL, (unsigned)nthreads), 0);
+  for (int i = 0; i < nthreads; i++)
+    ck_assert_int_eq(pthread_create(&g_emu.th[i], NULL, emu_worker, (void *)(intptr_t)i), 0);
+  g_emu.nthreads = nthreads;
+}
+
+typedef struct emu_built {
+  kgen_kernel kk;
+  void *dl;
+  gpu_kernel_fn fn;
+} emu_built;
+
+static emu_built *emu_build(const kt *k)
+{
+  emu_built *e = calloc(1, sizeof *e);
+  ck_assert_ptr_nonnull(e);
+  dsl_diag d = {0};
+  ck_assert_msg(kgen_gpu(&k->prog, &k->op, &e->kk, &d) == 0, "kgen_gpu: %s", d.msg);
+  char src[512], so[512], cmd[1400];
+  snprintf(src, sizeof src, "%s/%s.emu.cpp", g_dir, e->kk.symbol);
+  snprintf(so, sizeof so, "%s/%s.emu.so", g_dir, e->kk.symbol);
+  FILE *f = fopen(src, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "%s%s\n%s%s", g_emu_head, kgen_gpu_prelude(), g_emu_tail, e->kk.source);
+  ck_assert_int_eq(fclose(f), 0);
+  const char *clang = getenv("DS4_CLANG");
+  snprintf(cmd, sizeof cmd, "%s -x c++ -std=c++17 -O2 -ffp-contract=off -fPIC -shared -Wall -Werror -o %s %s",
+           clang && *clang ? clang : "clang-19", so, src);
+  ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+  e->dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(e->dl != NULL, "dlopen: %s", dlerror());
+  *(void **)&e->fn = dlsym(e->dl, e->kk.symbol);
+  emu_hooks *hooks = dlsym(e->dl, "ds4_emu");
+  ck_assert(e->fn && hooks);
+  *hooks = (emu_hooks){emu_hook_block, emu_hook_thread, emu_hook_barrier};
+  return e;
+}
+
+static void emu_free(emu_built *e)
+{
+  dlclose(e->dl);
+  kgen_kernel_free(&e->kk);
+  free(e);
+}
+
+/* Every block of the grid, one after another, ascending or descending. */
+static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, int descending)
+{
+  int32_t step[4] = {pos, ntok, 7, 0};
+  emu_start((int)e->kk.block);
+  g_emu.fn = e->fn;
+  g_emu.bufs = bufs;
+  g_emu.step = step;
+  for (uint32_t i = 0; i < e->kk.grid; i++) {
+    g_emu.block = descending ? e->kk.grid - 1 - i : i;
+    pthread_barrier_wait(&g_emu.start);
+    pthread_barrier_wait(&g_emu.done);
+  }
+}
+
+/* A kernel of the compressor chain: its op, and the host kernel or the GPU
+ * kernel run on the host. */
+typedef struct chain_kernel {
+  kt op;
+  built host;
+  emu_built *gpu;
+} chain_kernel;
+
+static void chain_build(chain_kernel *k, int gpu)
+{
+  if (gpu)
+    k->gpu = emu_build(&k->op);
+  else
+    build(&k->op, &k->host);
+}
+
+static void chain_unbuild(chain_kernel *k)
+{
+  if (k->gpu)
+    emu_free(k->gpu);
+  else
+    unbuild(&k->host);
+}
+
+static void chain_launch(const chain_kernel *k, bufs *bs, int pos, int ntok, int descending)
+{
+  if (k->gpu)
+    emu_run(k->gpu, bs->b, pos, ntok, descending);
+  else
+    run(&k->host, bs, pos, ntok, descending);
+}
+
+/* run_checked for either kind: both block orders from the same state give
+ * the same output bytes. */
+static void chain_run(const chain_kernel *k, bufs *bs, int pos, int ntok)
+{
+  int nin = k->op.op.nin, nout = k->op.op.nout;
+  void *saved[IR_MAXIO], *first[IR_MAXIO];
+  for (int o = 0; o < nout; o++) {
+    size_t n = (size_t)k->op.tensors[nin + o].bytes;
+    saved[o] = malloc(n);
+    first[o] = malloc(n);
+    ck_assert(saved[o] && first[o]);
+    memcpy(saved[o], bs->b[nin + o], n);
+  }
+  chain_launch(k, bs, pos, ntok, 0);
+  for (int o = 0; o < nout; o++) {
+    size_t n = (size_t)k->op.tensors[nin + o].bytes;
+    memcpy(first[o], bs->b[nin + o], n);
+    memcpy(bs->b[nin + o], saved[o], n);
+  }
+  chain_launch(k, bs, pos, ntok, 1);
+  for (int o = 0; o < nout; o++) {
+    ck_assert_msg(memcmp(first[o], bs->b[nin + o], (size_t)k->op.tensors[nin + o].bytes) == 0,
+                  "%s: output %d differs between block orders", k->gpu ? k->gpu->kk.symbol : k->host.kk.symbol, o);
+    free(saved[o]);
+    free(first[o]);
+  }
+}
+
+/* The chain's kernels for T slots (prefill) and for 1 (decode), its state
+ * and step inputs, the sequence, and what every schedule must agree on. */
+typedef struct comp_chain {
+  const comp_case *cc;
+  chain_kernel store[2], pool, scores[2], select[2]; /* [0]: T slots, [1]: one */
+  float *c_seq, *z_seq, *q_seq, *w_seq, *bias, *norm;
+  float *c_in, *z_in, *c_state, *z_state, *entries, *q_in, *w_in, *scores_out;
+  int32_t *sel_out;
+  double *ref;          /* float64 entries of every closed window */
+  float *first_entries; /* the first schedule's; later ones must match */
+  float *first_scores;  /* [S, nent]: visible scores of each position */
+  int32_t *first_sel;   /* [S, topk] */
+} comp_chain;
+
+static void *xcalloc(size_t n, size_t size)
+{
+  void *p = calloc(n, size);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static void chain_prepare(comp_chain *x, const comp_case *cc)
+{
+  memset(x, 0, sizeof *x);
+  x->cc = cc;
+  int C = comp_cols(cc), nent = comp_nent(cc), S = cc->S, hd = cc->heads * cc->W;
+  for (int one = 0; one < 2; one++)
+    cstore_op(&x->store[one].op, one ? 1 : cc->T, comp_ring(cc), C);
+  cpool_op(&x->pool.op, cc);
+  for (int one = 0; cc->heads && one < 2; one++) {
+    iscores_op(&x->scores[one].op, one ? 1 : cc->T, cc->heads, cc->W, nent, cc->m);
+    iselect_op(&x->select[one].op, one ? 1 : cc->T, nent, cc->topk, cc->m);
+  }
+  x->c_seq = xcalloc((size_t)S * C, sizeof(float));
+  x->z_seq = xcalloc((size_t)S * C, sizeof(float));
+  x->bias = xcalloc((size_t)cc->m * C, sizeof(float));
+  x->norm = xcalloc((size_t)cc->W, sizeof(float));
+  fill_f32(x->c_seq, (int64_t)S * C, 1.0);
+  fill_f32(x->z_seq, (int64_t)S * C, 2.0);
+  fill_f32(x->bias, (int64_t)cc->m * C, 1.0);
+  fill_f32(x->norm, cc->W, 1.0);
+  x->c_in = xcalloc((size_t)cc->T * C, sizeof(float));
+  x->z_in = xcalloc((size_t)cc->T * C, sizeof(float));
+  x->c_state = xcalloc((size_t)comp_ring(cc) * C, sizeof(float));
+  x->z_state = xcalloc((size_t)comp_ring(cc) * C, sizeof(float));
+  x->entries = xcalloc((size_t)nent * cc->W, sizeof(float));
+  x->ref = xcalloc((size_t)nent * cc->W, sizeof(double));
+  for (int w = 0; w < S / cc->m; w++)
+    ref_entry(cc, x->c_seq, x->z_seq, x->bias, x->norm, w, x->ref + (size_t)w * cc->W);
+  x->first_entries = xcalloc((size_t)nent * cc->W, sizeof(float));
+  if (!cc->heads)
+    return;
+  x->q_seq = xcalloc((size_t)S * hd, sizeof(float));
+  x->w_seq = xcalloc((size_t)S * cc->heads, sizeof(float));
+  fill_f32(x->q_seq, (int64_t)S * hd, 1.0);
+  fill_f32(x->w_seq, (int64_t)S * cc->heads, 1.0);
+  /* Every fifth query weighs every head 0: all its scores are exactly 0,
+   * a tie the lower windows win. */
+  for (int p = 2; p < S; p += 5)
+    for (int h = 0; h < cc->heads; h++)
+      x->w_seq[p * cc->heads + h] = 0.0f;
+  x->q_in = xcalloc((size_t)cc->T * hd, sizeof(float));
+  x->w_in = xcalloc((size_t)cc->T * cc->heads, sizeof(float));
+  x->scores_out = xcalloc((size_t)cc->T * nent, sizeof(float));
+  x->sel_out = xcalloc((size_t)cc->T * cc->topk, sizeof(int32_t));
+  x->first_scores = xcalloc((size_t)S * nent, sizeof(float));
+  x->first_sel = xcalloc((size_t)S * cc->topk, sizeof(int32_t));
+}
+
+static void chain_free(comp_chain *x)
+{
+  void *ptrs[] = {x->c_seq, x->z_seq, x->q_seq, x->w_seq, x->bias, x->norm, x->c_in, x->z_in,
+                  x->c_state, x->z_state, x->entries, x->q_in, x->w_in, x->scores_out, x->sel_out,
+                  x->ref, x->first_entries, x->first_scores, x->first_sel};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+    free(ptrs[i]);
+}
+
+/* Rows [0, ntok) of a step input from the sequence at pos; the other rows
+ * are garbage that the kernels must not read. */
+static void step_input(float *in, const float *seq, int pos, int ntok, int slots, int cols)
+{
+  memcpy(in, seq + (size_t)pos * cols, (size_t)ntok * cols * sizeof(float));
+  fill_garbage(in + (size_t)ntok * cols, (int64_t)(slots - ntok) * cols);
+}
+
+static void bufs_of(bufs *bs, int n, ...)
+{
+  va_list ap;
+  va_start(ap, n);
+  bs->n = n;
+  for (int i = 0; i < n; i++)
+    bs->b[i] = va_arg(ap, void *);
+  va_end(ap);
+}
+
+/* Entries after the step ending at position end - 1: the closed windows
+ * within tolerance of float64, every other row the untouched garbage. */
+static void chain_check_entries(comp_chain *x, int end)
+{
+  const comp_case *cc = x->cc;
+  int closed = end / cc->m, nent = comp_nent(cc), W = cc->W;
+  /* The rotation's f32 angle adds about position * 2^-23 (rope's test). */
+  double tol = REL_TOL + (double)cc->m * nent * ldexp(1.0, -22);
+  for (int w = 0; w < nent; w++) {
+    const float *e = x->entries + (size_t)w * W;
+    if (w >= closed) {
+      uint32_t bits;
+      for (int ch = 0; ch < W; ch++) {
+        memcpy(&bits, &e[ch], sizeof bits);
+        ck_assert_msg(bits == 0x7fc0beefu, "entry %d (open window) written at step end %d", w, end);
+      }
+      continue;
+    }
+    const double *r = x->ref + (size_t)w * W;
+    double scale = 0.0;
+    for (int ch = 0; ch < W; ch++)
+      scale = fmax(scale, fabs(r[ch]));
+    for (int ch = 0; ch < W; ch++) {
+      double err = fabs((double)e[ch] - r[ch]) / scale; /* NaN fails the check */
+      ck_assert_msg(err <= tol, "m %d W %d: entry %d channel %d: %.9g, float64 %.9g (tol %g)", cc->m, W, w, ch,
+                    (double)e[ch], r[ch], tol);
+    }
+  }
+}
+
+/* Scores and selections of the step's live rows (dead rows: 0 and -1),
+ * kept for the comparison between schedules. */
+static void chain_check_index(comp_chain *x, int pos, int ntok, int slots, int first_schedule)
+{
+  const comp_case *cc = x->cc;
+  int nent = comp_nent(cc), K = cc->topk;
+  for (int t = 0; t < slots; t++) {
+    const float *sr = x->scores_out + (size_t)t * nent;
+    const int32_t *sel = x->sel_out + (size_t)t * K;
+    if (t >= ntok) {
+      for (int w = 0; w < nent; w++)
+        ck_assert_msg(sr[w] == 0.0f && !signbit(sr[w]), "dead score row %d not zero", t);
+      for (int j = 0; j < K; j++)
+        ck_assert_int_eq(sel[j], -1);
+      continue;
+    }
+    int p = pos + t, vis = ref_visible(p, cc->m, nent);
+    for (int w = 0; w < nent; w++) {
+      if (w >= vis) {
+        ck_assert_msg(isinf(sr[w]) && sr[w] < 0, "position %d window %d not visible: score %g", p, w,
+                      (double)sr[w]);
+        continue;
+      }
+      double scale, ref = ref_score(x->q_seq + (size_t)p * cc->heads * cc->W, x->w_seq + (size_t)p * cc->heads,
+                                    x->entries + (size_t)w * cc->W, cc->heads, cc->W, &scale);
+      ck_assert_msg(fabs(sr[w] - ref) <= REL_TOL * scale, "position %d window %d: score %.9g, float64 %.9g", p,
+                    w, (double)sr[w], ref);
+    }
+    int32_t want[64];
+    ck_assert_int_le(K, 64);
+    ref_select(sr, vis, K, want);
+    for (int j = 0; j < K; j++)
+      ck_assert_msg(sel[j] == want[j], "position %d: sel[%d] = %d, expected %d", p, j, sel[j], want[j]);
+    if (p % 5 == 2) /* all scores 0: the lowest windows, in order */
+      for (int j = 0; j < K; j++)
+        ck_assert_int_eq(sel[j], j < vis ? j : -1);
+    float *fs = x->first_scores + (size_t)p * nent;
+    int32_t *fsel = x->first_sel + (size_t)p * K;
+    if (first_schedule) {
+      memcpy(fs, sr, (size_t)vis * sizeof(float));
+      memcpy(fsel, sel, (size_t)K * sizeof(int32_t));
+    } else {
+      ck_assert_msg(memcmp(fs, sr, (size_t)vis * sizeof(float)) == 0, "position %d: scores differ between schedules",
+                    p);
+      ck_assert_msg(memcmp(fsel, sel, (size_t)K * sizeof(int32_t)) == 0,
+                    "position %d: selection differs between schedules", p);
+    }
+  }
+}
+
+/* One schedule from a fresh state: steps[i] tokens each, through the
+ * one-slot kernels where steps[i] is -1. */
+static void chain_schedule(comp_chain *x, const int *steps, int nsteps, int first_schedule)
+{
+  const comp_case *cc = x->cc;
+  int C = comp_cols(cc), nent = comp_nent(cc), R = comp_ring(cc), hd = cc->heads * cc->W;
+  fill_garbage(x->c_state, (int64_t)R * C);
+  fill_garbage(x->z_state, (int64_t)R * C);
+  fill_garbage(x->entries, (int64_t)nent * cc->W);
+  int pos = 0;
+  for (int i = 0; i < nsteps; i++) {
+    int one = steps[i] < 0, ntok = one ? 1 : steps[i], slots = one ? 1 : cc->T;
+    ck_assert_int_le(pos + ntok, cc->S);
+    bufs bs;
+    step_input(x->c_in, x->c_seq, pos, ntok, slots, C);
+    step_input(x->z_in, x->z_seq, pos, ntok, slots, C);
+    bufs_of(&bs, 4, x->c_in, x->z_in, x->c_state, x->z_state);
+    chain_run(&x->store[one], &bs, pos, ntok);
+    bufs_of(&bs, 5, x->c_state, x->z_state, x->bias, x->norm, x->entries);
+    chain_run(&x->pool, &bs, pos, ntok);
+    chain_check_entries(x, pos + ntok);
+    if (cc->heads) {
+      step_input(x->q_in, x->q_seq, pos, ntok, slots, hd);
+      step_input(x->w_in, x->w_seq, pos, ntok, slots, cc->heads);
+      fill_garbage(x->scores_out, (int64_t)slots * nent);
+      fill_garbage(x->sel_out, (int64_t)slots * cc->topk);
+      bufs_of(&bs, 4, x->q_in, x->w_in, x->entries, x->scores_out);
+      chain_run(&x->scores[one], &bs, pos, ntok);
+      bufs_of(&bs, 2, x->scores_out, x->sel_out);
+      chain_run(&x->select[one], &bs, pos, ntok);
+      chain_check_index(x, pos, ntok, slots, first_schedule);
+    }
+    pos += ntok;
+  }
+  ck_assert_int_eq(pos, cc->S);
+  size_t n = (size_t)(cc->S / cc->m) * cc->W * sizeof(float);
+  if (first_schedule)
+    memcpy(x->first_entries, x->entries, n);
+  else
+    ck_assert_msg(memcmp(x->first_entries, x->entries, n) == 0, "m %d W %d: entries differ between schedules",
+                  cc->m, cc->W);
+}
+
+/* The schedules: whole chunks of T; a chunk that ends inside a window,
+ * then one-slot decode steps; uneven chunks mixed with one-token steps
+ * through the T-slot kernels and one-slot steps; every token alone
+ * through the T-slot kernels (T - 1 dead rows each step). */
+static int comp_schedule(const comp_case *cc, int kind, int *steps)
+{
+  static const int uneven[] = {5, 1, 3, -1, 16, 2, -1, 7, 64, 9, 1, 11};
+  int n = 0, left = cc->S;
+  while (left > 0) {
+    int want;
+    switch (kind) {
+    case 0: want = cc->T; break;
+    case 1: want = n > 0 ? -1 : cc->T > 3 ? cc->T - 3 : 1; break;
+    case 2: want = uneven[n % (int)(sizeof uneven / sizeof uneven[0])]; break;
+    default: want = 1; break;
+    }
+    if (want > cc->T)
+      want = cc->T;
+    if (want > left)
+      want = left;
+    steps[n++] = want;
+    left -= want < 0 ? 1 : want;
+  }
+  return n;
+}
+
+/* The first nkinds schedules of comp_schedule, on the host kernels or the
+ * GPU kernels run on the host. */
+static void comp_case_run(const comp_case *cc, int gpu, int nkinds)
+{
+  comp_chain x;
+  chain_prepare(&x, cc);
+  /* One pool kernel: it does not depend on the token slots. */
+  chain_kernel *all[] = {&x.store[0], &x.store[1], &x.pool, &x.scores[0], &x.scores[1], &x.select[0], &x.select[1]};
+  int nk = cc->heads ? 7 : 3;
+  for (int i = 0; i < nk; i++)
+    chain_build(all[i], gpu);
+  int *steps = xcalloc((size_t)cc->S, sizeof(int));
+  for (int kind = 0; kind < nkinds; kind++) {
+    int n = comp_schedule(cc, kind, steps);
+    chain_schedule(&x, steps, n, kind == 0);
+  }
+  free(steps);
+  for (int i = 0; i < nk; i++)
+    chain_unbuild(all[i]);
+  chain_free(&x);
+}
+
+/* compress_store alone: live slots land in row (pos+t) mod R, byte for
+ * byte; dead slots and every other row are left alone, also where the
+ * step wraps around the ring. */
+START_TEST(test_compress_store)
+{
+  enum { T = 4, R = 7, C = 6 };
+  kt k;
+  cstore_op(&k, T, R, C);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  static const int steps[][2] = {{0, 4}, {0, 1}, {5, 4}, {13, 3}, {20, 2}, {-3, 4}};
+  float before[2][R * C];
+  for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+    int pos = steps[s][0], ntok = steps[s][1];
+    fill_f32(bs.b[0], T * C, 1.0);
+    fill_f32(bs.b[1], T * C, 1.0);
+    for (int i = 0; i < 2; i++) {
+      fill_f32(bs.b[2 + i], R * C, 1.0);
+      memcpy(before[i], bs.b[2 + i], sizeof before[i]);
+    }
+    run_checked(&b, &k, &bs, pos, ntok);
+    for (int i = 0; i < 2; i++)
+      for (int row = 0; row < R; row++) {
+        int t = -1; /* the live slot that owns the row in this step */
+        for (int u = 0; pos >= 0 && u < ntok; u++)
+          if ((pos + u) % R == row)
+            t = u;
+        const float *got = (const float *)bs.b[2 + i] + row * C;
+        const float *want = t >= 0 ? (const float *)bs.b[i] + t * C : before[i] + row * C;
+        ck_assert_msg(memcmp(got, want, C * sizeof(float)) == 0, "compress_store pos %d ntok %d: ring %d row %d %s",
+                      pos, ntok, i, row, t >= 0 ? "not written" : "touched");
+      }
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+END_TEST
+
+/* The DS4 Flash compressors (HCA: 128 slots of width 512; CSA: 8 slots,
+ * Ca and Cb halves of 512, each with YaRN rope on 64 channels), the
+ * indexer's at width dI = 128 with its scores and top-k, an odd ratio whose
+ * rings are not a multiple of it, and ratio 1 (a window per token). */
+static const comp_case g_hca = {128, 0, 512, 64, 160000.0, g_ds4_yarn, 64, 300, 0, 0};
+static const comp_case g_csa = {4, 1, 512, 64, 160000.0, g_ds4_yarn, 16, 45, 0, 0};
+static const comp_case g_indexer = {4, 1, 128, 64, 160000.0, g_ds4_yarn, 16, 45, 8, 5};
+static const comp_case g_odd = {3, 1, 24, 8, 10000.0, NULL, 5, 31, 3, 4};
+static const comp_case g_single = {1, 0, 16, 4, 10000.0, NULL, 3, 10, 2, 3};
+
+START_TEST(test_compress_chain)
+{
+  const comp_case *cases[] = {&g_hca, &g_csa, &g_indexer, &g_odd, &g_single};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    comp_case_run(cases[i], 0, 4);
+}
+END_TEST
+
+/* compress_pool's rope table is rope's, bit for bit, YaRN included; and
+ * its grid covers exactly the windows a step that fills the rings closes. */
+START_TEST(test_compress_pool_table)
+{
+  kt pool, rope;
+  float wp[40], wr[40];
+  cpool_op(&pool, &g_csa);
+  rope_op(&rope, 1, 512, 64, 160000.0, 0, g_ds4_yarn);
+  ck_assert_int_eq(rope_table(&pool, wp, 40), 32);
+  ck_assert_int_eq(rope_table(&rope, wr, 40), 32);
+  ck_assert(memcmp(wp, wr, sizeof(float) * 32) == 0);
+  cpool_op(&pool, &g_odd);
+  rope_op(&rope, 1, 24, 8, 10000.0, 0, NULL);
+  ck_assert_int_eq(rope_table(&pool, wp, 40), 4);
+  ck_assert_int_eq(rope_table(&rope, wr, 40), 4);
+  ck_assert(memcmp(wp, wr, sizeof(float) * 4) == 0);
+  /* T = 16 slots close at most 4 windows of 4; 64 slots, one of 128. */
+  kgen_kernel kk;
+  dsl_diag d = {0};
+  cpool_op(&pool, &g_csa);
+  ck_assert_msg(kgen_host(&pool.prog, &pool.op, &kk, &d) == 0, "%s", d.msg);
+  ck_assert_uint_eq(kk.grid, 4);
+  kgen_kernel_free(&kk);
+  cpool_op(&pool, &g_hca);
+  ck_assert_msg(kgen_host(&pool.prog, &pool.op, &kk, &d) == 0, "%s", d.msg);
+  ck_assert_uint_eq(kk.grid, 1);
+  kgen_kernel_free(&kk);
+}
+END_TEST
+
+/* index_scores alone, over two tiles of windows: float64 scores for the
+ * visible windows, -inf past them, zeros in dead rows. */
+static void iscores_case(int heads, int d, int nent, int m, const int (*steps)[2], int nsteps)
+{
+  enum { T = 3 };
+  kt k;
+  iscores_op(&k, T, heads, d, nent, m);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T * ((nent + 255) / 256));
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  for (int s = 0; s < nsteps; s++) {
+    int pos = steps[s][0], ntok = steps[s][1];
+    fill_f32(bs.b[0], (int64_t)T * heads * d, 1.0);
+    fill_f32(bs.b[1], (int64_t)T * heads, 1.0);
+    fill_f32(bs.b[2], (int64_t)nent * d, 1.0);
+    fill_garbage(bs.b[3], (int64_t)T * nent);
+    run_checked(&b, &k, &bs, pos, ntok);
+    const float *q = bs.b[0], *wt = bs.b[1], *keys = bs.b[2], *sc = bs.b[3];
+    for (int t = 0; t < T; t++)
+      for (int w = 0; w < nent; w++) {
+        float got = sc[t * nent + w];
+        if (t >= ntok) {
+          ck_assert(got == 0.0f && !signbit(got));
+          continue;
+        }
+        if (w >= ref_visible(pos + t, m, nent)) {
+          ck_assert_msg(isinf(got) && got < 0, "pos %d slot %d window %d: %g, expected -inf", pos, t, w,
+                        (double)got);
+          continue;
+        }
+        double scale, ref = ref_score(q + t * heads * d, wt + t * heads, keys + w * d, heads, d, &scale);
+        ck_assert_msg(fabs(got - ref) <= REL_TOL * scale, "pos %d slot %d window %d: %.9g, float64 %.9g", pos, t, w,
+                      (double)got, ref);
+      }
+  }
+  bufs_free(&bs);
+  unbuild(&b);
+}
+
+START_TEST(test_index_scores)
+{
+  static const int steps[][2] = {{0, 3}, {5, 2}, {290, 3}, {596, 1}, {1000, 3}};
+  iscores_case(4, 16, 300, 2, steps, 5); /* windows in two tiles, the last partial */
+  static const int small[][2] = {{0, 3}, {3, 3}, {41, 2}};
+  iscores_case(64, 8, 11, 4, small, 3); /* DS4's 64 heads, fewer windows than a tile */
+}
+END_TEST
+
+/* Score rows for index_select: `kind` 0 distinct, 1 four levels (many
+ * exact ties), 2 the corners (+0 and -0, NaN, +-inf among ties). */
+static void select_scores(float *s, int n, int kind)
+{
+  static const float levels[] = {-1.0f, 0.0f, 0.5f, 2.0f};
+  for (int w = 0; w < n; w++) {
+    int pick = (int)((rnd() + 1.0) * 2.0) & 3;
+    if (kind == 0)
+      s[w] = (float)rnd();
+    else if (kind == 1)
+      s[w] = levels[pick];
+    else
+      s[w] = (float[]){-0.0f, 0.0f, NAN, INFINITY, -INFINITY, 1.0f, 1.0f, -0.0f}[(pick * 2 + (w & 1)) & 7];
+  }
+}
+
+/* index_select against the repeated-scan reference on the same f32 scores,
+ * for every kind of row and step; `gpu` also runs the GPU kernel (on the
+ * host) on the same scores, which must choose the same windows. */
+static void iselect_case(int nent, int topk, int m, const int (*steps)[2], int nsteps, int gpu)
+{
+  enum { T = 4 };
+  chain_kernel host = {0}, dev = {0};
+  iselect_op(&host.op, T, nent, topk, m);
+  iselect_op(&dev.op, T, nent, topk, m);
+  chain_build(&host, 0);
+  if (gpu)
+    chain_build(&dev, 1);
+  bufs bs;
+  bufs_alloc(&bs, &host.op);
+  int32_t *want = xcalloc((size_t)topk, sizeof *want), *host_sel = xcalloc((size_t)T * topk, sizeof *host_sel);
+  for (int kind = 0; kind < 3; kind++)
+    for (int s = 0; s < nsteps; s++) {
+      int pos = steps[s][0], ntok = steps[s][1];
+      float *sc = bs.b[0];
+      for (int t = 0; t < T; t++)
+        select_scores(sc + (size_t)t * nent, nent, kind);
+      fill_garbage(bs.b[1], (int64_t)T * topk);
+      chain_run(&host, &bs, pos, ntok);
+      const int32_t *sel = bs.b[1];
+      for (int t = 0; t < T; t++) {
+        int vis = t < ntok ? ref_visible(pos + t, m, nent) : 0;
+        ref_select(sc + (size_t)t * nent, vis, topk, want);
+        for (int j = 0; j < topk; j++)
+          ck_assert_msg(sel[t * topk + j] == want[j], "kind %d pos %d slot %d: sel[%d] = %d, expected %d", kind,
+                        pos, t, j, sel[t * topk + j], want[j]);
+      }
+      if (!gpu)
+        continue;
+      memcpy(host_sel, sel, (size_t)T * topk * sizeof *sel);
+      fill_garbage(bs.b[1], (int64_t)T * topk);
+      chain_run(&dev, &bs, pos, ntok);
+      ck_assert_msg(memcmp(host_sel, bs.b[1], (size_t)T * topk * sizeof *sel) == 0,
+                    "kind %d pos %d: the GPU kernel chose other windows than the host's", kind, pos);
+    }
+  free(want);
+  free(host_sel);
+  bufs_free(&bs);
+  chain_unbuild(&host);
+  if (gpu)
+    chain_unbuild(&dev);
+}
+
+START_TEST(test_index_select)
+{
+  /* vis 0..2 (nothing or fewer than k), then more than k; past nent. */
+  static const int few[][2] = {{0, 4}, {0, 1}, {9, 3}, {30, 4}, {100, 4}};
+  iselect_case(40, 7, 2, few, 5, 0);
+  iselect_case(10, 16, 1, few, 5, 0); /* k larger than every window */
+  iselect_case(5, 1, 3, few, 5, 0);   /* k = 1 */
+  static const int many[][2] = {{1500, 4}, {1996, 4}};
+  iselect_case(2000, 64, 1, many, 2, 0);
+  iselect_case(2000, 700, 1, many, 2, 0);
+}
+END_TEST
+
+/* The checks that the kernels' memory safety and the state's meaning rely
+ * on; each message names the attr or operand. */
+START_TEST(test_compress_errors)
+{
+  kt k;
+  cstore_op(&k, 4, 3, 8);
+  expect_error(&k, "compress_store: the rings' 3 rows are fewer than the 4 token slots");
+  cpool_op(&k, &g_odd);
+  k.op.iattr[3] = 2;
+  expect_error(&k, "compress_pool: attr overlap must be 0 (HCA) or 1 (CSA)");
+  cpool_op(&k, &g_odd);
+  k.tensors[2].dim[0] = 4;
+  expect_error(&k, "compress_pool: bias (t2) must be [3,48]");
+  cpool_op(&k, &g_odd);
+  k.tensors[3].dim[0] = k.tensors[4].dim[1] = 25;
+  expect_error(&k, "compress_pool: bias (t2) must be [3,48] and the rings' 48 columns 2 x the width 25");
+  cpool_op(&k, &g_odd);
+  k.tensors[0].dim[0] = k.tensors[1].dim[0] = 5;
+  expect_error(&k, "compress_pool: the rings' 5 rows must hold a window (6)");
+  cpool_op(&k, &g_odd);
+  k.op.iattr[1] = 7;
+  expect_error(&k, "compress_pool: attr rope_dim = 7 must be even and at most the width 24");
+  cpool_op(&k, &g_odd);
+  k.op.iattr[0] = 0;
+  expect_error(&k, "compress_pool: attr ratio = 0 must be at least 1");
+  cpool_op(&k, &g_odd);
+  k.op.fattr[6] = 32.0;
+  expect_error(&k, "compress_pool: attr yarn_beta_fast needs yarn_factor");
+  cpool_op(&k, &g_odd);
+  k.op.fattr[8] = 0.0;
+  expect_error(&k, "compress_pool: attr eps must be positive");
+  iscores_op(&k, 4, 3, 8, 10, 4);
+  k.op.iattr[0] = 4;
+  expect_error(&k, "index_scores: attr heads = 4 must equal the 3 weights");
+  iscores_op(&k, 4, 3, 8, 10, 4);
+  k.tensors[2].dim[1] = 7;
+  expect_error(&k, "q's 24 channels must be heads x 7 (keys' width)");
+  iselect_op(&k, 4, 10, 3, 4);
+  k.op.iattr[0] = 2;
+  expect_error(&k, "index_select: attr topk = 2 must equal sel's last dimension 3");
+  iselect_op(&k, 4, 10, 3, 0);
+  expect_error(&k, "index_select: attr ratio = 0 must be at least 1");
 }
 END_TEST
 
@@ -1172,8 +3297,8 @@ END_TEST
  * matmul tile, rope without rotation, attention heads wider than a block,
  * a split expert op, an ffn in two chunks), as one program for
  * emit_kernels_build. */
-#define MP_MAXT 64
-#define MP_MAXOPS 20
+#define MP_MAXT 148
+#define MP_MAXOPS 40
 
 typedef struct mprog {
   ir_tensor tensors[MP_MAXT];
@@ -1221,11 +3346,18 @@ static void mp_all_kinds(mprog *m)
   mp_take(m, &k);
   rmsnorm_op(&k, 4, 64, 1e-6);
   mp_take(m, &k);
-  kt_init(&k, IR_OP_MATMUL); /* 150 columns: three tiles, the last partial */
+  kt_init(&k, IR_OP_MATMUL); /* 150 columns: 19 tiles, the last partial */
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)150, (int64_t)64);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
   mp_take(m, &k);
+  for (int64_t kdim = 64; kdim <= 67; kdim += 3) { /* bf16 w: whole 16-byte chunks, and not */
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, kdim);
+    kt_add(&k, 0, PLAN_BF16, 2, (int64_t)150, kdim);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
+    mp_take(m, &k);
+  }
   for (int r = 0; r <= 8; r += 8) { /* rope_dim 8, and 0: no table */
     kt_init(&k, IR_OP_ROPE);
     k.op.iattr[0] = 4;
@@ -1266,6 +3398,7 @@ static void mp_all_kinds(mprog *m)
     if (split) {
       k.op.expert_row = split_rows;
       k.op.nexperts = 8;
+      k.op.fattr[0] = 10.0; /* and the SwiGLU clamp */
     }
     kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
     kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
@@ -1280,8 +3413,9 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)2);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
   mp_take(m, &k);
-  for (int64_t f = 32; f <= 2100; f += 2068) { /* one ffn chunk, and two */
+  for (int64_t f = 32; f <= 2100; f += 2068) { /* one ffn chunk, and two (clamped) */
     kt_init(&k, IR_OP_SWIGLU_FFN);
+    k.op.fattr[0] = f > 32 ? 10.0 : 0.0;
     kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
     kt_add(&k, 0, PLAN_F32, 2, f, (int64_t)64);
     kt_add(&k, 0, PLAN_F32, 2, f, (int64_t)64);
@@ -1298,11 +3432,69 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 0, PLAN_F32, 3, (int64_t)8, (int64_t)2, (int64_t)64);
   kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
   mp_take(m, &k);
+  hc_pre_op(&k, 4, 4, 64, 20);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_HC_POST);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)4);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)4, (int64_t)4);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  hc_head_op(&k, 4, 4, 64);
+  mp_take(m, &k);
+  score_route_op(&k, 4, 256, 6, 1.5); /* E > NTHREADS: threads own two experts */
+  mp_take(m, &k);
+  hash_route_op(&k, 4, 8, 128, 2, 1.5);
+  mp_take(m, &k);
+  /* The compressor at CSA's and HCA's DS4 sizes (HCA's 128 slots and 512
+   * channels in shared memory), the indexer over two tiles of windows. */
+  cstore_op(&k, 4, 11, 64);
+  mp_take(m, &k);
+  cpool_op(&k, &g_csa);
+  mp_take(m, &k);
+  cpool_op(&k, &g_hca);
+  mp_take(m, &k);
+  iscores_op(&k, 4, 8, 16, 300, 4);
+  mp_take(m, &k);
+  iselect_op(&k, 4, 300, 64, 4);
+  mp_take(m, &k);
+  /* DeepSeek-V4's attention pieces: the compress table's inverse rotation;
+   * per-head norms; the ring; attention over the window alone, over every
+   * closed entry, and at DS4's sizes over 512 selected entries of 512
+   * channels; the grouped o_a projection, a partial tile. */
+  rope_op(&k, 2, 64, 64, 160000.0, 1, g_ds4_yarn);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_RMSNORM_GROUPS);
+  k.op.fattr[0] = 1e-6;
+  k.op.iattr[1] = 16;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_WINDOW_WRITE);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)7, (int64_t)64);
+  mp_take(m, &k);
+  static const sink_cfg sinks[] = {{4, 16, 4, 7, 0, 0, 1, 1}, {4, 16, 4, 7, 4, 1, 16, 1},
+                                   {2, 512, 128, 131, 4, 2, 600, 512}};
+  for (int i = 0; i < 3; i++) {
+    sink_op(&k, &sinks[i], 4);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_GROUP_MATMUL);
+  k.op.iattr[0] = 4;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)36, (int64_t)16);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)36);
+  mp_take(m, &k);
 }
 
 static const char *const g_kinds[] = {"embed", "rmsnorm", "matmul", "rope", "cache_write", "attention",
                                       "add", "topk_route", "moe_experts", "moe_combine", "swiglu_ffn",
-                                      "argmax", "sum_parts"};
+                                      "argmax", "sum_parts", "hc_pre", "hc_post", "hc_head", "score_route",
+                                      "hash_route", "compress_store", "compress_pool", "index_scores",
+                                      "index_select", "rmsnorm_groups", "window_write", "sink_attention",
+                                      "group_matmul"};
 #define NKINDS ((int)(sizeof g_kinds / sizeof g_kinds[0]))
 
 START_TEST(test_gpu_templates)
@@ -1345,6 +3537,10 @@ START_TEST(test_gpu_symbols)
     ck_assert_ptr_nonnull(strstr(g.source, line));
     snprintf(line, sizeof line, "#define NTHREADS %u\n", g.block);
     ck_assert_ptr_nonnull(strstr(g.source, line));
+    if (m.ops[i].kind == IR_OP_MATMUL) { /* the weight's element type */
+      int bf16 = m.prog.tensors[m.ops[i].in[1]].dtype == PLAN_BF16;
+      ck_assert_ptr_nonnull(strstr(g.source, bf16 ? "#define W_T ds4_bf16\n" : "#define W_T float\n"));
+    }
     ck_assert_ptr_nonnull(strstr(g.source, "#undef KERNEL_NAME\n"));
     ck_assert_ptr_nonnull(strstr(g.source, "#undef NTHREADS\n"));
     ck_assert_ptr_null(strstr(g.source, "#include"));
@@ -1568,7 +3764,13 @@ START_TEST(test_gpu_math)
   FILE *f = fopen(src, "w");
   ck_assert_ptr_nonnull(f);
   fprintf(f, "%s\nextern \"C\" float m_expf(float x) { return ds4_expf(x); }\n"
-             "extern \"C\" void m_sincosf(float x, float *s, float *c) { ds4_sincosf(x, s, c); }\n",
+             "extern \"C\" void m_sincosf(float x, float *s, float *c) { ds4_sincosf(x, s, c); }\n"
+             "extern \"C\" float m_bf16(unsigned short h) { return ds4_f32(ds4_bf16{h}); }\n"
+             "extern \"C\" float m_chunk(float acc, const float *x, const uint32_t *w, int bf16) {\n"
+             "  ds4_f32x4 xv[2] = {{x[0], x[1], x[2], x[3]}, {x[4], x[5], x[6], x[7]}};\n"
+             "  ds4_u32x4 wv = {w[0], w[1], w[2], w[3]};\n"
+             "  return bf16 ? ds4_chunk_dot(acc, xv, wv, ds4_bf16{}) : ds4_chunk_dot(acc, xv, wv, 0.0f);\n"
+             "}\n",
           kgen_gpu_prelude());
   ck_assert_int_eq(fclose(f), 0);
   const char *clang = getenv("DS4_CLANG");
@@ -1579,9 +3781,47 @@ START_TEST(test_gpu_math)
   ck_assert_msg(dl != NULL, "dlopen: %s", dlerror());
   expf_fn ex;
   sincosf_fn sc;
+  float (*bf)(unsigned short);
+  float (*chunk)(float, const float *, const uint32_t *, int);
   *(void **)&ex = dlsym(dl, "m_expf");
   *(void **)&sc = dlsym(dl, "m_sincosf");
-  ck_assert(ex && sc);
+  *(void **)&bf = dlsym(dl, "m_bf16");
+  *(void **)&chunk = dlsym(dl, "m_chunk");
+  ck_assert(ex && sc && bf && chunk);
+
+  /* A 16-byte chunk of a matmul row: the products added in element
+   * order, 4 f32 or 8 bf16 (element 2j the low half of word j). */
+  for (int trial = 0; trial < 100; trial++) {
+    float x[8], acc = (float)rnd();
+    uint32_t w[4];
+    for (int i = 0; i < 8; i++)
+      x[i] = (float)rnd();
+    for (int j = 0; j < 4; j++) {
+      float v = (float)rnd();
+      memcpy(&w[j], &v, 4);
+      if (trial % 2)
+        w[j] = (uint32_t)bf16_of((float)rnd()) | (uint32_t)bf16_of((float)rnd()) << 16;
+    }
+    float want = acc;
+    for (int i = 0; i < (trial % 2 ? 8 : 4); i++) {
+      uint32_t bits = trial % 2 ? (i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16) : w[i];
+      float wi;
+      memcpy(&wi, &bits, 4);
+      want = want + x[i] * wi;
+    }
+    float got = chunk(acc, x, w, trial % 2);
+    ck_assert_msg(memcmp(&got, &want, 4) == 0, "ds4_chunk_dot (%s): %.9g, want %.9g", trial % 2 ? "bf16" : "f32",
+                  (double)got, (double)want);
+  }
+
+  /* bf16 widening: exactly the f32 whose high half it is, for every
+   * value (zeros, subnormals, infinities and NaNs included). */
+  for (uint32_t h = 0; h <= 0xffffu; h++) {
+    float got = bf((unsigned short)h);
+    uint32_t bits;
+    memcpy(&bits, &got, 4);
+    ck_assert_msg(bits == h << 16, "ds4_f32(bf16 0x%04x) has bits 0x%08x", h, bits);
+  }
 
   /* expf: exact where exact, the special values, and within 2 ulp of the
    * float64 exp on a sweep of the whole finite range. */
@@ -1619,6 +3859,133 @@ START_TEST(test_gpu_math)
   }
   ck_assert_msg(ws <= 1.0 && wc <= 1.0, "ds4_sincosf is %.3f / %.3f ulp off", ws, wc);
   dlclose(dl);
+}
+END_TEST
+
+/* The prelude compiled for the host with `exports` (C++ defining extern
+ * "C" wrappers) appended, as NAME.so in the suite's directory; the
+ * caller dlcloses it. */
+static void *load_prelude(const char *name, const char *exports)
+{
+  char src[400], so[400], cmd[1200];
+  snprintf(src, sizeof src, "%s/%s.cpp", g_dir, name);
+  snprintf(so, sizeof so, "%s/%s.so", g_dir, name);
+  FILE *f = fopen(src, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "%s\n%s", kgen_gpu_prelude(), exports);
+  ck_assert_int_eq(fclose(f), 0);
+  const char *clang = getenv("DS4_CLANG");
+  snprintf(cmd, sizeof cmd, "%s -x c++ -O2 -ffp-contract=off -fPIC -shared -Wall -Werror -o %s %s",
+           clang && *clang ? clang : "clang-19", so, src);
+  ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+  void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(dl != NULL, "dlopen: %s", dlerror());
+  return dl;
+}
+
+/* The routers' and the clamped SwiGLU's math on the GPU targets. */
+START_TEST(test_gpu_route_math)
+{
+  void *dl = load_prelude("route_math", "extern \"C\" float m_log1pf(float y) { return ds4_log1pf(y); }\n"
+                                        "extern \"C\" float m_score(float z) { return ds4_route_score(z); }\n"
+                                        "extern \"C\" float m_act(float g, float u, float l) {\n"
+                                        "  return ds4_swiglu_act(g, u, l);\n}\n");
+  float (*lp)(float), (*score)(float), (*act)(float, float, float);
+  *(void **)&lp = dlsym(dl, "m_log1pf");
+  *(void **)&score = dlsym(dl, "m_score");
+  *(void **)&act = dlsym(dl, "m_act");
+  ck_assert(lp && score && act);
+
+  /* log1p: the special values, and within an ulp of float64 from 2^-40
+   * to past e^20 (the routers' range). */
+  ck_assert(lp(0.0f) == 0.0f && isinf(lp(INFINITY)) && isnan(lp(NAN)));
+  ck_assert(lp(0x1p-60f) == 0x1p-60f);
+  double worst = 0.0;
+  for (uint32_t i = 0; i < 72000; i++) {
+    float y = ldexpf(1.0f + (float)(i % 1000) / 1000.0f, (int)(i / 1000) - 40);
+    worst = fmax(worst, ulp_error(lp(y), log1p((double)y)));
+  }
+  ck_assert_msg(worst <= 1.0, "ds4_log1pf is %.3f ulp off", worst);
+
+  /* sqrt(softplus(z)): z itself past PyTorch's threshold 20 (a correctly
+   * rounded root), and within 2 ulp of float64 while e^z is a normal
+   * float (below, a score of 1e-19 or less keeps fewer bits). */
+  ck_assert(score(25.0f) == 5.0f && score(400.0f) == 20.0f);
+  ck_assert(score(-INFINITY) == 0.0f && isnan(score(NAN)));
+  worst = 0.0;
+  for (uint32_t i = 0; i <= 200000; i++) {
+    float z = -87.0f + 187.0f * (float)i / 200000.0f;
+    worst = fmax(worst, ulp_error(score(z), ref_route_score(z)));
+  }
+  ck_assert_msg(worst <= 2.0, "ds4_route_score is %.3f ulp off", worst);
+
+  /* The clamp: the gate from above only, the up projection both ways, a
+   * NaN kept; limit 0 clamps nothing. Within 4 ulp of float64. */
+  ck_assert(act(5.0f, 7.0f, 2.0f) == act(2.0f, 2.0f, 0.0f));
+  ck_assert(act(-5.0f, 1.0f, 2.0f) == act(-5.0f, 1.0f, 0.0f));
+  ck_assert(act(1.0f, -7.0f, 2.0f) == act(1.0f, -2.0f, 0.0f));
+  ck_assert(act(30.0f, 30.0f, 0.0f) > 800.0f);
+  ck_assert(isnan(act(NAN, 1.0f, 2.0f)) && isnan(act(1.0f, NAN, 2.0f)));
+  static const float limits[] = {0.0f, 0.5f, 10.0f};
+  worst = 0.0;
+  for (int l = 0; l < 3; l++)
+    for (int i = 0; i <= 400; i++)
+      for (int j = 0; j <= 40; j++) {
+        float g = -30.0f + 0.15f * (float)i, u = -30.0f + 1.5f * (float)j;
+        worst = fmax(worst, ulp_error(act(g, u, limits[l]), ref_swiglu_act(g, u, limits[l], NULL)));
+      }
+  ck_assert_msg(worst <= 4.0, "ds4_swiglu_act is %.3f ulp off", worst);
+  dlclose(dl);
+}
+END_TEST
+
+/* ---- the compressor and indexer GPU kernels, run on the host ---- */
+
+/* index_scores: the host kernel's bits, window for window. */
+static void iscores_gpu_case(int heads, int d, int nent, int m, int pos, int ntok)
+{
+  enum { T = 3 };
+  chain_kernel host = {0}, dev = {0};
+  iscores_op(&host.op, T, heads, d, nent, m);
+  iscores_op(&dev.op, T, heads, d, nent, m);
+  chain_build(&host, 0);
+  chain_build(&dev, 1);
+  bufs bs;
+  bufs_alloc(&bs, &host.op);
+  fill_f32(bs.b[0], (int64_t)T * heads * d, 1.0);
+  fill_f32(bs.b[1], (int64_t)T * heads, 1.0);
+  fill_f32(bs.b[2], (int64_t)nent * d, 1.0);
+  fill_garbage(bs.b[3], (int64_t)T * nent);
+  chain_run(&host, &bs, pos, ntok);
+  float *want = xcalloc((size_t)T * nent, sizeof *want);
+  memcpy(want, bs.b[3], (size_t)T * nent * sizeof *want);
+  fill_garbage(bs.b[3], (int64_t)T * nent);
+  chain_run(&dev, &bs, pos, ntok);
+  ck_assert_msg(memcmp(want, bs.b[3], (size_t)T * nent * sizeof *want) == 0,
+                "index_scores: the GPU kernel's scores differ from the host's");
+  free(want);
+  bufs_free(&bs);
+  chain_unbuild(&host);
+  chain_unbuild(&dev);
+}
+
+/* index_scores and index_select give exactly the host's results (scores,
+ * and windows with their ties); the GPU compressor's entries are within
+ * tolerance of float64 and the same bits whatever the schedule, and so
+ * are the indexer's scores and selections on them. */
+START_TEST(test_gpu_compress_index)
+{
+  iscores_gpu_case(4, 16, 300, 2, 290, 3);
+  iscores_gpu_case(8, 128, 40, 4, 60, 2);
+  static const int few[][2] = {{0, 4}, {9, 3}, {30, 4}};
+  iselect_case(40, 7, 2, few, 3, 1);
+  static const int many[][2] = {{1996, 3}};
+  iselect_case(2000, 64, 1, many, 1, 1);
+  iselect_case(700, 300, 1, many, 1, 1);
+  comp_case_run(&g_indexer, 1, 2);
+  comp_case_run(&g_csa, 1, 1);
+  comp_case_run(&g_hca, 1, 1);
+  emu_stop();
 }
 END_TEST
 
@@ -1750,7 +4117,14 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_embed);
   tcase_add_test(tc, test_rmsnorm);
   tcase_add_test(tc, test_matmul);
+  tcase_add_test(tc, test_matmul_bf16);
   tcase_add_test(tc, test_rope);
+  tcase_add_test(tc, test_rope_inverse_roundtrip);
+  tcase_add_test(tc, test_rope_tables);
+  tcase_add_test(tc, test_rmsnorm_groups);
+  tcase_add_test(tc, test_window_write);
+  tcase_add_test(tc, test_sink_attention);
+  tcase_add_test(tc, test_group_matmul);
   tcase_add_test(tc, test_cache_write);
   tcase_add_test(tc, test_attention);
   tcase_add_test(tc, test_add);
@@ -1760,6 +4134,18 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_moe_combine);
   tcase_add_test(tc, test_swiglu_ffn);
   tcase_add_test(tc, test_argmax);
+  tcase_add_test(tc, test_score_route);
+  tcase_add_test(tc, test_hash_route);
+  tcase_add_test(tc, test_route_errors);
+  tcase_add_test(tc, test_hc_pre);
+  tcase_add_test(tc, test_hc_post);
+  tcase_add_test(tc, test_hc_head);
+  tcase_add_test(tc, test_compress_store);
+  tcase_add_test(tc, test_compress_chain);
+  tcase_add_test(tc, test_compress_pool_table);
+  tcase_add_test(tc, test_index_scores);
+  tcase_add_test(tc, test_index_select);
+  tcase_add_test(tc, test_compress_errors);
   suite_add_tcase(s, tc);
   TCase *gpu = tcase_create("gpu");
   tcase_add_unchecked_fixture(gpu, dir_setup, dir_teardown);
@@ -1767,7 +4153,9 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_symbols);
   tcase_add_test(gpu, test_gpu_build);
   tcase_add_test(gpu, test_gpu_math);
+  tcase_add_test(gpu, test_gpu_route_math);
   tcase_add_test(gpu, test_gpu_errors);
+  tcase_add_test(gpu, test_gpu_compress_index);
   suite_add_tcase(s, gpu);
   return s;
 }

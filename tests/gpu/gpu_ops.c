@@ -8,8 +8,9 @@
  * dtypes); each trial fills fresh random inputs (and the outputs, since
  * state outputs are read-modify-write), runs the kernel once on the cpu
  * backend and once on the GPU with the same step block, and compares every
- * output: f32 by the relative error ||gpu - cpu|| / ||cpu|| against 1e-5,
- * i32 exactly. Prints one line per kernel and exits 1 on any failure. */
+ * operand read back: f32 by the relative error ||gpu - cpu|| / ||cpu||
+ * against 1e-5, other dtypes (i32, bf16 weights) exactly. Prints one line
+ * per kernel and exits 1 on any failure. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,13 +111,21 @@ static int64_t param(const plan *p, const char *name) {
   return -1;
 }
 
+/* The bf16 of x, truncated: any finite value will do for random data. */
+static uint16_t bf16_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return (uint16_t)(u >> 16);
+}
+
 /* Random values for one operand: i32 operands are indices (token ids,
- * expert choices) in [0, bound); f32 ones uniform in [-1, 1). */
+ * expert choices) in [0, bound); f32 and bf16 ones uniform in [-1, 1). */
 static void fill(const plan *p, const plan_arg *a, void *buf, int32_t bound) {
   uint32_t dt = p->tensors[a->tensor].dtype;
   uint64_t n = a->bytes / plan_dtype_size(dt);
   for (uint64_t i = 0; i < n; i++) {
     if (dt == PLAN_I32) ((int32_t *)buf)[i] = (int32_t)(next_u64() % (uint64_t)bound);
+    else if (dt == PLAN_BF16) ((uint16_t *)buf)[i] = bf16_bits((float)uniform());
     else ((float *)buf)[i] = (float)uniform();
   }
 }
@@ -201,7 +210,7 @@ int main(int argc, char **argv) {
       run(&gpu, &p, kk, args, in, out_gpu, step);
       for (uint32_t j = 0; j < kk->nbufs; j++) {
         uint32_t dt = p.tensors[args[j].tensor].dtype;
-        if (dt == PLAN_I32) exact &= memcmp(out_cpu[j], out_gpu[j], args[j].bytes) == 0;
+        if (dt != PLAN_F32) exact &= memcmp(out_cpu[j], out_gpu[j], args[j].bytes) == 0;
         else {
           double e = rel_err(out_gpu[j], out_cpu[j], args[j].bytes / 4);
           if (e < 0 || e > worst) worst = e < 0 ? INFINITY : e;

@@ -1,17 +1,20 @@
-/* matmul GPU kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K]).
- * kgen_gpu puts in front the defines T, K, N, TILE, NTILES, LANES, GRID,
- * NTHREADS (= TILE * LANES), KERNEL_NAME and W_T.
+/* matmul GPU kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
+ * f32 or bf16, widened exactly to f32). kgen_gpu puts in front the defines
+ * T, K, N, TILE, NTILES, W_BF16, LANES, GRID, NTHREADS (= TILE * LANES),
+ * KERNEL_NAME and W_T (float or ds4_bf16).
  * Grid: the host's, T rows x NTILES tiles of TILE output columns; block b
  * is slot b / NTILES, columns TILE * (b mod NTILES) and up. Threads: group
- * g = thread / LANES computes column n0 + g; its lane l sums x[t,k] *
- * w[n,k] over k = l, l + LANES, ... in ascending order, and the LANES
- * partial sums are added by ds4_group_sum's fixed pairwise tree. The bits
- * depend on K and LANES only, not on the tiling. */
+ * g = thread / LANES (one warp of 32 lanes) computes column n0 + g,
+ * streaming its row of w once with 16-byte loads: ds4_lane_dot gives each
+ * lane its strided share of the row in a fixed order, and ds4_lane_sum
+ * adds the lanes by a fixed tree. The bits depend on K, LANES and the
+ * weight's dtype only, not on the tiling or where the tensors lie. Decode
+ * (T = 1) is a GEMV: every byte of w is read once. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per column of the tile");
-  DS4_SHARED float red[NTHREADS];
+  static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
   const float *x = (const float *)bufs[0];
   const W_T *w = (const W_T *)bufs[1];
   float *y = (float *)bufs[2];
@@ -22,20 +25,19 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   int64_t t = block / NTILES;
   int64_t n = (int64_t)(block % NTILES) * TILE + tid / LANES;
+  /* A whole group leaves together: its lanes share n, and ds4_lane_sum
+   * needs only the lanes of its own group. */
+  if (n >= N)
+    return;
   float *yr = y + t * N;
   if (t >= ntok) {
-    if (n < N && lane == 0)
+    if (lane == 0)
       yr[n] = 0.0f;
     return;
   }
-  float acc = 0.0f;
-  if (n < N) {
-    const float *xr = x + t * K;
-    const W_T *wr = w + n * K;
-    for (int64_t k = lane; k < K; k += LANES)
-      acc += xr[k] * wr[k];
-  }
-  acc = ds4_group_sum<LANES>(red, acc);
-  if (n < N && lane == 0)
+  int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
+  float acc = ds4_lane_dot<LANES, K>(x + t * K, w + n * K, lane, zero);
+  acc = ds4_lane_sum<LANES>(acc);
+  if (lane == 0)
     yr[n] = acc;
 }

@@ -1,10 +1,11 @@
 /* moe_experts GPU kernel template: for slot (t, j) with expert e = idx[t,j]
  * held by this launch (r = expert_rows[e] >= 0), slots[t,j] =
- * (silu(x[t].w1[r]^T) * (x[t].w3[r]^T)) . w2[r]^T; every other slot is
+ * (silu(x[t].w1[r]^T) * (x[t].w3[r]^T)) . w2[r]^T (clamped before the
+ * product when SWIGLU_LIMIT > 0: ds4_swiglu_act); every other slot is
  * +0, so the parts of a split expert op sum to the unsplit result bit for
  * bit. kgen_gpu puts in front the defines T, TOPK, E (rows held),
- * NEXPERTS, EXPERT_ROWS, H, F, LANES, FCHUNK, GRID, NTHREADS, KERNEL_NAME,
- * W1_T, W3_T and W2_T.
+ * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, LANES, FCHUNK, GRID,
+ * NTHREADS, KERNEL_NAME, W1_T, W3_T and W2_T.
  * Grid: one block per (token slot, choice), T * TOPK; block b is slot
  * (b / TOPK, b mod TOPK). Threads: ds4_swiglu, groups of LANES threads per
  * row with strided ascending partial sums and a fixed pairwise tree, ffn
@@ -37,5 +38,5 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   }
   ds4_swiglu<LANES, NTHREADS, FCHUNK>(x + t * H, w1 + r * (F * H), w3 + r * (F * H), w2 + r * (H * F), out, H, F,
-                              act, red);
+                              act, red, SWIGLU_LIMIT);
 }

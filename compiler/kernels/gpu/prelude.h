@@ -7,11 +7,14 @@
  *   DS4_KERNEL       declares a kernel: extern "C", default visibility,
  *                    launched with exactly NTHREADS threads per block
  *   ds4_block()      the block index (the host ABI's `block`)
+ *   ds4_grid()       the blocks of the launch (GRID, but not a constant)
  *   ds4_thread()     the thread index in the block, 0..NTHREADS-1
  *   ds4_barrier()    every thread of the block, shared memory visible
  *   DS4_SHARED       a block's shared memory (static, in the kernel body)
- *   ds4_expf, ds4_sincosf, ds4_block_sum, ds4_group_sum, ... (below;
- *                    a kernel uses some of them, hence `unused`)
+ *   ds4_bf16         a bf16 weight element; ds4_f32 widens it (exactly)
+ *   ds4_expf, ds4_sincosf, ds4_block_sum, ds4_group_sum, ds4_lane_dot,
+ *                    ds4_lane_sum, ... (below; a kernel uses some of
+ *                    them, hence `unused`)
  *
  * Math: NVPTX has no libcall for expf (and no device library is linked on
  * either target), so the math the kernels need is written here in plain
@@ -35,6 +38,10 @@ typedef long long int64_t;
 #define DS4_SHARED __attribute__((shared))
 
 DS4_DEVICE uint32_t ds4_block(void) { return __builtin_amdgcn_workgroup_id_x(); }
+DS4_DEVICE uint32_t ds4_grid(void)
+{
+  return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x();
+}
 DS4_DEVICE int ds4_thread(void) { return (int)__builtin_amdgcn_workitem_id_x(); }
 
 /* What HIP's __syncthreads is: a release fence, the barrier, an acquire
@@ -56,6 +63,7 @@ DS4_DEVICE void ds4_barrier(void)
 #define DS4_SHARED __attribute__((shared))
 
 DS4_DEVICE uint32_t ds4_block(void) { return (uint32_t)__nvvm_read_ptx_sreg_ctaid_x(); }
+DS4_DEVICE uint32_t ds4_grid(void) { return (uint32_t)__nvvm_read_ptx_sreg_nctaid_x(); }
 DS4_DEVICE int ds4_thread(void) { return __nvvm_read_ptx_sreg_tid_x(); }
 
 /* bar.sync 0: waits for the whole block and orders its memory accesses. */
@@ -70,6 +78,43 @@ DS4_DEVICE void ds4_barrier(void) { __syncthreads(); }
 #endif
 
 /* ---- math, identical on every target ---- */
+
+/* A bf16 value: the high 16 bits of the f32 it stands for, so widening
+ * is exact (a shift), and the products and sums after it are f32's. */
+struct ds4_bf16 {
+  unsigned short bits;
+};
+
+DS4_DEVICE float ds4_f32(float v) { return v; }
+DS4_DEVICE float ds4_f32(ds4_bf16 v) { return __builtin_bit_cast(float, (uint32_t)v.bits << 16); }
+
+/* 16 bytes, as one load moves them. */
+typedef float ds4_f32x4 __attribute__((ext_vector_type(4)));
+typedef uint32_t ds4_u32x4 __attribute__((ext_vector_type(4)));
+
+/* acc plus the products of one 16-byte chunk: V f32 of x against V
+ * elements of w (4 f32 or 8 bf16, packed in wv), in ascending order.
+ * Each word is copied out of the vector first: clang 19's
+ * __builtin_bit_cast of a vector element lvalue (wv[j]) reads the
+ * vector's first element whatever j is. */
+DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_u32x4 wv, float)
+{
+  for (int j = 0; j < 4; j++) {
+    uint32_t word = wv[j];
+    acc = acc + xv[0][j] * __builtin_bit_cast(float, word);
+  }
+  return acc;
+}
+
+DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_u32x4 wv, ds4_bf16)
+{
+  for (int j = 0; j < 4; j++) { /* bf16 2j is word j's low half */
+    uint32_t word = wv[j];
+    acc = acc + xv[j / 2][2 * (j % 2)] * __builtin_bit_cast(float, word << 16);
+    acc = acc + xv[j / 2][2 * (j % 2) + 1] * __builtin_bit_cast(float, word & 0xffff0000u);
+  }
+  return acc;
+}
 
 DS4_DEVICE float ds4_inff(void) { return __builtin_inff(); }
 
@@ -114,6 +159,54 @@ DS4_DEVICE float ds4_expf(float x)
 
 /* silu(g) = g / (1 + e^-g), as docs/OPS.md writes it. */
 DS4_DEVICE float ds4_silu(float g) { return g / (1.0f + ds4_expf(-g)); }
+
+/* silu(g) * u; with limit > 0, DS4-MATH §3.3's clamp first: the gate from
+ * above only, the up projection on both sides. Comparisons rather than
+ * min/max, so that a NaN stays NaN as in torch.clamp (the host kernels'
+ * swiglu_act). */
+DS4_DEVICE float ds4_swiglu_act(float g, float u, float limit)
+{
+  if (limit > 0.0f) {
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : u < -limit ? -limit : u;
+  }
+  return ds4_silu(g) * u;
+}
+
+/* log(1 + y) for y > -1, in double: u = 1 + y is rounded, and log(u) * y /
+ * (u - 1) undoes that rounding (Goldberg's log1p); log(u) = k ln2 + log(m)
+ * for u = m 2^k, m in [sqrt(1/2), sqrt(2)), with log(m) = 2 atanh(f),
+ * f = (m - 1) / (m + 1), |f| < 0.172, summed to f^17 (truncation below
+ * 2^-49 relative). One rounding to float: within an ulp. NaN and +inf
+ * give themselves. */
+DS4_DEVICE float ds4_log1pf(float y)
+{
+  if (ds4_isnan(y) || y == ds4_inff())
+    return y;
+  double u = 1.0 + (double)y;
+  if (u == 1.0)
+    return y;
+  unsigned long long bits = __builtin_bit_cast(unsigned long long, u);
+  int k = (int)(bits >> 52) - 1023;
+  double m = __builtin_bit_cast(double, (bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
+  if (m > 0x1.6a09e667f3bcdp+0) { /* sqrt(2) */
+    m = m * 0.5;
+    k = k + 1;
+  }
+  double f = (m - 1.0) / (m + 1.0), f2 = f * f;
+  double s = 1.0 / 17.0;
+  for (int i = 15; i >= 1; i -= 2)
+    s = 1.0 / i + f2 * s;
+  double logu = (double)k * 0x1.62e42fefa39efp-1 + 2.0 * f * s;
+  return (float)(logu * (double)y / (u - 1.0));
+}
+
+/* A router's score of a gate logit (DS4-MATH §10.1): sqrt(softplus(z)),
+ * with PyTorch's softplus, z itself above the threshold 20. */
+DS4_DEVICE float ds4_route_score(float z)
+{
+  return __builtin_sqrtf(z > 20.0f ? z : ds4_log1pf(ds4_expf(z)));
+}
 
 /* sin and cos of a float, in double: x = k pi/2 + r with pi/2 in four
  * parts (the first three of 21 bits, so k * part is exact for |k| < 2^32,
@@ -233,6 +326,87 @@ DS4_DEVICE int ds4_block_argmax(float *redv, int32_t *redi, float v, int i)
   return best;
 }
 
+/* ---- dot products split over the lanes of a group ---- */
+
+/* Global memory, named so: plain global loads rather than generic ones
+ * (NVPTX ld.global, AMDGPU global_load instead of flat_load). */
+#define DS4_GLOBAL __attribute__((address_space(1)))
+
+/* Lane i's v, read by lane i - s of the same warp or wavefront (lanes
+ * whose i is past the end read an unspecified value). Every lane of the
+ * warp or wavefront calls it. */
+DS4_DEVICE float ds4_lane_down(float v, int s)
+{
+#if defined(__NVPTX__)
+  return __nvvm_shfl_sync_down_f32(0xffffffffu, v, s, 0x1f);
+#else
+  int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane + s) << 2, __builtin_bit_cast(int, v)));
+#endif
+}
+
+/* The sum of v over a group of L consecutive lanes (L a power of two, at
+ * most 32, so a group never spans two warps or wavefronts), in the
+ * group's first lane (the others hold partial sums): ds4_group_sum's tree,
+ * level s adding lane i + s into lane i (s = L/2, ..., 1), so the same
+ * bits, but through registers, with no shared memory and no barrier.
+ * Every lane of the warp or wavefront calls it. */
+template <int L>
+DS4_DEVICE float ds4_lane_sum(float v)
+{
+  static_assert(L > 0 && L <= 32 && (L & (L - 1)) == 0, "a group is a power of two of lanes, at most 32");
+  for (int s = L / 2; s > 0; s /= 2)
+    v = v + ds4_lane_down(v, s);
+  return v;
+}
+
+/* One lane's share of x . w over KK elements, for a group of L lanes: the
+ * row is cut into chunks of 16 bytes of w (V = 16 / sizeof(W) elements,
+ * the last one short when V does not divide KK); lane l sums chunks l,
+ * l + L, l + 2L, ... in ascending order, each chunk's elements in
+ * ascending order, into one f32. That order depends only on KK, L and W,
+ * not on how the chunks are loaded: 16 bytes at a time, U chunks in
+ * flight before the first is used, when every chunk is whole and both
+ * rows are 16-byte aligned; else one element at a time.
+ * `zero` must be 0 at run time and unknown to the compilers (the caller
+ * takes it from ds4_grid()): it is added to the chunk count, whose loads
+ * are then guarded by a bound only known at run time. Under a constant
+ * bound ptxas sinks each load next to its use to save registers, which
+ * leaves one load in flight per lane and a GEMV far below memory
+ * bandwidth; under run-time guards the U loads stay ahead of the sums. */
+template <int L, int64_t KK, typename W>
+DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero)
+{
+  constexpr int V = 16 / (int)sizeof(W), U = 8;
+  const int64_t nch = (KK + V - 1) / V + zero;
+  float acc = 0.0f;
+  unsigned long long addr = (unsigned long long)x | (unsigned long long)w;
+  if (KK % V == 0 && addr % 16 == 0) {
+    for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
+      ds4_u32x4 wv[U];
+      ds4_f32x4 xv[U][V / 4];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        int64_t c = c0 + (int64_t)u * L;
+        if (c < nch) {
+          wv[u] = *(const DS4_GLOBAL ds4_u32x4 *)(w + c * V);
+          for (int q = 0; q < V / 4; q++)
+            xv[u][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (c0 + (int64_t)u * L < nch)
+          acc = ds4_chunk_dot(acc, xv[u], wv[u], W{});
+    }
+    return acc;
+  }
+  for (int64_t c = lane; c < nch; c += L)
+    for (int64_t k = c * V; k < c * V + V && k < KK; k++)
+      acc = acc + x[k] * ds4_f32(w[k]);
+  return acc;
+}
+
 /* a . b over n elements in index order, one thread. */
 template <typename A, typename B>
 DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
@@ -244,7 +418,8 @@ DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
 }
 
 /* One SwiGLU expert on one token, the body of swiglu_ffn and moe_experts:
- * out[c] = sum_f (silu(x . w1[f]) * (x . w3[f])) * w2[c, f] for c < h.
+ * out[c] = sum_f ds4_swiglu_act(x . w1[f], x . w3[f], limit) * w2[c, f]
+ * for c < h (limit 0: no clamp).
  * The ffn rows go in chunks of FC (act, in shared memory, holds one
  * chunk's activations). The block works in NT / L groups of L consecutive
  * threads: in a chunk, group g takes rows g, g + NT / L, ... of w1 and w3,
@@ -255,7 +430,7 @@ DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
  * launch that holds an expert computes its slot with the same bits. */
 template <int L, int NT, int FC, typename W1, typename W3, typename W2>
 DS4_DEVICE void ds4_swiglu(const float *x, const W1 *w1, const W3 *w3, const W2 *w2, float *out, int64_t h,
-                           int64_t f, float *act, float *red)
+                           int64_t f, float *act, float *red, float limit)
 {
   static_assert(NT % L == 0, "a block is a whole number of groups");
   const int ngroups = NT / L;
@@ -276,7 +451,7 @@ DS4_DEVICE void ds4_swiglu(const float *x, const W1 *w1, const W3 *w3, const W2 
       g = ds4_group_sum<L>(red, g);
       u = ds4_group_sum<L>(red, u);
       if (row < fn && lane == 0)
-        act[row] = ds4_silu(g) * u;
+        act[row] = ds4_swiglu_act(g, u, limit);
     }
     ds4_barrier(); /* the chunk's act[] written */
     for (int64_t c0 = 0; c0 < h; c0 += ngroups) {

@@ -1,9 +1,9 @@
 /* rope GPU kernel template: per head, the last R of HD channels rotate in
- * interleaved pairs (2i, 2i+1) by phi = f32(pos+t) * theta^(-2i/R); the
- * leading HD - R channels are copied. kgen_gpu puts in front the defines
- * T, NH, HD, R, INV_FREQ, GRID, NTHREADS and KERNEL_NAME; INV_FREQ holds
- * the R/2 values powf(theta, -(float)(2i) / (float)R), computed by ds4c
- * with the same powf call the host kernel makes.
+ * interleaved pairs (2i, 2i+1) by phi = f32(pos+t) * inv_freq[i] (by -phi
+ * when INVERSE is 1); the leading HD - R channels are copied. kgen_gpu puts
+ * in front the defines T, NH, HD, R, THETA, INVERSE, INV_FREQ, GRID,
+ * NTHREADS and KERNEL_NAME; INV_FREQ holds the R/2 inverse frequencies
+ * (theta^(-2i/R), or YaRN's), computed by ds4c as for the host kernel.
  * Grid: one block per token slot t (T). Threads: a head has HD - R/2 units
  * (a copied channel or a rotated pair); thread i takes units i, i +
  * NTHREADS, ... of the row's NH * (HD - R/2) and writes both channels of a
@@ -40,6 +40,8 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     int64_t i = v - (HD - R);
     float sn, cs;
     ds4_sincosf(fpos * inv_freq[i], &sn, &cs);
+    if (INVERSE)
+      sn = -sn;
     float x0 = xh[HD - R + 2 * i], x1 = xh[HD - R + 2 * i + 1];
     yh[HD - R + 2 * i] = x0 * cs - x1 * sn;
     yh[HD - R + 2 * i + 1] = x0 * sn + x1 * cs;

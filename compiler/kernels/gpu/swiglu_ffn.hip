@@ -1,6 +1,8 @@
 /* swiglu_ffn GPU kernel template: y[t] = (silu(x[t].w1^T) * (x[t].w3^T)) .
- * w2^T. kgen_gpu puts in front the defines T, H, F, LANES, FCHUNK, GRID,
- * NTHREADS, KERNEL_NAME, W1_T, W3_T and W2_T.
+ * w2^T (clamped before the product when SWIGLU_LIMIT > 0:
+ * ds4_swiglu_act). kgen_gpu puts in front the defines T, H, F,
+ * SWIGLU_LIMIT, LANES, FCHUNK, GRID, NTHREADS, KERNEL_NAME, W1_T, W3_T and
+ * W2_T.
  * Grid: one block per token slot t (T). Threads: ds4_swiglu, groups of
  * LANES threads per row with strided ascending partial sums and a fixed
  * pairwise tree, ffn rows in chunks of FCHUNK (the same order as
@@ -25,5 +27,5 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       yr[c] = 0.0f;
     return;
   }
-  ds4_swiglu<LANES, NTHREADS, FCHUNK>(x + t * H, w1, w3, w2, yr, H, F, act, red);
+  ds4_swiglu<LANES, NTHREADS, FCHUNK>(x + t * H, w1, w3, w2, yr, H, F, act, red, SWIGLU_LIMIT);
 }

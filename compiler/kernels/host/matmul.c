@@ -1,15 +1,29 @@
-/* matmul host kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K]).
+/* matmul host kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
+ * f32, or bf16 when W_BF16 is 1: widened exactly to f32, a shift).
  * kgen_host prepends <stdint.h>, <math.h> and the defines T, K, N, TILE,
- * NTILES, GRID and KERNEL_NAME; grid: T rows x NTILES column tiles of TILE
- * outputs. Every output sums k ascending, so the bits do not depend on the
- * tiling. */
+ * NTILES, W_BF16, GRID and KERNEL_NAME; grid: T rows x NTILES column tiles
+ * of TILE outputs. Every output sums k ascending, so the bits do not
+ * depend on the tiling. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+/* Element i of w as f32; W_BF16 is a constant, so one branch remains. */
+static inline float w_at(const void *w, int64_t i)
+{
+  if (W_BF16) {
+    union {
+      uint32_t u;
+      float f;
+    } v = {(uint32_t)((const uint16_t *)w)[i] << 16};
+    return v.f;
+  }
+  return ((const float *)w)[i];
+}
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
   const float *x = (const float *)bufs[0];
-  const float *w = (const float *)bufs[1];
+  const void *w = bufs[1];
   float *y = (float *)bufs[2];
   int64_t ntok = step[1];
   if (block >= GRID)
@@ -25,10 +39,9 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   }
   const float *xr = x + t * K;
   for (int64_t n = n0; n < n1; n++) {
-    const float *wr = w + n * K;
     float acc = 0.0f;
     for (int64_t k = 0; k < K; k++)
-      acc += xr[k] * wr[k];
+      acc += xr[k] * w_at(w, n * K + k);
     yr[n] = acc;
   }
 }

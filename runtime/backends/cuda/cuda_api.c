@@ -31,6 +31,8 @@ enum {
   CU_MEMHOSTREGISTER_PORTABLE = 1,
   CU_JIT_ERROR_LOG_BUFFER = 5,
   CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+  CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
 };
 
 /* Every function used: required (1) or optional (0), the field (named as
@@ -80,7 +82,11 @@ enum {
     (int *out_can, CUdevice dev, CUdevice peer))                                                   \
   X(0, cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", NULL,                             \
     (CUdevice dev, unsigned int *out_flags, int *out_active))                                      \
-  X(0, cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", NULL, (CUcontext peer, unsigned int flags))
+  X(0, cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", NULL, (CUcontext peer, unsigned int flags)) \
+  X(0, cuDriverGetVersion, "cuDriverGetVersion", NULL, (int *out_version))                         \
+  X(0, cuDeviceGetName, "cuDeviceGetName", NULL, (char *out_name, int len, CUdevice dev))          \
+  X(0, cuDeviceGetAttribute, "cuDeviceGetAttribute", NULL,                                         \
+    (int *out_value, int attribute, CUdevice dev))
 
 typedef struct cuda_functions {
 #define CUDA_FIELD(required, field, symbol, old_symbol, params) CUresult(*field) params;
@@ -253,6 +259,28 @@ static void cuda_peer_enable(gpu_driver *d) {
   d->fn.cuCtxSetCurrent(d->ctx);
 }
 
+/* Optional in the table (only reports need it), so a driver without one
+ * of the functions fails here, by name, and nowhere else. */
+static rt_status cuda_device_info(gpu_driver *d, gpu_device_info *out_info) {
+  memset(out_info, 0, sizeof *out_info);
+  if (!d->fn.cuDriverGetVersion || !d->fn.cuDeviceGetName || !d->fn.cuDeviceGetAttribute)
+    return rt_status_make("cuda device %s: %s lacks cuDriverGetVersion, cuDeviceGetName or "
+                          "cuDeviceGetAttribute",
+                          d->name, d->file);
+  RT_TRY(cu_check(d, d->fn.cuDriverGetVersion(&out_info->driver_version), "cuDriverGetVersion"));
+  RT_TRY(cu_check(d, d->fn.cuDeviceGetName(out_info->name, (int)sizeof out_info->name, d->dev),
+                  "cuDeviceGetName"));
+  int l2 = 0, mps = 0;
+  RT_TRY(cu_check(d, d->fn.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d->dev),
+                  "cuDeviceGetAttribute(L2_CACHE_SIZE)"));
+  RT_TRY(cu_check(d,
+                  d->fn.cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev),
+                  "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"));
+  out_info->l2_bytes = l2 > 0 ? (uint64_t)l2 : 0;
+  out_info->multiprocessors = mps > 0 ? (uint32_t)mps : 0;
+  return NULL;
+}
+
 /* ---- memory ---- */
 
 static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
@@ -414,6 +442,7 @@ const gpu_api gpu_cuda_api = {
     .select = cuda_select,
     .unload = cuda_unload,
     .make_current = cuda_make_current,
+    .device_info = cuda_device_info,
     .peer_enable = cuda_peer_enable,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,

@@ -26,6 +26,14 @@ typedef struct gpu_driver gpu_driver;
 
 #define GPU_MAX_ARGS 8
 
+/* What a report says about the device (device_info). */
+typedef struct gpu_device_info {
+  char name[256];          /* "NVIDIA H200" */
+  int driver_version;      /* CUDA: 1000 * major + 10 * minor; HIP: its own number */
+  uint64_t l2_bytes;       /* 0: the API does not say */
+  uint32_t multiprocessors; /* 0: the API does not say */
+} gpu_device_info;
+
 /* Host work in stream order: the driver runs `run` on a thread of its own
  * once everything enqueued before it on the stream has run. err is NULL, or
  * (ownership passes) the failure of earlier work on the stream; the task
@@ -51,6 +59,9 @@ typedef struct gpu_api {
    * per thread, and a device's calls come from several threads (the
    * opener, its submitter, whoever synchronises). */
   rt_status (*make_current)(gpu_driver *drv);
+  /* The selected device's name, the driver's version and the sizes a
+   * benchmark needs, for reports. */
+  rt_status (*device_info)(gpu_driver *drv, gpu_device_info *out_info);
   /* Let the device and every peer already in use in this process reach
    * each other's memory directly. Best effort: copies between devices work
    * without it, staged through the host. */

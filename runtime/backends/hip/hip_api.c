@@ -66,7 +66,9 @@ enum {
   X(1, hipError_t, hipHostRegister, (void *ptr, size_t bytes, unsigned int flags))                 \
   X(1, hipError_t, hipHostUnregister, (void *ptr))                                                 \
   X(0, hipError_t, hipDeviceCanAccessPeer, (int *out_can, int dev, int peer))                      \
-  X(0, hipError_t, hipDeviceEnablePeerAccess, (int peer, unsigned int flags))
+  X(0, hipError_t, hipDeviceEnablePeerAccess, (int peer, unsigned int flags))                     \
+  X(0, hipError_t, hipDriverGetVersion, (int *out_version))                                        \
+  X(0, hipError_t, hipDeviceGetName, (char *out_name, int len, int dev))
 
 typedef struct hip_functions {
 #define HIP_FIELD(required, ret, name, params) ret(*name) params;
@@ -182,6 +184,19 @@ static rt_status hip_make_current(gpu_driver *d) {
 static rt_status hip_select(gpu_driver *d, uint32_t ordinal) {
   d->ordinal = (int)ordinal;
   return hip_make_current(d);
+}
+
+/* The name and driver version only: hipDeviceGetAttribute's numbering
+ * is not restated here, so the sizes stay 0 (unknown). */
+static rt_status hip_device_info(gpu_driver *d, gpu_device_info *out_info) {
+  memset(out_info, 0, sizeof *out_info);
+  if (!d->fn.hipDriverGetVersion || !d->fn.hipDeviceGetName)
+    return rt_status_make("hip device %s: %s lacks hipDriverGetVersion or hipDeviceGetName",
+                          d->name, d->file);
+  RT_TRY(hip_check(d, d->fn.hipDriverGetVersion(&out_info->driver_version),
+                   "hipDriverGetVersion"));
+  return hip_check(d, d->fn.hipDeviceGetName(out_info->name, (int)sizeof out_info->name, d->ordinal),
+                   "hipDeviceGetName");
 }
 
 /* HIP has no notion of a device in use, so every peer that can be reached
@@ -349,6 +364,7 @@ const gpu_api gpu_hip_api = {
     .select = hip_select,
     .unload = hip_unload,
     .make_current = hip_make_current,
+    .device_info = hip_device_info,
     .peer_enable = hip_peer_enable,
     .mem_alloc = hip_mem_alloc,
     .mem_free = hip_mem_free,

@@ -1,0 +1,37 @@
+/* hc_post GPU kernel template: X_out[j] = post_j * y + sum_i comb[i][j] *
+ * X[i] (DS4-MATH §4.2, docs/OPS.md), the sum over the first index of comb.
+ * kgen_gpu puts in front the defines T, N, D, GRID, NTHREADS and
+ * KERNEL_NAME.
+ * Grid: one block per token slot t (T). Threads: thread i computes
+ * channels d = i, i + NTHREADS, ... of every output stream j (j
+ * ascending), each starting from post_j * y[d] and adding comb[i][j] *
+ * X[i][d] over i ascending, the host kernel's operations in its order, so
+ * the same bits. No reduction across threads. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  const float *y = (const float *)bufs[0];
+  const float *X = (const float *)bufs[1];
+  const float *post = (const float *)bufs[2];
+  const float *comb = (const float *)bufs[3];
+  float *out = (float *)bufs[4];
+  int64_t t = ds4_block(), ntok = step[1];
+  int tid = ds4_thread();
+  if (t >= GRID)
+    return;
+  float *xo = out + t * (N * D);
+  if (t >= ntok) {
+    for (int64_t k = tid; k < N * D; k += NTHREADS)
+      xo[k] = 0.0f;
+    return;
+  }
+  const float *yr = y + t * D, *xs = X + t * (N * D);
+  const float *pr = post + t * N, *cr = comb + t * (N * N);
+  for (int64_t j = 0; j < N; j++)
+    for (int64_t d = tid; d < D; d += NTHREADS) {
+      float acc = pr[j] * yr[d];
+      for (int64_t i = 0; i < N; i++)
+        acc += cr[i * N + j] * xs[i * D + d];
+      xo[j * D + d] = acc;
+    }
+}

@@ -1,0 +1,36 @@
+/* rmsnorm_groups GPU kernel template: no weight; each group of G channels
+ * of a row is normalised on its own, y[t,j] = x[t,j] / sqrt(sum over j's
+ * group of x[t,i]^2 / G + eps). kgen_gpu puts in front the defines T, C,
+ * G, NGROUPS (= C / G), EPS, GRID, NTHREADS and KERNEL_NAME.
+ * Grid: one block per (token slot, group), T * NGROUPS; block b is slot
+ * b / NGROUPS, group b mod NGROUPS. Threads: thread i sums x^2 over the
+ * group's channels i, i + NTHREADS, ... in ascending order, then the block
+ * adds the NTHREADS partial sums with ds4_block_sum's fixed pairwise tree;
+ * every thread then scales the same channels. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  DS4_SHARED float red[NTHREADS];
+  const float *x = (const float *)bufs[0];
+  float *y = (float *)bufs[1];
+  int64_t ntok = step[1];
+  uint32_t block = ds4_block();
+  int tid = ds4_thread();
+  if (block >= GRID)
+    return;
+  int64_t t = block / NGROUPS, g = block % NGROUPS;
+  float *yg = y + t * C + g * G;
+  if (t >= ntok) {
+    for (int64_t j = tid; j < G; j += NTHREADS)
+      yg[j] = 0.0f;
+    return;
+  }
+  const float *xg = x + t * C + g * G;
+  float ss = 0.0f;
+  for (int64_t j = tid; j < G; j += NTHREADS)
+    ss += xg[j] * xg[j];
+  ss = ds4_block_sum<NTHREADS>(red, ss);
+  float den = __builtin_sqrtf(ss / (float)G + EPS);
+  for (int64_t j = tid; j < G; j += NTHREADS)
+    yg[j] = xg[j] / den;
+}

@@ -1,0 +1,20 @@
+/* window_write GPU kernel template: ring[(pos+t) mod S] = src[t] for live
+ * rows, a ring of the last S positions; every other ring row is left
+ * untouched. kgen_gpu puts in front the defines T, S (>= T, so live rows
+ * go to distinct ring rows), D, GRID, NTHREADS and KERNEL_NAME.
+ * Grid: one block per token slot t (T). Threads: thread i copies columns
+ * i, i + NTHREADS, ... of the row. No reduction. A negative position (a
+ * bad parameter block) writes nothing. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  const float *src = (const float *)bufs[0];
+  float *ring = (float *)bufs[1];
+  int64_t t = ds4_block(), pos = step[0], ntok = step[1];
+  if (t >= GRID || t >= ntok || pos < 0)
+    return;
+  const float *s = src + t * D;
+  float *r = ring + ((pos + t) % S) * D;
+  for (int64_t j = ds4_thread(); j < D; j += NTHREADS)
+    r[j] = s[j];
+}

@@ -1,0 +1,36 @@
+/* group_matmul host kernel template: a block-diagonal matmul. Output column
+ * n is in group g = n / NG and sees only that group's KG input channels:
+ * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
+ * group g). kgen_host prepends <stdint.h>, <math.h> and the defines T,
+ * GROUPS, KG, NG, N (= GROUPS * NG), TILE, NTILES, GRID and KERNEL_NAME;
+ * grid: T rows x NTILES column tiles of TILE outputs. Every output sums k
+ * ascending, so the bits do not depend on the tiling. */
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *x = (const float *)bufs[0];
+  const float *w = (const float *)bufs[1];
+  float *y = (float *)bufs[2];
+  int64_t ntok = step[1];
+  if (block >= GRID)
+    return;
+  int64_t t = block / NTILES;
+  int64_t n0 = (int64_t)(block % NTILES) * TILE;
+  int64_t n1 = n0 + TILE < N ? n0 + TILE : N;
+  float *yr = y + t * N;
+  if (t >= ntok) {
+    for (int64_t n = n0; n < n1; n++)
+      yr[n] = 0.0f;
+    return;
+  }
+  for (int64_t n = n0; n < n1; n++) {
+    const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
+    const float *wr = w + n * KG;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < KG; k++)
+      acc += xg[k] * wr[k];
+    yr[n] = acc;
+  }
+}

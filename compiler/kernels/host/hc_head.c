@@ -1,0 +1,47 @@
+/* hc_head host kernel template: the N hyper-connection streams collapsed
+ * into one before the final norm (DS4-MATH §4.3, docs/OPS.md): the N mixes
+ * of the RMS-normalised N*D state give the pre weights, and
+ * h = sum_i pre_i X[i]. kgen_host prepends <stdint.h>, <math.h> and the
+ * defines T, N, D, NMIX (= N), EPS, HC_EPS, GRID and KERNEL_NAME; grid: one
+ * block per token slot (T). */
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *X = (const float *)bufs[0];
+  const float *fn = (const float *)bufs[1];
+  const float *base = (const float *)bufs[2];
+  const float *scale = (const float *)bufs[3];
+  float *h = (float *)bufs[4];
+  int64_t t = block, ntok = step[1];
+  if (t >= GRID)
+    return;
+  float *hr = h + t * D;
+  if (t >= ntok) {
+    for (int64_t j = 0; j < D; j++)
+      hr[j] = 0.0f;
+    return;
+  }
+  /* As in hc_pre: the streams are the stream-major flattening, and
+   * fn . (xs / den) is taken as (fn . xs) / den. */
+  const float *xs = X + t * (N * D);
+  float ss = 0.0f;
+  for (int64_t k = 0; k < N * D; k++)
+    ss += xs[k] * xs[k];
+  float den = sqrtf(ss / (float)(N * D) + EPS);
+  float pre[NMIX];
+  for (int64_t i = 0; i < NMIX; i++) {
+    const float *fr = fn + i * (N * D);
+    float acc = 0.0f;
+    for (int64_t k = 0; k < N * D; k++)
+      acc += fr[k] * xs[k];
+    pre[i] = 1.0f / (1.0f + expf(-(acc / den * scale[0] + base[i]))) + HC_EPS;
+  }
+  for (int64_t j = 0; j < D; j++) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < N; i++)
+      acc += pre[i] * xs[i * D + j];
+    hr[j] = acc;
+  }
+}

@@ -1,0 +1,107 @@
+/* sink_attention host kernel template: DeepSeek-V4's core attention
+ * (DS4-MATH §6.3, softmax with sink §3.4) of slot t, head h, over one K = V
+ * head shared by all heads. With p = pos + t, the keys in order are the
+ * raw window, positions max(0, p - WINDOW + 1)..p read from the ring at row
+ * s mod S, then the visible compressed entries in ascending entry index,
+ * visible meaning w < nvis = min(floor((p + 1) / RATIO), NE): none (SELECT
+ * 0), every such w (1) or the distinct such w in sel[t] (2). With s_k =
+ * SCALE * q[t,h].key_k and Mx = max(sink_h, max_k s_k):
+ * o[t,h] = sum_k p_k key_k, p_k = e^(s_k - Mx) / (sum_k e^(s_k - Mx) +
+ * e^(sink_h - Mx)), every sum in key order, f32. kgen_host prepends
+ * <stdint.h>, <math.h> and the defines T, S, NH, HD, NE, NSEL, WINDOW,
+ * RATIO, SELECT, SCALE, GRID and KERNEL_NAME; grid: one block per (token
+ * slot, head), T * NH. */
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+/* The score of one key; recomputed in each pass rather than stored, so
+ * that stack use does not grow with the keys. Same operations, same bits. */
+static float sink_score(const float *qh, const float *key)
+{
+  float dot = 0.0f;
+  for (int64_t c = 0; c < HD; c++)
+    dot += qh[c] * key[c];
+  return SCALE * dot;
+}
+
+/* SELECT 2: the distinct entries of sel_t below nvis, ascending, into ent;
+ * returns their count. */
+static int64_t sink_select(const int32_t *sel_t, int64_t nvis, int32_t *ent)
+{
+  int64_t n = 0;
+  for (int64_t j = 0; j < NSEL; j++) {
+    int32_t w = sel_t[j];
+    if (w < 0 || w >= nvis)
+      continue;
+    int64_t i = n;
+    while (i > 0 && ent[i - 1] > w)
+      i--;
+    if (i > 0 && ent[i - 1] == w)
+      continue;
+    for (int64_t k = n; k > i; k--)
+      ent[k] = ent[k - 1];
+    ent[i] = w;
+    n++;
+  }
+  return n;
+}
+
+/* Key k of the list: the raw window's nraw positions from lo, then the
+ * entries (ent's, for SELECT 2). */
+static const float *sink_key(const float *ring, const float *entries, const int32_t *ent, int64_t lo,
+                             int64_t nraw, int64_t k)
+{
+  if (k < nraw)
+    return ring + ((lo + k) % S) * HD;
+  k -= nraw;
+  return entries + (SELECT == 2 ? (int64_t)ent[k] : k) * HD;
+}
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *q = (const float *)bufs[0];
+  const float *ring = (const float *)bufs[1];
+  const float *entries = (const float *)bufs[2];
+  const int32_t *sel = (const int32_t *)bufs[3];
+  const float *sinks = (const float *)bufs[4];
+  float *o = (float *)bufs[5];
+  int64_t pos = step[0], ntok = step[1];
+  if (block >= GRID)
+    return;
+  int64_t t = block / NH, h = block % NH, p = pos + t;
+  float *oh = o + t * (NH * HD) + h * HD;
+  if (t >= ntok || p < 0) { /* dead, or a bad parameter block */
+    for (int64_t c = 0; c < HD; c++)
+      oh[c] = 0.0f;
+    return;
+  }
+  int64_t lo = p - WINDOW + 1 > 0 ? p - WINDOW + 1 : 0, nraw = p - lo + 1;
+  int64_t nvis = SELECT ? (p + 1) / (RATIO > 0 ? RATIO : 1) : 0;
+  if (nvis > NE)
+    nvis = NE;
+  int32_t ent[NSEL];
+  int64_t nent = SELECT == 1 ? nvis : SELECT == 2 ? sink_select(sel + t * NSEL, nvis, ent) : 0;
+  int64_t n = nraw + nent;
+  const float *qh = q + t * (NH * HD) + h * HD;
+  float sink = sinks[h], m = sink;
+  for (int64_t k = 0; k < n; k++) {
+    float s = sink_score(qh, sink_key(ring, entries, ent, lo, nraw, k));
+    if (s > m)
+      m = s;
+  }
+  float sum = 0.0f;
+  for (int64_t k = 0; k < n; k++)
+    sum += expf(sink_score(qh, sink_key(ring, entries, ent, lo, nraw, k)) - m);
+  float den = sum + expf(sink - m);
+  float acc[HD];
+  for (int64_t c = 0; c < HD; c++)
+    acc[c] = 0.0f;
+  for (int64_t k = 0; k < n; k++) {
+    const float *key = sink_key(ring, entries, ent, lo, nraw, k);
+    float pk = expf(sink_score(qh, key) - m) / den;
+    for (int64_t c = 0; c < HD; c++)
+      acc[c] += pk * key[c];
+  }
+  for (int64_t c = 0; c < HD; c++)
+    oh[c] = acc[c];
+}

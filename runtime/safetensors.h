@@ -1,0 +1,85 @@
+/* safetensors.h - checkpoint tensors from safetensors files, mapped
+ * read-only, and their conversion to the plan's dtypes.
+ *
+ * A file is: a u64 little-endian header length N; N bytes of JSON, one
+ * object mapping each tensor name to {"dtype", "shape", "data_offsets"}
+ * (plus an optional "__metadata__" object of strings); then the data, which
+ * data_offsets [begin, end) index from its first byte. Every length, offset
+ * and size is checked at open (docs/RUNTIME.md, Weights). */
+#ifndef DS4_SAFETENSORS_H
+#define DS4_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define ST_MAXDIM 8
+
+/* Every dtype the format names. Only F32, BF16, F16, I32 and I64 can be
+ * read; the others are recognised, so that a file holding them opens, and
+ * refused when bound ("not supported yet"). */
+enum st_dtype {
+  ST_F32 = 0, ST_BF16, ST_F16, ST_I32, ST_I64,
+  ST_F64, ST_U8, ST_I8, ST_U16, ST_I16, ST_U32, ST_U64, ST_BOOL,
+  ST_F8_E4M3, ST_F8_E5M2, ST_F8_E8M0, ST_F4,
+  ST_NDTYPE
+};
+
+typedef struct st_tensor {
+  const char *name;    /* as the header spells it (escapes decoded) */
+  uint32_t file;       /* index into the set's files */
+  uint32_t dtype;      /* enum st_dtype */
+  uint32_t ndim;
+  uint64_t shape[ST_MAXDIM];
+  uint64_t nelem;      /* product of the shape */
+  const uint8_t *data; /* in the file's read-only mapping */
+  uint64_t offset;     /* of data in the file */
+  uint64_t bytes;
+} st_tensor;
+
+typedef struct st_set st_set;
+
+/* A file, or every *.safetensors file of a directory (in name order). A
+ * tensor name in two files is refused, naming both. */
+rt_status st_open(const char *path, st_set **out_set);
+void st_close(st_set *s);
+
+const char *st_path(const st_set *s); /* as given to st_open */
+int st_is_dir(const st_set *s);
+uint32_t st_nfiles(const st_set *s);
+const char *st_file(const st_set *s, uint32_t file);
+uint32_t st_ntensors(const st_set *s);
+const st_tensor *st_tensor_at(const st_set *s, uint32_t i); /* in name order */
+
+/* The tensor of exactly this name, or NULL. */
+const st_tensor *st_find(const st_set *s, const char *name);
+/* A checkpoint tensor by its release name (DS4-MATH 13): that name, else
+ * the spelling transformers' save_pretrained writes for it (below). */
+const st_tensor *st_find_checkpoint(const st_set *s, const char *name);
+/* The save_pretrained spelling of a release name (DS4-MATH 15.12): a
+ * "model." prefix, with embed.weight -> model.embed_tokens.weight,
+ * hc_head_{fn,base,scale} -> model.hc_head.hc_{fn,base,scale} and
+ * *.attn.kv_norm.weight -> model.*.attn.norm.weight; head.weight is spelt
+ * as it is. Returns 0 when there is no other spelling or it does not fit
+ * in n bytes. */
+int st_pretrained_name(const char *name, char *out, size_t n);
+
+const char *st_dtype_name(uint32_t dtype);
+
+/* NULL when elements of dtype `from` can become elements of the plan dtype
+ * `to` (enum plan_dtype): the same dtype; BF16 or F16 to f32 (exact); F32
+ * to bf16 or f16 (round to nearest, ties to even); I32 or I64 to i32
+ * (range-checked). Otherwise a message ("checkpoint dtype F8_E4M3 is not
+ * supported yet", "cannot convert checkpoint dtype BF16 to the plan's
+ * f16"), which callers prefix with the tensor. */
+rt_status st_convertible(uint32_t from, uint32_t to);
+/* Elements [first, first + count) of t as plan dtype `to` into dst (count
+ * elements of that dtype). Fails on a conversion st_convertible refuses and
+ * on an I64 element outside the int32 range. */
+rt_status st_convert(const st_tensor *t, uint64_t first, uint64_t count, uint32_t to, void *dst);
+/* The same elements as doubles, exactly (I64 beyond 2^53 rounds). Only
+ * for the readable dtypes. */
+rt_status st_values(const st_tensor *t, uint64_t first, uint64_t count, double *out);
+
+#endif
