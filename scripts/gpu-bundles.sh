@@ -29,6 +29,23 @@ $ds4c compile models/tiny-moe.yaml schedules/tiny-hotcold.yaml -o "$out/ops" --t
 # bench/gpu.c's bf16 expert GEMVs; the host code object lets gpu_ops check them
 $ds4c compile bench/models/expert-gemv.yaml bench/schedules/expert-gemv-h200.yaml -o "$out/expert-gemv" \
   --target host,sm_90
+# the DeepSeek-V4 op kinds at small sizes (tests/gpu/models), host + sm_90,
+# each on one cpu device (gpu_ops runs every kernel of a bundle itself)
+for m in tests/gpu/models/*.yaml; do
+  name=$(sed -n 's/^model: *//p' "$m")
+  cat > "$out/schedules/$name-1dev.yaml" <<YAML
+schedule: $name-1dev
+model: $name
+devices:
+  - {name: cpu0, backend: cpu, arch: host, ordinal: 0, threads: 1, bandwidth: 2.0e10, flops: 5.0e10, launch: 2.0e-6}
+streams:
+  - {name: main, device: cpu0}
+owners:
+  - "* -> cpu0.main"
+step: {prefill: 4, decode: 1}
+YAML
+  $ds4c compile "$m" "$out/schedules/$name-1dev.yaml" -o "$out/ops-$(basename "$m" .yaml)" --target host,sm_90 >/dev/null
+done
 build/gen_schedules "$out/schedules" "$n"
 for i in $(seq 0 $((n - 1))); do
   $ds4c compile models/tiny-moe.yaml "$out/schedules/random-$i.yaml" -o "$out/random-$i" >/dev/null

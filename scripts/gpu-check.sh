@@ -21,6 +21,7 @@ $bin/gpu_smoke ops/kernels/sm_90.cubin || fail=1
 
 step "gpu_ops: every kernel against the cpu backend"
 $bin/gpu_ops ops --trials 5 || fail=1
+for b in ops-* expert-gemv; do $bin/gpu_ops "$b" --trials 3 || fail=1; done
 
 step "tiny-h200 --check"
 $bin/ds4run tiny-h200 --steps 8 --check | tee h200.txt || fail=1
