@@ -1,6 +1,6 @@
 /* templates.h - kernel sources embedded into ds4c at build time
- * (compiler/kernels/host/<kind>.c, compiler/kernels/gpu/<kind>.hip and
- * gpu/prelude.h; see embed.cmake). */
+ * (compiler/kernels/host/<kind>.c and prelude.h, compiler/kernels/gpu/<kind>.hip
+ * and prelude.h; see embed.cmake). */
 #ifndef DS4_TEMPLATES_H
 #define DS4_TEMPLATES_H
 

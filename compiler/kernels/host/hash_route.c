@@ -3,16 +3,10 @@
  * (tid2eid), repeats included; their weights come from the gate as in
  * score_route: s = sqrt(softplus(logits[t,e])) over the chosen slots,
  * w_j = s_j / (sum over the slots + 1e-20) * SCALE. kgen_host prepends
- * <stdint.h>, <math.h> and the defines T, E, V, TOPK, SCALE, GRID and
+ * <stdint.h>, <math.h>, prelude.h and the defines T, E, V, TOPK, SCALE, GRID and
  * KERNEL_NAME; grid: one block per token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
-
-/* PyTorch's softplus (threshold 20: above it, z itself), then the root. */
-static float route_score(float z)
-{
-  return sqrtf(z > 20.0f ? z : log1pf(expf(z)));
-}
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
@@ -27,10 +21,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int32_t *ir = idx + t * TOPK;
   float *wr = w + t * TOPK;
   if (t >= ntok) {
-    for (int64_t j = 0; j < TOPK; j++) {
-      ir[j] = 0;
-      wr[j] = 0.0f;
-    }
+    ds4h_route_clear(ir, wr, TOPK);
     return;
   }
   /* Nothing is read out of bounds: an id outside [0, V) chooses no expert
@@ -48,7 +39,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       continue;
     }
     ir[j] = (int32_t)e;
-    wr[j] = route_score(lr[e]);
+    wr[j] = ds4h_route_score(lr[e]);
     wsum += wr[j];
   }
   for (int64_t j = 0; j < TOPK; j++)

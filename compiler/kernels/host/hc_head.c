@@ -1,7 +1,7 @@
 /* hc_head host kernel template: the N hyper-connection streams collapsed
  * into one before the final norm (DS4-MATH §4.3, docs/OPS.md): the N mixes
  * of the RMS-normalised N*D state give the pre weights, and
- * h = sum_i pre_i X[i]. kgen_host prepends <stdint.h>, <math.h> and the
+ * h = sum_i pre_i X[i]. kgen_host prepends <stdint.h>, <math.h>, prelude.h and the
  * defines T, N, D, NMIX (= N), EPS, HC_EPS, GRID and KERNEL_NAME; grid: one
  * block per token slot (T). */
 
@@ -26,18 +26,10 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   /* As in hc_pre: the streams are the stream-major flattening, and
    * fn . (xs / den) is taken as (fn . xs) / den. */
   const float *xs = X + t * (N * D);
-  float ss = 0.0f;
-  for (int64_t k = 0; k < N * D; k++)
-    ss += xs[k] * xs[k];
-  float den = sqrtf(ss / (float)(N * D) + EPS);
   float pre[NMIX];
-  for (int64_t i = 0; i < NMIX; i++) {
-    const float *fr = fn + i * (N * D);
-    float acc = 0.0f;
-    for (int64_t k = 0; k < N * D; k++)
-      acc += fr[k] * xs[k];
-    pre[i] = 1.0f / (1.0f + expf(-(acc / den * scale[0] + base[i]))) + HC_EPS;
-  }
+  ds4h_hc_mix(xs, N * D, fn, NMIX, EPS, pre);
+  for (int64_t i = 0; i < NMIX; i++)
+    pre[i] = ds4h_hc_gate(pre[i], scale[0], base[i], HC_EPS);
   for (int64_t j = 0; j < D; j++) {
     float acc = 0.0f;
     for (int64_t i = 0; i < N; i++)

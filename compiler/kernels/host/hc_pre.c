@@ -2,7 +2,7 @@
  * sub-block (DS4-MATH §4.1, docs/OPS.md): the NMIX = (2+N)*N mixes of the
  * RMS-normalised N*D state, the pre and post weights, the Sinkhorn-balanced
  * N x N comb, and x = sum_i pre_i X[i]. kgen_host prepends <stdint.h>,
- * <math.h> and the defines T, N, D, NMIX, EPS, HC_EPS, ITERS, GRID and
+ * <math.h>, prelude.h and the defines T, N, D, NMIX, EPS, HC_EPS, ITERS, GRID and
  * KERNEL_NAME; grid: one block per token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
@@ -33,21 +33,11 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
    * flattening. fn . (xs / den) is taken as (fn . xs) / den, as DeepSeek
    * computes it. */
   const float *xs = X + t * (N * D);
-  float ss = 0.0f;
-  for (int64_t k = 0; k < N * D; k++)
-    ss += xs[k] * xs[k];
-  float den = sqrtf(ss / (float)(N * D) + EPS);
   float mix[NMIX];
-  for (int64_t m = 0; m < NMIX; m++) {
-    const float *fr = fn + m * (N * D);
-    float acc = 0.0f;
-    for (int64_t k = 0; k < N * D; k++)
-      acc += fr[k] * xs[k];
-    mix[m] = acc / den;
-  }
+  ds4h_hc_mix(xs, N * D, fn, NMIX, EPS, mix);
   float pre[N];
   for (int64_t i = 0; i < N; i++) {
-    pre[i] = 1.0f / (1.0f + expf(-(mix[i] * scale[0] + base[i]))) + HC_EPS;
+    pre[i] = ds4h_hc_gate(mix[i], scale[0], base[i], HC_EPS);
     pr[i] = 2.0f / (1.0f + expf(-(mix[N + i] * scale[1] + base[N + i])));
   }
   /* Sinkhorn: row softmax plus HC_EPS, a column normalisation, then

@@ -1,28 +1,16 @@
 /* moe_experts host kernel template: for slot (t, j) with expert e = idx[t,j]
  * held by this launch (r = expert_rows[e] >= 0), slots[t,j] =
  * (silu(x[t].w1[r]^T) * (x[t].w3[r]^T)) . w2[r]^T (clamped before the
- * product when SWIGLU_LIMIT > 0, see swiglu_act); every other slot is
+ * product when SWIGLU_LIMIT > 0, see the prelude's ds4h_swiglu_act); every other slot is
  * zero, so the parts of a split expert op sum to the unsplit result bit
  * for bit (a slot's accumulator starts at +0 and is never -0). kgen_host
- * prepends <stdint.h>, <math.h> and the defines T, TOPK, E (rows held),
+ * prepends <stdint.h>, <math.h>, prelude.h and the defines T, TOPK, E (rows held),
  * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, GRID and KERNEL_NAME; grid:
  * one block per (token slot, choice), T*TOPK. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
 static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
-
-/* silu(g) * u; with SWIGLU_LIMIT > 0, DS4-MATH §3.3's clamp first: the
- * gate from above only, the up projection on both sides. Comparisons
- * rather than fminf, so that a NaN stays NaN as in torch.clamp. */
-static float swiglu_act(float g, float u)
-{
-  if (SWIGLU_LIMIT > 0.0f) {
-    g = g > SWIGLU_LIMIT ? SWIGLU_LIMIT : g;
-    u = u > SWIGLU_LIMIT ? SWIGLU_LIMIT : u < -SWIGLU_LIMIT ? -SWIGLU_LIMIT : u;
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
@@ -56,7 +44,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       g += xr[c] * w1e[f * H + c];
     for (int64_t c = 0; c < H; c++)
       u += xr[c] * w3e[f * H + c];
-    act[f] = swiglu_act(g, u);
+    act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
     float acc = 0.0f;

@@ -8,12 +8,6 @@
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
-/* PyTorch's softplus (threshold 20: above it, z itself), then the root. */
-static float route_score(float z)
-{
-  return sqrtf(z > 20.0f ? z : log1pf(expf(z)));
-}
-
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
   const float *logits = (const float *)bufs[0];
@@ -26,33 +20,18 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int32_t *ir = idx + t * TOPK;
   float *wr = w + t * TOPK;
   if (t >= ntok) {
-    for (int64_t j = 0; j < TOPK; j++) {
-      ir[j] = 0;
-      wr[j] = 0.0f;
-    }
+    ds4h_route_clear(ir, wr, TOPK);
     return;
   }
   const float *lr = logits + t * E;
   float score[E], key[E];
   unsigned char taken[E];
   for (int64_t e = 0; e < E; e++) {
-    score[e] = route_score(lr[e]);
+    score[e] = ds4h_route_score(lr[e]);
     key[e] = score[e] + bias[e];
-    taken[e] = 0;
   }
-  /* Selection by repeated scans: a strict > while scanning upwards keeps
-   * the lowest index among equal keys. */
-  float wsum = 0.0f;
-  for (int64_t j = 0; j < TOPK; j++) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; e++)
-      if (!taken[e] && (best < 0 || key[e] > key[best]))
-        best = e;
-    taken[best] = 1;
-    ir[j] = (int32_t)best;
-    wr[j] = score[best];
-    wsum += score[best];
-  }
+  /* Ties: the lower index first (ds4h_topk_scan). */
+  float wsum = ds4h_topk_scan(key, score, taken, E, TOPK, ir, wr);
   for (int64_t j = 0; j < TOPK; j++)
     wr[j] = wr[j] / (wsum + 1e-20f) * SCALE;
 }

@@ -1,21 +1,9 @@
 /* swiglu_ffn host kernel template: y[t] = (silu(x[t].w1^T) * (x[t].w3^T)) .
- * w2^T (clamped before the product when SWIGLU_LIMIT > 0, see swiglu_act).
- * kgen_host prepends <stdint.h>, <math.h> and the defines T, H, F,
+ * w2^T (clamped before the product when SWIGLU_LIMIT > 0, see the prelude's ds4h_swiglu_act).
+ * kgen_host prepends <stdint.h>, <math.h>, prelude.h and the defines T, H, F,
  * SWIGLU_LIMIT, GRID and KERNEL_NAME; grid: one block per token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
-
-/* silu(g) * u; with SWIGLU_LIMIT > 0, DS4-MATH §3.3's clamp first: the
- * gate from above only, the up projection on both sides. Comparisons
- * rather than fminf, so that a NaN stays NaN as in torch.clamp. */
-static float swiglu_act(float g, float u)
-{
-  if (SWIGLU_LIMIT > 0.0f) {
-    g = g > SWIGLU_LIMIT ? SWIGLU_LIMIT : g;
-    u = u > SWIGLU_LIMIT ? SWIGLU_LIMIT : u < -SWIGLU_LIMIT ? -SWIGLU_LIMIT : u;
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
@@ -41,7 +29,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       g += xr[c] * w1[f * H + c];
     for (int64_t c = 0; c < H; c++)
       u += xr[c] * w3[f * H + c];
-    act[f] = swiglu_act(g, u);
+    act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
     float acc = 0.0f;

@@ -1,6 +1,6 @@
 /* topk_route host kernel template: softmax over E router logits, the TOPK
  * largest probabilities in descending order (ties: lower index first), and
- * their renormalised weights. kgen_host prepends <stdint.h>, <math.h> and the
+ * their renormalised weights. kgen_host prepends <stdint.h>, <math.h>, prelude.h and the
  * defines T, E, TOPK, GRID and KERNEL_NAME; grid: one block per token slot
  * (T). */
 
@@ -17,10 +17,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int32_t *ir = idx + t * TOPK;
   float *wr = w + t * TOPK;
   if (t >= ntok) {
-    for (int64_t j = 0; j < TOPK; j++) {
-      ir[j] = 0;
-      wr[j] = 0.0f;
-    }
+    ds4h_route_clear(ir, wr, TOPK);
     return;
   }
   const float *lr = logits + t * E;
@@ -35,23 +32,10 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     p[e] = expf(lr[e] - m);
     sum += p[e];
   }
-  for (int64_t e = 0; e < E; e++) {
+  for (int64_t e = 0; e < E; e++)
     p[e] = p[e] / sum;
-    taken[e] = 0;
-  }
-  /* Selection by repeated scans: a strict > while scanning upwards keeps
-   * the lowest index among equal probabilities. */
-  float wsum = 0.0f;
-  for (int64_t j = 0; j < TOPK; j++) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; e++)
-      if (!taken[e] && (best < 0 || p[e] > p[best]))
-        best = e;
-    taken[best] = 1;
-    ir[j] = (int32_t)best;
-    wr[j] = p[best];
-    wsum += p[best];
-  }
+  /* Ties: the lower index first (ds4h_topk_scan). */
+  float wsum = ds4h_topk_scan(p, p, taken, E, TOPK, ir, wr);
   for (int64_t j = 0; j < TOPK; j++)
     wr[j] = wr[j] / wsum;
 }
