@@ -3,7 +3,7 @@
  * bias[e] in descending order (ties: lower index first), and weights
  * w_j = s_idx[j] / (sum of the chosen s + 1e-20) * SCALE; the bias picks
  * the experts, never their weights. kgen_host prepends <stdint.h>,
- * <math.h> and the defines T, E, TOPK, SCALE, GRID and KERNEL_NAME; grid:
+ * <math.h>, prelude.h and the defines T, E, TOPK, SCALE, GRID and KERNEL_NAME; grid:
  * one block per token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
