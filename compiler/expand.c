@@ -75,6 +75,27 @@ static int parse_float(const dsl_str *s, double *out, dsl_diag *d) {
   return 0;
 }
 
+/* init_scale and init_offset: a decimal number, or an integer expression
+ * over the params, so that a description extended with other params (an
+ * expert table's range follows `experts`) needs no edit. */
+static int parse_init(const dsl_str *v, const scope *s, double *out, dsl_diag *d) {
+  const char *t = v->text;
+  int numeric = *t != 0;
+  for (const char *c = t; *c; c++)
+    numeric = numeric && ((*c >= '0' && *c <= '9') || *c == '.' || *c == 'e' || *c == 'E' ||
+                          *c == '-' || *c == '+');
+  char *end;
+  double x = numeric ? strtod(t, &end) : 0.0;
+  if (numeric && *end == 0) {
+    *out = x;
+    return 0;
+  }
+  int64_t n;
+  if (dsl_eval(v, lookup_param, (void *)s, &n, d)) return -1;
+  *out = (double)n;
+  return 0;
+}
+
 /* "{i}" in checkpoint names becomes the instance index. */
 static char *checkpoint_name(const char *pattern, int64_t index) {
   char buf[512];
@@ -120,8 +141,8 @@ static int make_tensor(ir_prog *p, const dsl_tensor *dt, const char *prefix, con
   t.bytes = bytes;
   t.init_offset = 0.0;
   t.init_scale = 1.0 / __builtin_sqrt((double)t.dim[t.ndim - 1]);
-  if (dt->init_offset.text && parse_float(&dt->init_offset, &t.init_offset, d)) return -1;
-  if (dt->init_scale.text && parse_float(&dt->init_scale, &t.init_scale, d)) return -1;
+  if (dt->init_offset.text && parse_init(&dt->init_offset, s, &t.init_offset, d)) return -1;
+  if (dt->init_scale.text && parse_init(&dt->init_scale, s, &t.init_scale, d)) return -1;
   if (dt->checkpoint.text) t.checkpoint = checkpoint_name(dt->checkpoint.text, s->index);
   t.device = -1;
   t.view_of = -1;

@@ -99,6 +99,8 @@ typedef struct dsl_layer { /* one entry of the layer sequence */
 typedef struct dsl_model {
   dsl_source *src;
   dsl_str name;
+  dsl_str extends;         /* optional: the base description's path, as written */
+  struct dsl_model *base;  /* the loaded base (its lists moved here), kept for its text */
   dsl_kv *params;
   int nparams;
   dsl_tensor *tensors; /* global tensors */

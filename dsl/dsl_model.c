@@ -6,7 +6,10 @@
 
 #include "dsl_yaml.h"
 
-static const char *const model_keys[] = {"model", "params", "tensors", "blocks", "layers", NULL};
+static const char *const model_keys[] = {"model", "extends", "params", "tensors", "blocks", "layers", NULL};
+
+/* How deep descriptions may extend one another (a cycle ends here too). */
+enum { MAX_EXTENDS = 8 };
 static const char *const tensor_keys[] = {"name", "shape", "dtype", "role", "checkpoint",
                                           "init_scale", "init_offset", NULL};
 static const char *const block_keys[] = {"name", "carry", "tensors", "ops", NULL};
@@ -61,11 +64,9 @@ static int load_tensor(dy_node *n, dsl_tensor *t, dsl_diag *d) {
   if (dy_take_req(n, "role", "tensor", &t->role, d)) return -1;
   if (dy_check_choice(&t->role, "role", roles, d)) return -1;
   if (dy_take_opt(n, "checkpoint", "tensor", &t->checkpoint, d)) return -1;
+  /* a number or an integer expression: the compiler tells them apart */
   if (dy_take_opt(n, "init_scale", "tensor", &t->init_scale, d)) return -1;
-  if (t->init_scale.text && dy_check_number(&t->init_scale, "init_scale", 0, d)) return -1;
-  if (dy_take_opt(n, "init_offset", "tensor", &t->init_offset, d)) return -1;
-  if (t->init_offset.text && dy_check_number(&t->init_offset, "init_offset", 0, d)) return -1;
-  return 0;
+  return dy_take_opt(n, "init_offset", "tensor", &t->init_offset, d);
 }
 
 static int load_tensors(const dy_node *parent, const char *what, dsl_tensor **out, int *out_n,
@@ -153,10 +154,12 @@ static int load_model(dy_node *root, dsl_model *m, dsl_diag *d) {
                      "layers, not a %s", dy_kind_name(root));
   if (dy_check_keys(root, "model", model_keys, d)) return -1;
   if (dy_take_req(root, "model", "model", &m->name, d)) return -1;
+  if (dy_take_opt(root, "extends", "model", &m->extends, d)) return -1;
+  int required = m->extends.text == NULL; /* an extension may take the base's lists */
   if (load_params(root, "model", &m->params, &m->nparams, d)) return -1;
   if (load_tensors(root, "model", &m->tensors, &m->ntensors, d)) return -1;
   dy_node *blocks, *layers;
-  if (list_of_maps(root, "blocks", "model", 1, &blocks, d)) return -1;
+  if (list_of_maps(root, "blocks", "model", required, &blocks, d)) return -1;
   if (blocks && blocks->n) {
     m->blocks = dsl_calloc((size_t)blocks->n, sizeof *m->blocks);
     if (!m->blocks) return oom(d);
@@ -164,7 +167,7 @@ static int load_model(dy_node *root, dsl_model *m, dsl_diag *d) {
     for (int i = 0; i < blocks->n; i++)
       if (load_block(blocks->items[i], &m->blocks[i], d)) return -1;
   }
-  if (list_of_maps(root, "layers", "model", 1, &layers, d)) return -1;
+  if (list_of_maps(root, "layers", "model", required, &layers, d)) return -1;
   if (layers && layers->n) {
     m->layers = dsl_calloc((size_t)layers->n, sizeof *m->layers);
     if (!m->layers) return oom(d);
@@ -192,6 +195,8 @@ static void tensors_free(dsl_tensor *t, int n) {
 void dsl_model_free(dsl_model *m) {
   if (!m) return;
   free(m->name.text);
+  free(m->extends.text);
+  dsl_model_free(m->base);
   dsl_kvs_free(m->params, m->nparams);
   tensors_free(m->tensors, m->ntensors);
   for (int i = 0; m->blocks && i < m->nblocks; i++) {
@@ -225,8 +230,84 @@ void dsl_model_free(dsl_model *m) {
   free(m);
 }
 
-int dsl_model_parse(const char *path, const char *text, size_t len, dsl_model **out_model,
-                    dsl_diag *d) {
+static int model_load_depth(const char *path, int depth, dsl_model **out_model, dsl_diag *d);
+
+/* The base's path: `extends` is relative to the extending file's folder. */
+static char *base_path(const char *path, const char *rel) {
+  const char *slash = strrchr(path, '/');
+  size_t dir = rel[0] == '/' || !slash ? 0 : (size_t)(slash - path) + 1;
+  size_t n = strlen(rel);
+  char *s = dsl_calloc(dir + n + 1, 1);
+  if (!s) return NULL;
+  memcpy(s, path, dir);
+  memcpy(s + dir, rel, n + 1);
+  return s;
+}
+
+/* Params merge by name: the extension's value replaces the base's in place
+ * (so later base params see it), a new name goes after the base's. */
+static int merge_params(dsl_model *m, dsl_model *base, dsl_diag *d) {
+  dsl_kv *all = dsl_calloc((size_t)(base->nparams + m->nparams) + 1, sizeof *all);
+  if (!all) return oom(d);
+  int n = base->nparams;
+  if (n) memcpy(all, base->params, (size_t)n * sizeof *all);
+  for (int i = 0; i < m->nparams; i++) {
+    int j = 0;
+    while (j < base->nparams && strcmp(all[j].key.text, m->params[i].key.text) != 0) j++;
+    if (j < base->nparams) {
+      free(all[j].value.text);
+      all[j].value = m->params[i].value;
+      free(m->params[i].key.text);
+    } else {
+      all[n++] = m->params[i];
+    }
+  }
+  free(base->params);
+  free(m->params);
+  base->params = NULL;
+  base->nparams = 0;
+  m->params = all;
+  m->nparams = n;
+  return 0;
+}
+
+#define TAKE_LIST(m, base, list, count) \
+  do {                                  \
+    if (!(m)->list) {                   \
+      (m)->list = (base)->list;         \
+      (m)->count = (base)->count;       \
+      (base)->list = NULL;              \
+      (base)->count = 0;                \
+    }                                   \
+  } while (0)
+
+/* Load the base m extends and take from it what m does not give: its
+ * tensors, blocks and layers (each list whole), and its params merged. */
+static int apply_extends(dsl_model *m, const char *path, int depth, dsl_diag *d) {
+  if (depth >= MAX_EXTENDS)
+    return dsl_error(d, m->extends.pos, "descriptions extend one another more than %d deep (a cycle?)",
+                     MAX_EXTENDS);
+  char *bp = base_path(path, m->extends.text);
+  if (!bp) return oom(d);
+  dsl_diag inner = {0};
+  int rc = model_load_depth(bp, depth + 1, &m->base, &inner);
+  free(bp);
+  if (rc) {
+    /* the base's own error, or the file that cannot be read, at `extends` */
+    if (strncmp(inner.msg, "error: ", 7) == 0)
+      return dsl_error(d, m->extends.pos, "extends '%s': %s", m->extends.text, inner.msg + 7);
+    *d = inner;
+    return -1;
+  }
+  if (merge_params(m, m->base, d)) return -1;
+  TAKE_LIST(m, m->base, tensors, ntensors);
+  TAKE_LIST(m, m->base, blocks, nblocks);
+  TAKE_LIST(m, m->base, layers, nlayers);
+  return 0;
+}
+
+static int model_parse_depth(const char *path, const char *text, size_t len, int depth,
+                             dsl_model **out_model, dsl_diag *d) {
   *out_model = NULL;
   dsl_source *src;
   dy_node *root;
@@ -240,6 +321,7 @@ int dsl_model_parse(const char *path, const char *text, size_t len, dsl_model **
   m->src = src;
   int rc = load_model(root, m, d);
   dy_free(root);
+  if (!rc && m->extends.text) rc = apply_extends(m, path, depth, d);
   if (rc) {
     dsl_model_free(m);
     return -1;
@@ -248,12 +330,21 @@ int dsl_model_parse(const char *path, const char *text, size_t len, dsl_model **
   return 0;
 }
 
-int dsl_model_load(const char *path, dsl_model **out_model, dsl_diag *d) {
+static int model_load_depth(const char *path, int depth, dsl_model **out_model, dsl_diag *d) {
   *out_model = NULL;
   char *text;
   size_t len;
   if (dy_read_file(path, &text, &len, d)) return -1;
-  int rc = dsl_model_parse(path, text, len, out_model, d);
+  int rc = model_parse_depth(path, text, len, depth, out_model, d);
   free(text);
   return rc;
+}
+
+int dsl_model_parse(const char *path, const char *text, size_t len, dsl_model **out_model,
+                    dsl_diag *d) {
+  return model_parse_depth(path, text, len, 0, out_model, d);
+}
+
+int dsl_model_load(const char *path, dsl_model **out_model, dsl_diag *d) {
+  return model_load_depth(path, 0, out_model, d);
 }

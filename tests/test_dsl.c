@@ -382,6 +382,35 @@ END_TEST
 
 /* model_* load as models, sched_* as schedules, expr_* as models whose
  * params, shapes and repeats are then evaluated. */
+/* ds4-flash-mini extends deepseek-v4-flash: its params replace the base's
+ * in place, a param it does not give keeps the base's value and position,
+ * and the lists it does not give (tensors, blocks) are the base's. */
+START_TEST(test_model_extends) {
+  dsl_diag d = {0};
+  dsl_model *mini = NULL, *full = NULL;
+  ck_assert_msg(dsl_model_load("models/ds4-flash-mini.yaml", &mini, &d) == 0, "%s", d.msg);
+  ck_assert_msg(dsl_model_load("models/deepseek-v4-flash.yaml", &full, &d) == 0, "%s", d.msg);
+  ck_assert_str_eq(mini->name.text, "ds4-flash-mini");
+  ck_assert_str_eq(mini->extends.text, "deepseek-v4-flash.yaml");
+  ck_assert_int_eq(mini->nparams, full->nparams);
+  for (int i = 0; i < full->nparams; i++)
+    ck_assert_str_eq(mini->params[i].key.text, full->params[i].key.text);
+  const dsl_kv *hidden = find_kv(mini->params, mini->nparams, "hidden");
+  ck_assert_str_eq(hidden->value.text, "64");
+  ck_assert_str_eq(hidden->value.pos.src->path, "models/ds4-flash-mini.yaml");
+  const dsl_kv *csa = find_kv(mini->params, mini->nparams, "csa_ratio");
+  ck_assert_str_eq(csa->value.text, "4");
+  ck_assert_str_eq(csa->value.pos.src->path, "models/deepseek-v4-flash.yaml");
+  ck_assert_int_eq(mini->nblocks, full->nblocks);
+  ck_assert_int_eq(mini->ntensors, full->ntensors);
+  ck_assert_str_eq(mini->blocks[1].name.text, "swa_hash");
+  ck_assert_int_eq(mini->nlayers, 5);
+  ck_assert_str_eq(mini->layers[3].repeat.text, "2");
+  dsl_model_free(mini);
+  dsl_model_free(full);
+}
+END_TEST
+
 static const char *const error_cases[] = {
     "model_malformed",       "model_unknown_key",      "model_missing_field",
     "model_bad_dtype",       "model_bad_role",         "sched_bad_backend",
@@ -395,7 +424,8 @@ static const char *const error_cases[] = {
     "expr_escaped_quote",    "model_complex_key",      "model_attr_list",
     "sched_owner_empty_stream", "model_layer_block_and_blocks", "model_layer_no_block",
     "model_layer_empty_blocks", "model_layer_unknown_key", "model_layer_blocks_scalar",
-    "expr_layer_from",
+    "expr_layer_from",       "model_extends_missing",  "model_extends_cycle",
+    "model_extends_bad_base",
 };
 #define NCASES ((int)(sizeof error_cases / sizeof error_cases[0]))
 
@@ -857,6 +887,7 @@ static Suite *dsl_suite(void) {
   tcase_add_test(tc, test_schedule_optional_parts);
   tcase_add_test(tc, test_model_layer_params);
   tcase_add_test(tc, test_model_layer_blocks);
+  tcase_add_test(tc, test_model_extends);
   suite_add_tcase(s, tc);
   tc = tcase_create("errors");
   tcase_add_loop_test(tc, test_error_case, 0, NCASES);
