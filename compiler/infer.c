@@ -52,6 +52,29 @@ static int expect(const ir_prog *p, const ir_op *op, int i, uint32_t dtype, int 
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__})
 
+/* A weight of embed, matmul, group_matmul, moe_experts or swiglu_ffn: f32,
+ * or bf16 (the kernels widen it exactly to f32); then as expect. */
+static int expect_weight(const ir_prog *p, const ir_op *op, int i, int ndim, const int64_t *dims, dsl_diag *d) {
+  const ir_tensor *t = operand(p, op, i);
+  if (t->dtype != PLAN_F32 && t->dtype != PLAN_BF16)
+    return dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' has dtype %s, expected f32 or bf16",
+                     ir_opkinds[op->kind].name, op->path, operand_name(op, i), t->path, plan_dtype_name(t->dtype));
+  return expect(p, op, i, t->dtype, ndim, dims, d);
+}
+
+/* embed's x: [T, H], or [T, N, H] with the row copied into each of N
+ * hyper-connection streams (DS4-MATH §2 step 2). */
+static int expect_embed_rows(const ir_prog *p, const ir_op *op, int64_t H, dsl_diag *d) {
+  const ir_tensor *x = operand(p, op, 2);
+  if (x->ndim == 3) return expect(p, op, 2, PLAN_F32, 3, DIMS(p->tokens, -1, H), d);
+  if (x->ndim == 2) return expect(p, op, 2, PLAN_F32, 2, DIMS(p->tokens, H), d);
+  char have[128];
+  shape_str(x, have, sizeof have);
+  return dsl_error(d, operand_pos(op, 2), "shape mismatch: embed '%s': x '%s' has shape %s, expected [%d, %lld] "
+                   "or [%d, _, %lld] (hyper-connection streams)", op->path, x->path, have, p->tokens,
+                   (long long)H, p->tokens, (long long)H);
+}
+
 static int64_t dim(const ir_prog *p, const ir_op *op, int i, int j) {
   const ir_tensor *t = operand(p, op, i);
   return j < t->ndim ? t->dim[j] : -1;
@@ -131,7 +154,7 @@ static int infer_sink_attention(const ir_prog *p, ir_op *op, dsl_diag *d) {
 
 static int infer_group_matmul(const ir_prog *p, ir_op *op, dsl_diag *d) {
   int64_t K = dim(p, op, 0, 1), N = dim(p, op, 1, 0), Kg = dim(p, op, 1, 1), G = op->iattr[0];
-  if (expect(p, op, 0, PLAN_F32, 2, DIMS(p->tokens, -1), d) || expect(p, op, 1, PLAN_F32, 2, DIMS(-1, -1), d) ||
+  if (expect(p, op, 0, PLAN_F32, 2, DIMS(p->tokens, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, -1), d) ||
       expect(p, op, 2, PLAN_F32, 2, DIMS(p->tokens, N), d))
     return -1;
   if (G < 1 || N % G || K != G * Kg)
@@ -229,8 +252,8 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
   switch (op->kind) {
     case IR_OP_EMBED: {
       int64_t H = dim(p, op, 1, 1);
-      if (expect(p, op, 0, PLAN_I32, 1, DIMS(T), d) || expect(p, op, 1, PLAN_F32, 2, DIMS(-1, -1), d) ||
-          expect(p, op, 2, PLAN_F32, 2, DIMS(T, H), d))
+      if (expect(p, op, 0, PLAN_I32, 1, DIMS(T), d) || expect_weight(p, op, 1, 2, DIMS(-1, -1), d) ||
+          expect_embed_rows(p, op, H, d))
         return -1;
       return 0;
     }
@@ -243,10 +266,8 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
       return 0;
     }
     case IR_OP_MATMUL: {
-      /* The weight may be bf16 (widened exactly in the kernel); else f32. */
       int64_t K = dim(p, op, 0, 1), N = dim(p, op, 1, 0);
-      uint32_t wt = operand(p, op, 1)->dtype == PLAN_BF16 ? PLAN_BF16 : PLAN_F32;
-      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect(p, op, 1, wt, 2, DIMS(-1, K), d) ||
+      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, K), d) ||
           expect(p, op, 2, PLAN_F32, 2, DIMS(T, N), d))
         return -1;
       return 0;
@@ -309,8 +330,8 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
     case IR_OP_MOE_EXPERTS: {
       int64_t H = dim(p, op, 0, 1), k = dim(p, op, 1, 1), E = dim(p, op, 2, 0), F = dim(p, op, 2, 1);
       if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect(p, op, 1, PLAN_I32, 2, DIMS(T, -1), d) ||
-          expect(p, op, 2, PLAN_F32, 3, DIMS(-1, -1, H), d) || expect(p, op, 3, PLAN_F32, 3, DIMS(E, F, H), d) ||
-          expect(p, op, 4, PLAN_F32, 3, DIMS(E, H, F), d) || expect(p, op, 5, PLAN_F32, 3, DIMS(T, k, H), d))
+          expect_weight(p, op, 2, 3, DIMS(-1, -1, H), d) || expect_weight(p, op, 3, 3, DIMS(E, F, H), d) ||
+          expect_weight(p, op, 4, 3, DIMS(E, H, F), d) || expect(p, op, 5, PLAN_F32, 3, DIMS(T, k, H), d))
         return -1;
       return check_swiglu_limit(op, d);
     }
@@ -334,8 +355,8 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
     }
     case IR_OP_SWIGLU_FFN: {
       int64_t H = dim(p, op, 0, 1), F = dim(p, op, 1, 0);
-      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect(p, op, 1, PLAN_F32, 2, DIMS(-1, H), d) ||
-          expect(p, op, 2, PLAN_F32, 2, DIMS(F, H), d) || expect(p, op, 3, PLAN_F32, 2, DIMS(H, F), d) ||
+      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, H), d) ||
+          expect_weight(p, op, 2, 2, DIMS(F, H), d) || expect_weight(p, op, 3, 2, DIMS(H, F), d) ||
           expect(p, op, 4, PLAN_F32, 2, DIMS(T, H), d))
         return -1;
       return check_swiglu_limit(op, d);

@@ -39,6 +39,9 @@ typedef struct kgen_slot {
   const char *name;
   char dtype; /* 'f': f32, 'i': i32, 'w': a weight in f32 or bf16 */
   const char *dims;
+  /* 'w' only: the define that tells the templates the weight is bf16
+   * (1) or f32 (0); the GPU templates also get <NAME>_T (kgen_gpu.c). */
+  const char *bf16_define;
 } kgen_slot;
 
 typedef struct kgen_attr {
@@ -59,13 +62,15 @@ typedef struct kgen_kind {
 } kgen_kind;
 
 static const kgen_kind kgen_kinds[IR_NOPKIND] = {
+  /* x [T, H], or [T, N, H] for N hyper-connection streams: checked by
+   * kgen_specialise_embed */
   [IR_OP_EMBED] = {"embed", 2, 1,
-                   {{"ids", 'i', "T"}, {"table", 'f', "VH"}, {"x", 'f', "TH"}}, 0, {{0}}},
+                   {{"ids", 'i', "T"}, {"table", 'w', "VH", "TABLE_BF16"}, {"x", 'f', "+"}}, 0, {{0}}},
   [IR_OP_RMSNORM] = {"rmsnorm", 2, 1,
                      {{"x", 'f', "TH"}, {"w", 'f', "H"}, {"y", 'f', "TH"}},
                      1, {{"eps", 1}}},
   [IR_OP_MATMUL] = {"matmul", 2, 1,
-                    {{"x", 'f', "TK"}, {"w", 'w', "NK"}, {"y", 'f', "TN"}}, 0, {{0}}},
+                    {{"x", 'f', "TK"}, {"w", 'w', "NK", "W_BF16"}, {"y", 'f', "TN"}}, 0, {{0}}},
   [IR_OP_ROPE] = {"rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
                   9, {{"heads", 0}, {"rope_dim", 0}, {"theta", 1}, {"inverse", 0, 1},
                       {"yarn_factor", 1, 1}, {"yarn_orig", 1, 1}, {"yarn_beta_fast", 1, 1},
@@ -82,15 +87,15 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                         {{"logits", 'f', "TE"}, {"idx", 'i', "Tk"}, {"w", 'f', "Tk"}},
                         1, {{"k", 0}}},
   [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1,
-                         {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'f', "EFH"},
-                          {"w3", 'f', "EFH"}, {"w2", 'f', "EHF"}, {"slots", 'f', "TkH"}},
+                         {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'w', "EFH", "W1_BF16"},
+                          {"w3", 'w', "EFH", "W3_BF16"}, {"w2", 'w', "EHF", "W2_BF16"}, {"slots", 'f', "TkH"}},
                          1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1,
                          {{"slots", 'f', "TkH"}, {"w", 'f', "Tk"}, {"y", 'f', "TH"}},
                          0, {{0}}},
   [IR_OP_SWIGLU_FFN] = {"swiglu_ffn", 4, 1,
-                        {{"x", 'f', "TH"}, {"w1", 'f', "FH"}, {"w3", 'f', "FH"},
-                         {"w2", 'f', "HF"}, {"y", 'f', "TH"}},
+                        {{"x", 'f', "TH"}, {"w1", 'w', "FH", "W1_BF16"}, {"w3", 'w', "FH", "W3_BF16"},
+                         {"w2", 'w', "HF", "W2_BF16"}, {"y", 'f', "TH"}},
                         1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_ARGMAX] = {"argmax", 1, 1, {{"logits", 'f', "TV"}, {"ids", 'i', "T"}}, 0, {{0}}},
   [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, {{"parts", 'f', "+"}, {"y", 'f', "+"}},
@@ -126,7 +131,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                                 {"scale", 1}}},
   /* x [T, groups * J], w [N, J]: checked by kgen_specialise */
   [IR_OP_GROUP_MATMUL] = {"group_matmul", 2, 1,
-                          {{"x", 'f', "TK"}, {"w", 'f', "NJ"}, {"y", 'f', "TN"}},
+                          {{"x", 'f', "TK"}, {"w", 'w', "NJ", "W_BF16"}, {"y", 'f', "TN"}},
                           1, {{"groups", 0}}},
   /* c, z [T, C]; rings [R, C] with C = (1 + overlap) * W; bias [ratio, C];
    * entries [N, W]: checked by kgen_specialise */
@@ -593,6 +598,28 @@ static int kgen_specialise_index_select(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
+/* embed: x is [T, H], one row per slot, or [T, N, H], the row copied into
+ * each of N hyper-connection streams (DS4-MATH §2 step 2); N = 1 for
+ * [T, H], the same kernel. */
+static int kgen_specialise_embed(kgen_ctx *c, kgen_spec *s)
+{
+  const int64_t *v = c->var;
+  const ir_tensor *x = kgen_tensor(c, 2);
+  int rows = x->ndim == 2 || x->ndim == 3;
+  if (!rows || x->dim[0] != v['T'] || x->dim[x->ndim - 1] != v['H']) {
+    char shape[160];
+    kgen_shape_text(x, shape, sizeof shape);
+    return kgen_err(c->d, c->op->pos, "embed: output x (%s) has shape %s; expected [%" PRId64 ",%" PRId64
+                     "] or [%" PRId64 ",N,%" PRId64 "] (N hyper-connection streams)",
+                     x->path, shape, v['T'], v['H'], v['T'], v['H']);
+  }
+  kgen_def_int(s, "T", v['T']);
+  kgen_def_int(s, "V", v['V']);
+  kgen_def_int(s, "H", v['H']);
+  kgen_def_int(s, "NSTREAMS", x->ndim == 3 ? x->dim[1] : 1);
+  return 0;
+}
+
 static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
 {
   const int64_t *v = c->var;
@@ -638,9 +665,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   s->grid_text = "one block per token slot";
   switch (op->kind) {
   case IR_OP_EMBED:
-    kgen_def_int(s, "T", T);
-    kgen_def_int(s, "V", v['V']);
-    kgen_def_int(s, "H", v['H']);
+    if (kgen_specialise_embed(c, s))
+      return -1;
     break;
   case IR_OP_RMSNORM:
     kgen_def_int(s, "T", T);
@@ -656,7 +682,6 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "N", v['N']);
     kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
     kgen_def_int(s, "NTILES", ntiles);
-    kgen_def_int(s, "W_BF16", s->slot_dtype[1] == PLAN_BF16);
     s->grid = (uint64_t)(T * ntiles);
     s->grid_text = "token slot x tile of output columns";
     break;
@@ -863,6 +888,15 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
+/* Each weight slot's define (TABLE_BF16, W_BF16, W1_BF16, ...): 1 for a
+ * bf16 weight, which the templates widen exactly to f32, 0 for f32. */
+static void kgen_def_weight_dtypes(const kgen_ctx *c, kgen_spec *s)
+{
+  for (int i = 0; i < c->k->nin; i++)
+    if (c->k->io[i].dtype == 'w')
+      kgen_def_int(s, c->k->io[i].bf16_define, c->view[i].dtype == PLAN_BF16);
+}
+
 /* moe_experts: the row of each expert in this launch's weights, -1 for
  * experts another launch owns; e_rows is the rows the weights hold. */
 static void kgen_expert_rows(const ir_op *op, int64_t e_rows, kgen_buf *b)
@@ -940,6 +974,7 @@ int kgen_spec_build(const ir_prog *p, const ir_op *op, const char *target, kgen_
   }
   if (kgen_specialise(&c, s))
     return -1;
+  kgen_def_weight_dtypes(&c, s);
   kgen_buf canon = {0};
   kgen_canonical(&c, &canon);
   if (canon.oom) {

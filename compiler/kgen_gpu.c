@@ -23,7 +23,8 @@
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
  * template takes from <SLOT>_T: float, or the prelude's ds4_bf16 where
- * the shared checks admit a bf16 weight (matmul's w). */
+ * the shared checks admit a bf16 weight (embed's table, the matmuls' w,
+ * the FFNs' w1, w3 and w2; kgen.c also defines <SLOT>_BF16). */
 typedef struct kgen_gpu_kind {
   int nthreads;
   int lanes;

@@ -21,6 +21,7 @@
 
 #include "emit.h"
 #include "kgen.h"
+#include "pipeline.h"
 #include "templates.h"
 
 /* Tolerance against float64: |got - ref| <= REL_TOL * (largest |ref| of the
@@ -285,17 +286,26 @@ static const int g_steps[][2] = {{0, 4}, {0, 1}, {3, 2}, {9, 3}, {12, 4}};
 
 /* ---- embed ---- */
 
-START_TEST(test_embed)
+/* x [T, H] (nstreams 0), or [T, nstreams, H]: every stream a copy of the
+ * row (DS4-MATH §2 step 2). Returns the kernel's symbol (caller frees). */
+static char *embed_case(int nstreams)
 {
   enum { T = 4, V = 11, H = 9 };
+  int n = nstreams ? nstreams : 1;
   kt k;
   kt_init(&k, IR_OP_EMBED);
   kt_add(&k, 0, PLAN_I32, 1, (int64_t)T);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)V, (int64_t)H);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  if (nstreams)
+    kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)nstreams, (int64_t)H);
+  else
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)H);
   built b;
   build(&k, &b);
   ck_assert_uint_eq(b.kk.grid, T);
+  char def[64];
+  snprintf(def, sizeof def, "#define NSTREAMS ((int64_t)%d)\n", n);
+  ck_assert_ptr_nonnull(strstr(b.kk.source, def));
   bufs bs;
   bufs_alloc(&bs, &k);
   /* ids outside [0, V) must give a zero row, not a read out of bounds. */
@@ -305,21 +315,38 @@ START_TEST(test_embed)
       int ntok = g_steps[s][1];
       memcpy(bs.b[0], idsets[set], sizeof idsets[set]);
       fill_f32(bs.b[1], V * H, 1.0);
-      fill_garbage(bs.b[2], T * H);
+      fill_garbage(bs.b[2], T * n * H);
       run_checked(&b, &k, &bs, g_steps[s][0], ntok);
       const float *table = bs.b[1];
-      double *ref = dalloc(T * H);
+      double *ref = dalloc(T * n * H);
       for (int t = 0; t < ntok; t++) {
         int32_t id = idsets[set][t];
-        for (int c = 0; c < H; c++)
-          ref[t * H + c] = id >= 0 && id < V ? table[id * H + c] : 0.0;
+        for (int i = 0; i < n; i++)
+          for (int c = 0; c < H; c++)
+            ref[(t * n + i) * H + c] = id >= 0 && id < V ? table[id * H + c] : 0.0;
       }
-      /* A copy: exact, so tolerance 0. */
-      check_rows("embed", bs.b[2], ref, T, H, ntok, 0.0);
+      /* A copy: exact, so tolerance 0; a token's streams are one row. */
+      check_rows("embed", bs.b[2], ref, T, n * H, ntok, 0.0);
       free(ref);
     }
+  char *symbol = strdup(b.kk.symbol);
+  ck_assert_ptr_nonnull(symbol);
   bufs_free(&bs);
   unbuild(&b);
+  return symbol;
+}
+
+START_TEST(test_embed)
+{
+  char *rows = embed_case(0), *one = embed_case(1), *streams = embed_case(4);
+  /* The output's shape is one of the hashed facts: [T,H], [T,1,H] and
+   * [T,4,H] are three kernels. */
+  ck_assert_str_ne(rows, one);
+  ck_assert_str_ne(rows, streams);
+  ck_assert_str_ne(one, streams);
+  free(rows);
+  free(one);
+  free(streams);
 }
 END_TEST
 
@@ -1430,6 +1457,277 @@ START_TEST(test_swiglu_ffn)
 }
 END_TEST
 
+/* ---- bf16 weights: the f32 kernel's bits on the widened values ---- */
+
+/* A random i32 in [-1, bound]: token ids or expert choices, the first
+ * and last out of range. */
+static int32_t rnd_index(int32_t bound)
+{
+  int32_t v = (int32_t)floor((rnd() + 1.0) * 0.5 * (bound + 2)) - 1;
+  return v > bound ? bound : v;
+}
+
+/* k32's op (f32 weights) again with the inputs in wslots (bit i: input i)
+ * made bf16: for bf16 weights it must give bit for bit what the f32
+ * kernel gives for f32 weights holding the widened values (the kernels
+ * widen exactly and keep the f32 path's order), through every step of
+ * g_steps; i32 inputs take rnd_index(ibound). The symbol differs (the
+ * dtypes are hashed) and the weights' defines say which are bf16. */
+static void bf16_case(const kt *k32, unsigned wslots, int32_t ibound)
+{
+  kt k16 = *k32;
+  k16.prog.tensors = k16.tensors;
+  int nin = k32->op.nin, nbuf = k32->prog.ntensors, nonzero = 0;
+  for (int i = 0; i < nin; i++)
+    if (wslots & 1u << i) {
+      ck_assert_int_eq(k16.tensors[i].dtype, PLAN_F32);
+      k16.tensors[i].dtype = PLAN_BF16;
+      k16.tensors[i].bytes /= 2;
+    }
+  kt a = *k32;
+  a.prog.tensors = a.tensors;
+  built b32, b16;
+  build(&a, &b32);
+  build(&k16, &b16);
+  ck_assert_uint_eq(b16.kk.grid, b32.kk.grid);
+  ck_assert_str_ne(b16.kk.symbol, b32.kk.symbol);
+  ck_assert_ptr_null(strstr(b32.kk.source, "_BF16 ((int64_t)1)\n"));
+  ck_assert_ptr_nonnull(strstr(b16.kk.source, "_BF16 ((int64_t)1)\n"));
+  bufs s32, s16;
+  bufs_alloc(&s32, &a);
+  bufs_alloc(&s16, &k16);
+  for (int s = 0; s < NSTEPS; s++) {
+    for (int i = 0; i < nin; i++) {
+      int64_t n = kt_elems(&a, i);
+      if (wslots & 1u << i) {
+        uint16_t *w16 = s16.b[i];
+        float *w32 = s32.b[i];
+        for (int64_t j = 0; j < n; j++) {
+          w16[j] = bf16_of((float)rnd());
+          w32[j] = (float)bf16_value(w16[j]);
+        }
+      } else {
+        if (a.tensors[i].dtype == PLAN_I32)
+          for (int64_t j = 0; j < n; j++)
+            ((int32_t *)s32.b[i])[j] = rnd_index(ibound);
+        else
+          fill_f32(s32.b[i], n, 1.0);
+        memcpy(s16.b[i], s32.b[i], (size_t)a.tensors[i].bytes);
+      }
+    }
+    for (int o = nin; o < nbuf; o++) {
+      fill_garbage(s32.b[o], kt_elems(&a, o));
+      fill_garbage(s16.b[o], kt_elems(&a, o));
+    }
+    run_checked(&b32, &a, &s32, g_steps[s][0], g_steps[s][1]);
+    run_checked(&b16, &k16, &s16, g_steps[s][0], g_steps[s][1]);
+    for (int o = nin; o < nbuf; o++) {
+      ck_assert_msg(memcmp(s32.b[o], s16.b[o], (size_t)a.tensors[o].bytes) == 0,
+                    "%s: output %d with bf16 weights differs from f32 on the same values (step %d)",
+                    b16.kk.symbol, o - nin, s);
+      const float *y = s16.b[o];
+      for (int64_t j = 0; j < kt_elems(&a, o); j++)
+        nonzero |= y[j] != 0.0f;
+    }
+  }
+  ck_assert_msg(nonzero, "%s: every output was zero", b16.kk.symbol);
+  bufs_free(&s32);
+  bufs_free(&s16);
+  unbuild(&b32);
+  unbuild(&b16);
+}
+
+START_TEST(test_bf16_weights)
+{
+  enum { T = 4, V = 11, H = 12, F = 20, E = 5, K = 3 };
+  kt k;
+  kt_init(&k, IR_OP_EMBED); /* the table, into rows and into streams */
+  kt_add(&k, 0, PLAN_I32, 1, (int64_t)T);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)V, (int64_t)H);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  bf16_case(&k, 1u << 1, V);
+  k.tensors[2].ndim = 3;
+  k.tensors[2].dim[1] = 3;
+  k.tensors[2].dim[2] = H;
+  k.tensors[2].bytes *= 3;
+  bf16_case(&k, 1u << 1, V);
+
+  kt_init(&k, IR_OP_MATMUL); /* 150 columns: a partial tile */
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)37);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)150, (int64_t)37);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)150);
+  bf16_case(&k, 1u << 1, 0);
+
+  kt_init(&k, IR_OP_GROUP_MATMUL); /* 21 columns in 3 groups */
+  k.op.iattr[0] = 3;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)30);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)21, (int64_t)10);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)21);
+  bf16_case(&k, 1u << 1, 0);
+
+  /* Every expert, then a split holding experts 3 and 1 (rows out of
+   * expert order), with the SwiGLU clamp; choices in [-1, E]. */
+  static int split_rows[E] = {-1, 1, -1, 0, -1};
+  for (int split = 0; split < 2; split++) {
+    int64_t rows = split ? 2 : E;
+    kt_init(&k, IR_OP_MOE_EXPERTS);
+    if (split) {
+      k.op.expert_row = split_rows;
+      k.op.nexperts = E;
+      k.op.fattr[0] = 2.0;
+    }
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+    kt_add(&k, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)F, (int64_t)H);
+    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)F, (int64_t)H);
+    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)H, (int64_t)F);
+    kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+    bf16_case(&k, 1u << 2 | 1u << 3 | 1u << 4, E);
+  }
+
+  /* All three weights, clamped; and w2 alone: each weight's dtype is its
+   * own. */
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  k.op.fattr[0] = 0.5;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)F, (int64_t)H);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)F, (int64_t)H);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)H, (int64_t)F);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  bf16_case(&k, 1u << 1 | 1u << 2 | 1u << 3, 0);
+  bf16_case(&k, 1u << 3, 0);
+}
+END_TEST
+
+/* ---- the compiler's checks (infer) of weights and embed's streams ---- */
+
+/* Every kind that takes a bf16 weight, all bf16, and embed into 3
+ * hyper-connection streams; g_infer_edits changes one thing of it. */
+static const char g_infer_model[] =
+    "model: case\n"
+    "params: {tokens: 2, max_seq: 8, hidden: 8, vocab: 16, hc: 3, experts: 4, ffn: 6}\n"
+    "tensors:\n"
+    "  - {name: ids, shape: [tokens], dtype: i32, role: input}\n"
+    "  - {name: logits, shape: [tokens, vocab], dtype: f32, role: output}\n"
+    "  - {name: next, shape: [tokens], dtype: i32, role: output}\n"
+    "blocks:\n"
+    "  - name: net\n"
+    "    tensors:\n"
+    "      - {name: table, shape: [vocab, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: hfn, shape: [hc, hc*hidden], dtype: f32, role: weight}\n"
+    "      - {name: hbase, shape: [hc], dtype: f32, role: weight}\n"
+    "      - {name: hscale, shape: [1], dtype: f32, role: weight}\n"
+    "      - {name: gate, shape: [experts, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: w1, shape: [experts, ffn, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: w3, shape: [experts, ffn, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: w2, shape: [experts, hidden, ffn], dtype: bf16, role: weight}\n"
+    "      - {name: s1, shape: [ffn, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: s3, shape: [ffn, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: s2, shape: [hidden, ffn], dtype: bf16, role: weight}\n"
+    "      - {name: wo_a, shape: [hidden, hidden/2], dtype: bf16, role: weight}\n"
+    "      - {name: w_out, shape: [vocab, hidden], dtype: bf16, role: weight}\n"
+    "      - {name: X, shape: [tokens, hc, hidden], dtype: f32, role: activation}\n"
+    "      - {name: h, shape: [tokens, hidden], dtype: f32, role: activation}\n"
+    "      - {name: z, shape: [tokens, experts], dtype: f32, role: activation}\n"
+    "      - {name: sel, shape: [tokens, 2], dtype: i32, role: activation}\n"
+    "      - {name: sel_w, shape: [tokens, 2], dtype: f32, role: activation}\n"
+    "      - {name: slots, shape: [tokens, 2, hidden], dtype: f32, role: activation}\n"
+    "      - {name: m, shape: [tokens, hidden], dtype: f32, role: activation}\n"
+    "      - {name: sh, shape: [tokens, hidden], dtype: f32, role: activation}\n"
+    "      - {name: g, shape: [tokens, hidden], dtype: f32, role: activation}\n"
+    "      - {name: a1, shape: [tokens, hidden], dtype: f32, role: activation}\n"
+    "      - {name: a2, shape: [tokens, hidden], dtype: f32, role: activation}\n"
+    "    ops:\n"
+    "      - {name: embed, op: embed, in: [ids, table], out: [X]}\n"
+    "      - {name: collapse, op: hc_head, in: [X, hfn, hbase, hscale], out: [h]}\n"
+    "      - {name: gate, op: matmul, in: [h, gate], out: [z]}\n"
+    "      - {name: route, op: topk_route, in: [z], out: [sel, sel_w], attrs: {k: 2}}\n"
+    "      - {name: experts, op: moe_experts, in: [h, sel, w1, w3, w2], out: [slots]}\n"
+    "      - {name: combine, op: moe_combine, in: [slots, sel_w], out: [m]}\n"
+    "      - {name: shared, op: swiglu_ffn, in: [h, s1, s3, s2], out: [sh]}\n"
+    "      - {name: oa, op: group_matmul, in: [h, wo_a], out: [g], attrs: {groups: 2}}\n"
+    "      - {name: sum1, op: add, in: [m, sh], out: [a1]}\n"
+    "      - {name: sum2, op: add, in: [a1, g], out: [a2]}\n"
+    "      - {name: lm_head, op: matmul, in: [a2, w_out], out: [logits]}\n"
+    "      - {name: sample, op: argmax, in: [logits], out: [next]}\n"
+    "layers:\n"
+    "  - {block: net, name: net}\n";
+
+/* Writes g_infer_model with its first `from` replaced by `to` (NULL: as
+ * it is) to DIR/name, and a one-cpu schedule beside it; fills o. */
+static void infer_write(const char *name, const char *from, const char *to, ds4c_options *o, char *model,
+                        char *sched, char *out, size_t n)
+{
+  snprintf(model, n, "%s/%s.yaml", g_dir, name);
+  snprintf(sched, n, "%s/%s.sched.yaml", g_dir, name);
+  snprintf(out, n, "%s/%s-bundle", g_dir, name);
+  const char *at = from ? strstr(g_infer_model, from) : NULL;
+  ck_assert_msg(!from || at, "the model has no \"%s\"", from);
+  FILE *f = fopen(model, "w");
+  ck_assert_ptr_nonnull(f);
+  if (at)
+    fprintf(f, "%.*s%s%s", (int)(at - g_infer_model), g_infer_model, to, at + strlen(from));
+  else
+    fputs(g_infer_model, f);
+  ck_assert_int_eq(fclose(f), 0);
+  f = fopen(sched, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("schedule: one-cpu\nmodel: case\n"
+        "devices:\n  - {name: cpu0, backend: cpu, arch: host, ordinal: 0, threads: 1,\n"
+        "     bandwidth: 1.0e10, flops: 1.0e10, launch: 1.0e-6}\n"
+        "streams:\n  - {name: main, device: cpu0}\n"
+        "owners:\n  - \"* -> cpu0.main\"\n"
+        "step: {prefill: 2, decode: 1}\n",
+        f);
+  ck_assert_int_eq(fclose(f), 0);
+  *o = (ds4c_options){.model_path = model, .sched_path = sched, .out_dir = out};
+}
+
+/* The model with one edit fails to compile with `what` in its message. */
+static void infer_error(const char *from, const char *to, const char *what)
+{
+  char model[512], sched[512], out[512];
+  ds4c_options o;
+  infer_write("bad", from, to, &o, model, sched, out, sizeof model);
+  dsl_diag d = {0};
+  ir_prog *p = NULL;
+  ck_assert_msg(ds4c_build(&o, &p, &d) != 0, "compiled with %s", to);
+  ck_assert_msg(strstr(d.msg, what) != NULL, "message \"%s\" lacks \"%s\"", d.msg, what);
+}
+
+START_TEST(test_infer_weights)
+{
+  /* As it is: through kernel generation and the host build. */
+  char model[512], sched[512], out[512];
+  ds4c_options o;
+  infer_write("good", NULL, NULL, &o, model, sched, out, sizeof model);
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+
+  infer_error("table, shape: [vocab, hidden], dtype: bf16", "table, shape: [vocab, hidden], dtype: f16",
+              "bad.yaml:35:44: error: embed 'net.embed': table 'net.table' has dtype f16, expected f32 or bf16");
+  infer_error("dtype: bf16, role: weight}\n      - {name: w_out", "dtype: f16, role: weight}\n      - {name: w_out",
+              "error: group_matmul 'net.oa': w 'net.wo_a' has dtype f16, expected f32 or bf16");
+  infer_error("w2, shape: [experts, hidden, ffn], dtype: bf16", "w2, shape: [experts, hidden, ffn], dtype: i32",
+              "error: moe_experts 'net.experts': w2 'net.w2' has dtype i32, expected f32 or bf16");
+  infer_error("s3, shape: [ffn, hidden], dtype: bf16", "s3, shape: [ffn, hidden], dtype: f16",
+              "error: swiglu_ffn 'net.shared': w3 'net.s3' has dtype f16, expected f32 or bf16");
+  infer_error("gate, shape: [experts, hidden], dtype: bf16", "gate, shape: [experts, hidden], dtype: i32",
+              "error: matmul 'net.gate': w 'net.gate' has dtype i32, expected f32 or bf16");
+  /* embed's x: [T, H] or [T, N, H], nothing else. */
+  infer_error("X, shape: [tokens, hc, hidden]", "X, shape: [tokens, hidden, hc]",
+              "bad.yaml:35:58: error: shape mismatch: embed 'net.embed': x 'net.X' has shape [2, 8, 3], "
+              "expected [2, _, 8]");
+  infer_error("X, shape: [tokens, hc, hidden]", "X, shape: [tokens, hc, hidden, 1]",
+              "error: shape mismatch: embed 'net.embed': x 'net.X' has shape [2, 3, 8, 1], expected [2, 8] or "
+              "[2, _, 8] (hyper-connection streams)");
+  infer_error("X, shape: [tokens, hc, hidden]", "X, shape: [tokens*hc*hidden]",
+              "x 'net.X' has shape [48], expected [2, 8] or [2, _, 8]");
+  infer_error("X, shape: [tokens, hc, hidden], dtype: f32", "X, shape: [tokens, hc, hidden], dtype: bf16",
+              "error: embed 'net.embed': x 'net.X' has dtype bf16, expected f32");
+}
+END_TEST
+
 /* ---- argmax ---- */
 
 START_TEST(test_argmax)
@@ -2158,6 +2456,29 @@ START_TEST(test_errors)
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)8, (int64_t)4);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)4);
   expect_error(&k, "embed: input ids (t0) has dtype f32; expected i32");
+  /* x is [T,H] or [T,N,H]; the table f32 or bf16. */
+  k.tensors[0].dtype = PLAN_I32;
+  k.tensors[2].dim[1] = 5;
+  expect_error(&k, "embed: output x (t2) has shape [4,5]; expected [4,4] or [4,N,4] (N hyper-connection streams)");
+  k.tensors[2].ndim = 3;
+  k.tensors[2].dim[1] = 2;
+  k.tensors[2].dim[2] = 4;
+  k.tensors[2].dim[0] = 3;
+  expect_error(&k, "embed: output x (t2) has shape [3,2,4]; expected [4,4] or [4,N,4]");
+  k.tensors[2].dim[0] = 4;
+  k.tensors[2].ndim = 4;
+  k.tensors[2].dim[3] = 4;
+  expect_error(&k, "embed: output x (t2) has shape [4,2,4,4]; expected [4,4] or [4,N,4]");
+  k.tensors[2].ndim = 1;
+  expect_error(&k, "embed: output x (t2) has shape [4]; expected [4,4] or [4,N,4]");
+  k.tensors[2].ndim = 3;
+  k.tensors[1].dtype = PLAN_I32;
+  expect_error(&k, "embed: input table (t1) has dtype i32; expected f32 or bf16");
+  k.tensors[1].dtype = PLAN_F16;
+  expect_error(&k, "embed: dtype f16 not supported by the host kernels yet (input table: t1)");
+  k.tensors[1].dtype = PLAN_BF16;
+  k.tensors[2].dtype = PLAN_BF16;
+  expect_error(&k, "embed: dtype bf16 not supported by the host kernels yet (output x: t2)");
 
   kt_init(&k, IR_OP_MATMUL);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
@@ -2233,6 +2554,26 @@ START_TEST(test_errors)
   rows[1] = 7;
   k.tensors[1].dtype = PLAN_BF16;
   expect_error(&k, "moe_experts: input idx (t1) has dtype bf16; expected i32");
+  k.tensors[1].dtype = PLAN_I32;
+  k.tensors[4].dtype = PLAN_I32;
+  expect_error(&k, "moe_experts: input w2 (t4) has dtype i32; expected f32 or bf16");
+  k.tensors[4].dtype = PLAN_F16;
+  expect_error(&k, "moe_experts: dtype f16 not supported by the host kernels yet (input w2: t4)");
+  k.tensors[4].dtype = PLAN_BF16;
+  k.tensors[0].dtype = PLAN_BF16;
+  expect_error(&k, "moe_experts: dtype bf16 not supported by the host kernels yet (input x: t0)");
+
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)6, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)6, (int64_t)8);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)8, (int64_t)6);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  k.tensors[2].dtype = PLAN_F16;
+  expect_error(&k, "swiglu_ffn: dtype f16 not supported by the host kernels yet (input w3: t2)");
+  k.tensors[2].dtype = PLAN_BF16;
+  k.tensors[4].dtype = PLAN_BF16;
+  expect_error(&k, "swiglu_ffn: dtype bf16 not supported by the host kernels yet (output y: t4)");
 
   kt_init(&k, IR_OP_SUM_PARTS);
   k.op.iattr[0] = 3;
@@ -2313,6 +2654,13 @@ START_TEST(test_errors)
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)20, (int64_t)16);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)20);
   expect_error(&k, "group_matmul: attr groups = 3 must split w's 20 rows");
+  k.tensors[1].dim[0] = 21;
+  k.tensors[2].dim[1] = 21;
+  k.tensors[1].dtype = PLAN_I32;
+  expect_error(&k, "group_matmul: input w (t1) has dtype i32; expected f32 or bf16");
+  k.tensors[1].dtype = PLAN_BF16;
+  k.tensors[0].dtype = PLAN_BF16;
+  expect_error(&k, "group_matmul: dtype bf16 not supported by the host kernels yet (input x: t0)");
 
   kt_init(&k, IR_OP_COPY);
   expect_error(&k, "has no host kernel");
@@ -3297,8 +3645,8 @@ END_TEST
  * matmul tile, rope without rotation, attention heads wider than a block,
  * a split expert op, an ffn in two chunks), as one program for
  * emit_kernels_build. */
-#define MP_MAXT 148
-#define MP_MAXOPS 40
+#define MP_MAXT 168
+#define MP_MAXOPS 44
 
 typedef struct mprog {
   ir_tensor tensors[MP_MAXT];
@@ -3343,6 +3691,11 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 0, PLAN_I32, 1, (int64_t)4);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)128, (int64_t)64);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_EMBED); /* a bf16 table into 4 hyper-connection streams */
+  kt_add(&k, 0, PLAN_I32, 1, (int64_t)4);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)128, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)4, (int64_t)64);
   mp_take(m, &k);
   rmsnorm_op(&k, 4, 64, 1e-6);
   mp_take(m, &k);
@@ -3392,8 +3745,9 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 1, PLAN_I32, 2, (int64_t)4, (int64_t)2);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)2);
   mp_take(m, &k);
-  for (int split = 0; split < 2; split++) {
+  for (int split = 0; split < 3; split++) { /* all experts; a split; a split with bf16 weights */
     int64_t rows = split ? 2 : 8;
+    uint32_t wt = split == 2 ? PLAN_BF16 : PLAN_F32;
     kt_init(&k, IR_OP_MOE_EXPERTS);
     if (split) {
       k.op.expert_row = split_rows;
@@ -3402,9 +3756,9 @@ static void mp_all_kinds(mprog *m)
     }
     kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
     kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
-    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)32, (int64_t)64);
-    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)32, (int64_t)64);
-    kt_add(&k, 0, PLAN_F32, 3, rows, (int64_t)64, (int64_t)32);
+    kt_add(&k, 0, wt, 3, rows, (int64_t)32, (int64_t)64);
+    kt_add(&k, 0, wt, 3, rows, (int64_t)32, (int64_t)64);
+    kt_add(&k, 0, wt, 3, rows, (int64_t)64, (int64_t)32);
     kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
     mp_take(m, &k);
   }
@@ -3413,12 +3767,16 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)2);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
   mp_take(m, &k);
-  for (int64_t f = 32; f <= 2100; f += 2068) { /* one ffn chunk, and two (clamped) */
+  /* One ffn chunk, and two (clamped), in f32; then two chunks with bf16
+   * w1 and w3 and an f32 w2 (each weight's dtype is its own). */
+  for (int i = 0; i < 3; i++) {
+    int64_t f = i ? 2100 : 32;
+    uint32_t wt = i == 2 ? PLAN_BF16 : PLAN_F32;
     kt_init(&k, IR_OP_SWIGLU_FFN);
-    k.op.fattr[0] = f > 32 ? 10.0 : 0.0;
+    k.op.fattr[0] = i ? 10.0 : 0.0;
     kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-    kt_add(&k, 0, PLAN_F32, 2, f, (int64_t)64);
-    kt_add(&k, 0, PLAN_F32, 2, f, (int64_t)64);
+    kt_add(&k, 0, wt, 2, f, (int64_t)64);
+    kt_add(&k, 0, wt, 2, f, (int64_t)64);
     kt_add(&k, 0, PLAN_F32, 2, (int64_t)64, f);
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
     mp_take(m, &k);
@@ -3481,12 +3839,14 @@ static void mp_all_kinds(mprog *m)
     sink_op(&k, &sinks[i], 4);
     mp_take(m, &k);
   }
-  kt_init(&k, IR_OP_GROUP_MATMUL);
-  k.op.iattr[0] = 4;
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)36, (int64_t)16);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)36);
-  mp_take(m, &k);
+  for (int bf16 = 0; bf16 < 2; bf16++) {
+    kt_init(&k, IR_OP_GROUP_MATMUL);
+    k.op.iattr[0] = 4;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    kt_add(&k, 0, bf16 ? PLAN_BF16 : PLAN_F32, 2, (int64_t)36, (int64_t)16);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)36);
+    mp_take(m, &k);
+  }
 }
 
 static const char *const g_kinds[] = {"embed", "rmsnorm", "matmul", "rope", "cache_write", "attention",
@@ -3510,6 +3870,28 @@ START_TEST(test_gpu_templates)
   ck_assert_ptr_null(ds4_template_find("gpu", "copy"));
 }
 END_TEST
+
+/* Each weight's element type and dtype flag in a GPU kernel's source:
+ * ds4_bf16 and 1 for a bf16 weight, float and 0 for f32. */
+static void gpu_check_weight_types(const ir_prog *p, const ir_op *op, const char *source)
+{
+  static const struct {
+    int kind, slot;
+    const char *name;
+  } weights[] = {{IR_OP_EMBED, 1, "TABLE"}, {IR_OP_MATMUL, 1, "W"},        {IR_OP_GROUP_MATMUL, 1, "W"},
+                 {IR_OP_MOE_EXPERTS, 2, "W1"}, {IR_OP_MOE_EXPERTS, 3, "W3"}, {IR_OP_MOE_EXPERTS, 4, "W2"},
+                 {IR_OP_SWIGLU_FFN, 1, "W1"},  {IR_OP_SWIGLU_FFN, 2, "W3"},  {IR_OP_SWIGLU_FFN, 3, "W2"}};
+  for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
+    if (weights[i].kind != op->kind)
+      continue;
+    int bf16 = p->tensors[op->in[weights[i].slot]].dtype == PLAN_BF16;
+    char type[64], flag[64];
+    snprintf(type, sizeof type, "#define %s_T %s\n", weights[i].name, bf16 ? "ds4_bf16" : "float");
+    snprintf(flag, sizeof flag, "#define %s_BF16 ((int64_t)%d)\n", weights[i].name, bf16);
+    ck_assert_msg(strstr(source, type) && strstr(source, flag), "%s: lacks \"%s\" or \"%s\"", op->path, type,
+                  flag);
+  }
+}
 
 /* The same symbol, grid and operands on every target; a block of whole
  * waves; a source that undoes its defines. */
@@ -3537,10 +3919,7 @@ START_TEST(test_gpu_symbols)
     ck_assert_ptr_nonnull(strstr(g.source, line));
     snprintf(line, sizeof line, "#define NTHREADS %u\n", g.block);
     ck_assert_ptr_nonnull(strstr(g.source, line));
-    if (m.ops[i].kind == IR_OP_MATMUL) { /* the weight's element type */
-      int bf16 = m.prog.tensors[m.ops[i].in[1]].dtype == PLAN_BF16;
-      ck_assert_ptr_nonnull(strstr(g.source, bf16 ? "#define W_T ds4_bf16\n" : "#define W_T float\n"));
-    }
+    gpu_check_weight_types(&m.prog, &m.ops[i], g.source);
     ck_assert_ptr_nonnull(strstr(g.source, "#undef KERNEL_NAME\n"));
     ck_assert_ptr_nonnull(strstr(g.source, "#undef NTHREADS\n"));
     ck_assert_ptr_null(strstr(g.source, "#include"));
@@ -4101,6 +4480,11 @@ START_TEST(test_gpu_errors)
   rmsnorm_op(&k, 4, 64, 1e-6);
   k.tensors[1].dtype = PLAN_BF16;
   expect_gpu_error(&k, "rmsnorm: dtype bf16 not supported by the GPU kernels yet");
+  kt_init(&k, IR_OP_EMBED);
+  kt_add(&k, 0, PLAN_I32, 1, (int64_t)4);
+  kt_add(&k, 0, PLAN_F16, 2, (int64_t)8, (int64_t)4);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)4);
+  expect_gpu_error(&k, "embed: dtype f16 not supported by the GPU kernels yet (input table: t1)");
   kt_init(&k, IR_OP_COPY);
   expect_gpu_error(&k, "has no GPU kernel");
 }
@@ -4133,6 +4517,8 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_moe_split_is_exact);
   tcase_add_test(tc, test_moe_combine);
   tcase_add_test(tc, test_swiglu_ffn);
+  tcase_add_test(tc, test_bf16_weights);
+  tcase_add_test(tc, test_infer_weights);
   tcase_add_test(tc, test_argmax);
   tcase_add_test(tc, test_score_route);
   tcase_add_test(tc, test_hash_route);

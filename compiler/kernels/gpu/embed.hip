@@ -1,25 +1,33 @@
-/* embed GPU kernel template: x[t] = table[ids[t]]. kgen_gpu puts in front
- * the defines T, V, H, GRID, NTHREADS, KERNEL_NAME and TABLE_T.
+/* embed GPU kernel template: x[t] = table[ids[t]], or with NSTREAMS > 1
+ * (x is [T, NSTREAMS, H]) x[t, i] = table[ids[t]] for every
+ * hyper-connection stream i. kgen_gpu puts in front the defines T, V, H,
+ * NSTREAMS, TABLE_BF16, GRID, NTHREADS, KERNEL_NAME and TABLE_T (float or
+ * ds4_bf16, widened exactly by ds4_f32).
  * Grid: one block per token slot t (T). Threads: thread i copies columns
- * i, i + NTHREADS, ... of the row. No reduction: an exact copy. Dead rows,
- * and ids outside [0, V) (never read out of bounds), give a zero row. */
+ * i, i + NTHREADS, ... of the row into each stream. No reduction: an exact
+ * copy. Dead rows, and ids outside [0, V) (never read out of bounds), give
+ * a zero row in every stream. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  static_assert(sizeof(TABLE_T) == (TABLE_BF16 ? 2 : 4), "TABLE_T is the table's dtype");
   const int32_t *ids = (const int32_t *)bufs[0];
   const TABLE_T *table = (const TABLE_T *)bufs[1];
   float *x = (float *)bufs[2];
   int64_t t = ds4_block(), ntok = step[1];
   if (t >= GRID)
     return;
-  float *row = x + t * H;
+  float *row = x + t * (NSTREAMS * H);
   int64_t id = t < ntok ? ids[t] : -1;
   if (id < 0 || id >= V) {
-    for (int64_t c = ds4_thread(); c < H; c += NTHREADS)
+    for (int64_t c = ds4_thread(); c < NSTREAMS * H; c += NTHREADS)
       row[c] = 0.0f;
     return;
   }
   const TABLE_T *src = table + id * H;
-  for (int64_t c = ds4_thread(); c < H; c += NTHREADS)
-    row[c] = src[c];
+  for (int64_t c = ds4_thread(); c < H; c += NTHREADS) {
+    float v = ds4_f32(src[c]);
+    for (int64_t i = 0; i < NSTREAMS; i++)
+      row[i * H + c] = v;
+  }
 }

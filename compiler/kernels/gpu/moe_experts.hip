@@ -4,8 +4,9 @@
  * product when SWIGLU_LIMIT > 0: ds4_swiglu_act); every other slot is
  * +0, so the parts of a split expert op sum to the unsplit result bit for
  * bit. kgen_gpu puts in front the defines T, TOPK, E (rows held),
- * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, LANES, FCHUNK, GRID,
- * NTHREADS, KERNEL_NAME, W1_T, W3_T and W2_T.
+ * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, W1_BF16, W3_BF16, W2_BF16,
+ * LANES, FCHUNK, GRID, NTHREADS, KERNEL_NAME, W1_T, W3_T and W2_T (each
+ * float or ds4_bf16).
  * Grid: one block per (token slot, choice), T * TOPK; block b is slot
  * (b / TOPK, b mod TOPK). Threads: ds4_swiglu, groups of LANES threads per
  * row with strided ascending partial sums and a fixed pairwise tree, ffn
@@ -15,6 +16,9 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4) &&
+                    sizeof(W2_T) == (W2_BF16 ? 2 : 4),
+                "W1_T, W3_T and W2_T are the weights' dtypes");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
   DS4_SHARED float red[NTHREADS];
   DS4_SHARED float act[FCHUNK];

@@ -419,7 +419,8 @@ DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
 
 /* One SwiGLU expert on one token, the body of swiglu_ffn and moe_experts:
  * out[c] = sum_f ds4_swiglu_act(x . w1[f], x . w3[f], limit) * w2[c, f]
- * for c < h (limit 0: no clamp).
+ * for c < h (limit 0: no clamp). Each weight is float or ds4_bf16 (widened
+ * exactly by ds4_f32): the order below is the same for both.
  * The ffn rows go in chunks of FC (act, in shared memory, holds one
  * chunk's activations). The block works in NT / L groups of L consecutive
  * threads: in a chunk, group g takes rows g, g + NT / L, ... of w1 and w3,
@@ -444,8 +445,8 @@ DS4_DEVICE void ds4_swiglu(const float *x, const W1 *w1, const W3 *w3, const W2 
         const W1 *w1r = w1 + (f0 + row) * h;
         const W3 *w3r = w3 + (f0 + row) * h;
         for (int64_t c = lane; c < h; c += L) {
-          g += x[c] * w1r[c];
-          u += x[c] * w3r[c];
+          g += x[c] * ds4_f32(w1r[c]);
+          u += x[c] * ds4_f32(w3r[c]);
         }
       }
       g = ds4_group_sum<L>(red, g);
@@ -460,7 +461,7 @@ DS4_DEVICE void ds4_swiglu(const float *x, const W1 *w1, const W3 *w3, const W2 
       if (c < h) {
         const W2 *w2r = w2 + c * f + f0;
         for (int64_t j = lane; j < fn; j += L)
-          acc += act[j] * w2r[j];
+          acc += act[j] * ds4_f32(w2r[j]);
       }
       /* Its barriers also keep act[] until every thread has read it. */
       acc = ds4_group_sum<L>(red, acc);

@@ -1,8 +1,8 @@
 /* swiglu_ffn GPU kernel template: y[t] = (silu(x[t].w1^T) * (x[t].w3^T)) .
  * w2^T (clamped before the product when SWIGLU_LIMIT > 0:
  * ds4_swiglu_act). kgen_gpu puts in front the defines T, H, F,
- * SWIGLU_LIMIT, LANES, FCHUNK, GRID, NTHREADS, KERNEL_NAME, W1_T, W3_T and
- * W2_T.
+ * SWIGLU_LIMIT, W1_BF16, W3_BF16, W2_BF16, LANES, FCHUNK, GRID, NTHREADS,
+ * KERNEL_NAME, W1_T, W3_T and W2_T (each float or ds4_bf16).
  * Grid: one block per token slot t (T). Threads: ds4_swiglu, groups of
  * LANES threads per row with strided ascending partial sums and a fixed
  * pairwise tree, ffn rows in chunks of FCHUNK (the same order as
@@ -11,6 +11,9 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4) &&
+                    sizeof(W2_T) == (W2_BF16 ? 2 : 4),
+                "W1_T, W3_T and W2_T are the weights' dtypes");
   DS4_SHARED float red[NTHREADS];
   DS4_SHARED float act[FCHUNK];
   const float *x = (const float *)bufs[0];

@@ -1,27 +1,31 @@
-/* embed host kernel template: x[t] = table[ids[t]].
- * kgen_host prepends <stdint.h>, <math.h> and the defines T, V, H, GRID and
- * KERNEL_NAME; grid: one block per token slot (T). */
+/* embed host kernel template: x[t] = table[ids[t]], or with NSTREAMS > 1
+ * (x is [T, NSTREAMS, H]) x[t, i] = table[ids[t]] for every
+ * hyper-connection stream i (DS4-MATH §2 step 2). The table is f32, or
+ * bf16 when TABLE_BF16 is 1 (widened exactly: ds4h_weight).
+ * kgen_host prepends <stdint.h>, <math.h>, the defines T, V, H, NSTREAMS,
+ * TABLE_BF16, GRID and KERNEL_NAME, and prelude.h; grid: one block per
+ * token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
   const int32_t *ids = (const int32_t *)bufs[0];
-  const float *table = (const float *)bufs[1];
+  const void *table = bufs[1];
   float *x = (float *)bufs[2];
   int64_t t = block, ntok = step[1];
   if (t >= GRID)
     return;
-  float *row = x + t * H;
+  float *row = x + t * (NSTREAMS * H);
   /* Dead rows, and ids outside [0, V) (which must never read out of
-   * bounds), give a zero row. */
+   * bounds), give a zero row in every stream. */
   int64_t id = t < ntok ? ids[t] : -1;
   if (id < 0 || id >= V) {
-    for (int64_t c = 0; c < H; c++)
+    for (int64_t c = 0; c < NSTREAMS * H; c++)
       row[c] = 0.0f;
     return;
   }
-  const float *src = table + id * H;
-  for (int64_t c = 0; c < H; c++)
-    row[c] = src[c];
+  for (int64_t i = 0; i < NSTREAMS; i++)
+    for (int64_t c = 0; c < H; c++)
+      row[i * H + c] = ds4h_weight(table, id * H + c, TABLE_BF16);
 }

@@ -1,17 +1,18 @@
 /* group_matmul host kernel template: a block-diagonal matmul. Output column
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
- * group g). kgen_host prepends <stdint.h>, <math.h> and the defines T,
- * GROUPS, KG, NG, N (= GROUPS * NG), TILE, NTILES, GRID and KERNEL_NAME;
- * grid: T rows x NTILES column tiles of TILE outputs. Every output sums k
- * ascending, so the bits do not depend on the tiling. */
+ * group g; f32, or bf16 when W_BF16 is 1, widened exactly: ds4h_weight).
+ * kgen_host prepends <stdint.h>, <math.h>, the defines T, GROUPS, KG, NG,
+ * N (= GROUPS * NG), TILE, NTILES, W_BF16, GRID and KERNEL_NAME, and
+ * prelude.h; grid: T rows x NTILES column tiles of TILE outputs. Every
+ * output sums k ascending, so the bits do not depend on the tiling. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
   const float *x = (const float *)bufs[0];
-  const float *w = (const float *)bufs[1];
+  const void *w = bufs[1];
   float *y = (float *)bufs[2];
   int64_t ntok = step[1];
   if (block >= GRID)
@@ -27,10 +28,9 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   }
   for (int64_t n = n0; n < n1; n++) {
     const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
-    const float *wr = w + n * KG;
     float acc = 0.0f;
     for (int64_t k = 0; k < KG; k++)
-      acc += xg[k] * wr[k];
+      acc += xg[k] * ds4h_weight(w, n * KG + k, W_BF16);
     yr[n] = acc;
   }
 }

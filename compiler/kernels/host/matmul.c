@@ -1,24 +1,11 @@
 /* matmul host kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
  * f32, or bf16 when W_BF16 is 1: widened exactly to f32, a shift).
- * kgen_host prepends <stdint.h>, <math.h> and the defines T, K, N, TILE,
- * NTILES, W_BF16, GRID and KERNEL_NAME; grid: T rows x NTILES column tiles
- * of TILE outputs. Every output sums k ascending, so the bits do not
- * depend on the tiling. */
+ * kgen_host prepends <stdint.h>, <math.h>, the defines T, K, N, TILE,
+ * NTILES, W_BF16, GRID and KERNEL_NAME, and prelude.h (ds4h_weight);
+ * grid: T rows x NTILES column tiles of TILE outputs. Every output sums k
+ * ascending, so the bits do not depend on the tiling. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
-
-/* Element i of w as f32; W_BF16 is a constant, so one branch remains. */
-static inline float w_at(const void *w, int64_t i)
-{
-  if (W_BF16) {
-    union {
-      uint32_t u;
-      float f;
-    } v = {(uint32_t)((const uint16_t *)w)[i] << 16};
-    return v.f;
-  }
-  return ((const float *)w)[i];
-}
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
@@ -41,7 +28,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   for (int64_t n = n0; n < n1; n++) {
     float acc = 0.0f;
     for (int64_t k = 0; k < K; k++)
-      acc += xr[k] * w_at(w, n * K + k);
+      acc += xr[k] * ds4h_weight(w, n * K + k, W_BF16);
     yr[n] = acc;
   }
 }

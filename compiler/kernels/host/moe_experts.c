@@ -3,10 +3,12 @@
  * (silu(x[t].w1[r]^T) * (x[t].w3[r]^T)) . w2[r]^T (clamped before the
  * product when SWIGLU_LIMIT > 0, see the prelude's ds4h_swiglu_act); every other slot is
  * zero, so the parts of a split expert op sum to the unsplit result bit
- * for bit (a slot's accumulator starts at +0 and is never -0). kgen_host
- * prepends <stdint.h>, <math.h>, prelude.h and the defines T, TOPK, E (rows held),
- * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, GRID and KERNEL_NAME; grid:
- * one block per (token slot, choice), T*TOPK. */
+ * for bit (a slot's accumulator starts at +0 and is never -0). Each
+ * weight is f32, or bf16 when its W1_BF16, W3_BF16 or W2_BF16 is 1
+ * (widened exactly: ds4h_weight). kgen_host prepends <stdint.h>,
+ * <math.h>, the defines T, TOPK, E (rows held), NEXPERTS, EXPERT_ROWS, H,
+ * F, SWIGLU_LIMIT, W1_BF16, W3_BF16, W2_BF16, GRID and KERNEL_NAME, and
+ * prelude.h; grid: one block per (token slot, choice), T*TOPK. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -16,9 +18,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
   const float *x = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
-  const float *w1 = (const float *)bufs[2];
-  const float *w3 = (const float *)bufs[3];
-  const float *w2 = (const float *)bufs[4];
+  const void *w1 = bufs[2], *w3 = bufs[3], *w2 = bufs[4];
   float *slots = (float *)bufs[5];
   int64_t ntok = step[1];
   if (block >= GRID)
@@ -35,21 +35,21 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   }
   const float *xr = x + t * H;
-  const float *w1e = w1 + r * (F * H), *w3e = w3 + r * (F * H);
-  const float *w2e = w2 + r * (H * F);
+  /* Element offsets of row r in each weight. */
+  int64_t e13 = r * (F * H), e2 = r * (H * F);
   float act[F];
   for (int64_t f = 0; f < F; f++) {
     float g = 0.0f, u = 0.0f;
     for (int64_t c = 0; c < H; c++)
-      g += xr[c] * w1e[f * H + c];
+      g += xr[c] * ds4h_weight(w1, e13 + f * H + c, W1_BF16);
     for (int64_t c = 0; c < H; c++)
-      u += xr[c] * w3e[f * H + c];
+      u += xr[c] * ds4h_weight(w3, e13 + f * H + c, W3_BF16);
     act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
     float acc = 0.0f;
     for (int64_t f = 0; f < F; f++)
-      acc += act[f] * w2e[c * F + f];
+      acc += act[f] * ds4h_weight(w2, e2 + c * F + f, W2_BF16);
     out[c] = acc;
   }
 }

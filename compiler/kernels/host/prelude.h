@@ -5,6 +5,22 @@
 
 #define DS4H_FN static inline __attribute__((unused))
 
+/* Element i of a weight as f32: a bf16 weight (bf16 nonzero) holds the
+ * high 16 bits of the f32 it stands for, so widening is exact (a shift)
+ * and the products and sums after it are f32's, in the order of the f32
+ * path. bf16 is a template's <SLOT>_BF16, a constant: one branch remains. */
+DS4H_FN float ds4h_weight(const void *w, int64_t i, int64_t bf16)
+{
+  if (bf16) {
+    union {
+      uint32_t u;
+      float f;
+    } v = {(uint32_t)((const uint16_t *)w)[i] << 16};
+    return v.f;
+  }
+  return ((const float *)w)[i];
+}
+
 /* PyTorch's softplus (threshold 20: above it, z itself), then the root:
  * the DeepSeek-V4 router score (DS4-MATH §10.1). */
 DS4H_FN float ds4h_route_score(float z)

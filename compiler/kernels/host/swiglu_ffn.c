@@ -1,16 +1,17 @@
 /* swiglu_ffn host kernel template: y[t] = (silu(x[t].w1^T) * (x[t].w3^T)) .
- * w2^T (clamped before the product when SWIGLU_LIMIT > 0, see the prelude's ds4h_swiglu_act).
- * kgen_host prepends <stdint.h>, <math.h>, prelude.h and the defines T, H, F,
- * SWIGLU_LIMIT, GRID and KERNEL_NAME; grid: one block per token slot (T). */
+ * w2^T (clamped before the product when SWIGLU_LIMIT > 0, see the prelude's
+ * ds4h_swiglu_act). Each weight is f32, or bf16 when its W1_BF16, W3_BF16
+ * or W2_BF16 is 1 (widened exactly: ds4h_weight). kgen_host prepends
+ * <stdint.h>, <math.h>, the defines T, H, F, SWIGLU_LIMIT, W1_BF16,
+ * W3_BF16, W2_BF16, GRID and KERNEL_NAME, and prelude.h; grid: one block
+ * per token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
 {
   const float *x = (const float *)bufs[0];
-  const float *w1 = (const float *)bufs[1];
-  const float *w3 = (const float *)bufs[2];
-  const float *w2 = (const float *)bufs[3];
+  const void *w1 = bufs[1], *w3 = bufs[2], *w2 = bufs[3];
   float *y = (float *)bufs[4];
   int64_t t = block, ntok = step[1];
   if (t >= GRID)
@@ -26,15 +27,15 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   for (int64_t f = 0; f < F; f++) {
     float g = 0.0f, u = 0.0f;
     for (int64_t c = 0; c < H; c++)
-      g += xr[c] * w1[f * H + c];
+      g += xr[c] * ds4h_weight(w1, f * H + c, W1_BF16);
     for (int64_t c = 0; c < H; c++)
-      u += xr[c] * w3[f * H + c];
+      u += xr[c] * ds4h_weight(w3, f * H + c, W3_BF16);
     act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
     float acc = 0.0f;
     for (int64_t f = 0; f < F; f++)
-      acc += act[f] * w2[c * F + f];
+      acc += act[f] * ds4h_weight(w2, c * F + f, W2_BF16);
     yr[c] = acc;
   }
 }
