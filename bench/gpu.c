@@ -23,14 +23,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "gpu/gpu_api.h"
+#include "bench_gpu.h"
 #include "plan.h"
 #include "rt.h"
 #include "sha256.h"
 
-#define COPY_BYTES (1ull << 30)
-#define COPY_WARMUP 2
-#define COPY_RUNS 10
 #define GEMV_PER_BATCH 64
 #define GEMV_WARMUP 3
 #define GEMV_BATCHES 20
@@ -46,77 +43,7 @@
 #define STEP_WARMUP 20
 #define STEP_RUNS 200
 
-/* ---- the table ---- */
 
-#define MAX_ROWS 16
-
-typedef struct row {
-  char what[80], value[160], how[200];
-} row;
-
-typedef struct table {
-  row rows[MAX_ROWS];
-  int n;
-  int failed;
-} table;
-
-__attribute__((format(printf, 4, 5))) static void add_row(table *t, const char *what, const char *how,
-                                                          const char *fmt, ...) {
-  if (t->n == MAX_ROWS) return;
-  row *r = &t->rows[t->n++];
-  snprintf(r->what, sizeof r->what, "%s", what);
-  snprintf(r->how, sizeof r->how, "%s", how);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(r->value, sizeof r->value, fmt, ap);
-  va_end(ap);
-}
-
-/* A section's failure: its row says what went wrong. */
-static void add_error(table *t, const char *what, rt_status s) {
-  add_row(t, what, "", "error: %s", rt_status_msg(s));
-  rt_status_free(s);
-  t->failed = 1;
-}
-
-static void print_table(const table *t) {
-  int w[3] = {4, 5, 3};
-  for (int i = 0; i < t->n; i++) {
-    const row *r = &t->rows[i];
-    int len[3] = {(int)strlen(r->what), (int)strlen(r->value), (int)strlen(r->how)};
-    for (int c = 0; c < 3; c++)
-      if (len[c] > w[c]) w[c] = len[c];
-  }
-  printf("| %-*s | %-*s | %-*s |\n", w[0], "what", w[1], "value", w[2], "how");
-  for (int c = 0; c < 3; c++) {
-    putchar('|');
-    for (int i = 0; i < w[c] + 2; i++) putchar('-');
-  }
-  printf("|\n");
-  for (int i = 0; i < t->n; i++)
-    printf("| %-*s | %-*s | %-*s |\n", w[0], t->rows[i].what, w[1], t->rows[i].value, w[2], t->rows[i].how);
-}
-
-/* ---- small helpers ---- */
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Sorts v and returns quantile q, interpolating between neighbours. */
-static double quantile(double *v, int n, double q) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  double at = q * (n - 1);
-  int lo = (int)at, hi = lo + 1 < n ? lo + 1 : lo;
-  return v[lo] + (v[hi] - v[lo]) * (at - lo);
-}
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
@@ -170,99 +97,7 @@ static rt_status write_file(const char *path, const void *bytes, size_t len) {
   return ok ? NULL : rt_status_make("%s: cannot write", path);
 }
 
-/* ---- the driver, through the cuda backend's table ---- */
 
-typedef struct gpu {
-  const gpu_api *api;
-  gpu_driver *drv;
-  gpu_stream s;
-  gpu_event e0, e1;
-  gpu_device_info info;
-} gpu;
-
-static rt_status gpu_open(gpu *g, uint32_t ordinal) {
-  memset(g, 0, sizeof *g);
-  g->api = &gpu_cuda_api;
-  uint32_t count = 0;
-  RT_TRY(g->api->load("bench", &g->drv));
-  RT_TRY(g->api->init(g->drv, &count));
-  if (ordinal >= count)
-    return rt_status_make("cuda: ordinal %u does not exist (the driver sees %u device%s)", ordinal, count,
-                          count == 1 ? "" : "s");
-  RT_TRY(g->api->select(g->drv, ordinal));
-  RT_TRY(g->api->device_info(g->drv, &g->info));
-  RT_TRY(g->api->stream_create(g->drv, &g->s));
-  RT_TRY(g->api->event_create(g->drv, 1, &g->e0));
-  return g->api->event_create(g->drv, 1, &g->e1);
-}
-
-static void gpu_close(gpu *g) {
-  if (!g->drv) return;
-  if (g->s) rt_status_free(g->api->stream_sync(g->drv, g->s));
-  if (g->e0) g->api->event_destroy(g->drv, g->e0);
-  if (g->e1) g->api->event_destroy(g->drv, g->e1);
-  if (g->s) g->api->stream_destroy(g->drv, g->s);
-  g->api->unload(g->drv);
-  memset(g, 0, sizeof *g);
-}
-
-/* Milliseconds between e0 and e1, once e1 is reached. */
-static rt_status gpu_elapsed(gpu *g, double *out_ms) {
-  float ms = 0;
-  RT_TRY(g->api->event_sync(g->drv, g->e1));
-  RT_TRY(g->api->event_elapsed_ms(g->drv, g->e0, g->e1, &ms));
-  *out_ms = ms;
-  return NULL;
-}
-
-static rt_status gpu_upload(gpu *g, void *dst, const void *src, size_t bytes) {
-  RT_TRY(g->api->memcpy_async(g->drv, g->s, dst, src, bytes));
-  return g->api->stream_sync(g->drv, g->s);
-}
-
-/* A device buffer of `bytes`, recorded in owned[] for release. */
-typedef struct owned {
-  void *ptr[64];
-  int n;
-} owned;
-
-static rt_status gpu_alloc(gpu *g, owned *o, size_t bytes, void **out_ptr) {
-  *out_ptr = NULL;
-  if (o->n == (int)(sizeof o->ptr / sizeof o->ptr[0])) return rt_status_make("gpu_bench: too many buffers");
-  RT_TRY(g->api->mem_alloc(g->drv, bytes, out_ptr));
-  o->ptr[o->n++] = *out_ptr;
-  return NULL;
-}
-
-static void gpu_free_all(gpu *g, owned *o) {
-  if (g->s) rt_status_free(g->api->stream_sync(g->drv, g->s));
-  for (int i = 0; i < o->n; i++) g->api->mem_free(g->drv, o->ptr[i]);
-  o->n = 0;
-}
-
-/* ---- device-to-device copy bandwidth ---- */
-
-/* Bytes read plus bytes written over the event-timed median copy. */
-static rt_status bench_copy(gpu *g, double *out_bps) {
-  owned o = {0};
-  void *src, *dst;
-  rt_status s = gpu_alloc(g, &o, COPY_BYTES, &src);
-  if (!s) s = gpu_alloc(g, &o, COPY_BYTES, &dst);
-  if (!s) s = g->api->memset_async(g->drv, g->s, src, 0x5a, COPY_BYTES);
-  double ms[COPY_RUNS];
-  for (int i = 0; i < COPY_WARMUP + COPY_RUNS && !s; i++) {
-    double t = 0;
-    s = g->api->event_record(g->drv, g->e0, g->s);
-    if (!s) s = g->api->memcpy_async(g->drv, g->s, dst, src, COPY_BYTES);
-    if (!s) s = g->api->event_record(g->drv, g->e1, g->s);
-    if (!s) s = gpu_elapsed(g, &t);
-    if (!s && i >= COPY_WARMUP) ms[i - COPY_WARMUP] = t;
-  }
-  gpu_free_all(g, &o);
-  if (s) return s;
-  *out_bps = 2.0 * (double)COPY_BYTES / (quantile(ms, COPY_RUNS, 0.5) * 1e-3);
-  return NULL;
-}
 
 /* ---- the expert GEMV: the bundle's matmul kernels, launched directly ---- */
 
@@ -518,13 +353,6 @@ static void bench_gemv(table *t, gpu *g, const char *root, double copy_bps) {
 
 /* ---- bundles replayed through the runtime ---- */
 
-/* Feeds ids (ntok live, zeros after) and replays one step. */
-static rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int ntok, int index) {
-  for (uint32_t i = (uint32_t)ntok; i < p->info.tokens; i++) ids[i] = 0;
-  RT_TRY(rt_tensor_write(bd, p->info.ids_tensor, ids, p->info.tokens * sizeof(int32_t)));
-  int32_t step[4] = {pos, ntok, index, 0};
-  return rt_replay_step(bd, step);
-}
 
 /* Median, p10 and p90 wall time of rt_replay_step over decode steps: the
  * default prompt as prefill, then decode steps fed their predecessor's
@@ -910,7 +738,7 @@ int main(int argc, char **argv) {
   } else {
     char how[200];
     snprintf(how, sizeof how, "cuMemcpyAsync device to device of %.2f GiB: read + written bytes / event-timed median of %d",
-             (double)COPY_BYTES / 1073741824.0, COPY_RUNS);
+             (double)BENCH_COPY_BYTES / 1073741824.0, BENCH_COPY_RUNS);
     add_row(&t, "copy bandwidth", how, "%.0f GB/s", copy_bps * 1e-9);
     bench_gemv(&t, &g, root, copy_bps);
   }

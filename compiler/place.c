@@ -5,10 +5,13 @@
  * stream, each reading views of the weights that hold its experts and
  * writing its rows of a parts tensor, and a sum_parts merge where the
  * result is first read. A tensor lives on the device of the op that first
- * writes it (weights and inputs: of their first reader). */
+ * writes it (weights and inputs: of their first reader). A schedule's
+ * hot_experts stands for expert rules chosen from routing statistics. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "emit.h"
 #include "passes.h"
@@ -176,28 +179,220 @@ static int parse_selector(place_rule *r, dsl_diag *d) {
   return 0;
 }
 
-static int resolve_rules(ir_prog *p, place_rule **out, dsl_diag *d) {
+/* ---- hot_experts: expert rules from routing statistics ---- */
+
+static int expert_count(const ir_prog *p, const ir_op *op);
+
+static int is_route(const ir_op *op) {
+  return op->kind == IR_OP_TOPK_ROUTE || op->kind == IR_OP_SCORE_ROUTE || op->kind == IR_OP_HASH_ROUTE;
+}
+
+/* The experts a router chooses among: the columns of its logits. */
+static int64_t route_experts(const ir_prog *p, const ir_op *route) {
+  return p->tensors[route->in[route->kind == IR_OP_HASH_ROUTE ? 1 : 0]].dim[1];
+}
+
+/* The statistics file, relative to the schedule's folder. */
+static char *stats_path(const dsl_schedule *s) {
+  const char *rel = s->hot_experts->stats.text, *sp = s->src ? s->src->path : "";
+  const char *slash = strrchr(sp, '/');
+  if (rel[0] == '/' || !slash) return ir_strdup(rel);
+  size_t n = (size_t)(slash - sp) + strlen(rel) + 2;
+  char *path = ir_xrealloc(NULL, n);
+  snprintf(path, n, "%.*s/%s", (int)(slash - sp), sp, rel);
+  return path;
+}
+
+/* Statistics fit the model: its name, and a routing op with as many
+ * experts as counts for every line. */
+static int check_stats(const ir_prog *p, const dsl_routing_stats *st, dsl_diag *d) {
+  const char *model = p->model->name.text;
+  if (strcmp(st->model.text, model) != 0)
+    return dsl_error(d, st->model.pos, "routing statistics of model '%s', but schedule '%s' compiles model '%s'",
+                     st->model.text, p->sched->name.text, model);
+  for (int i = 0; i < st->nroutes; i++) {
+    const dsl_route_counts *c = &st->routes[i];
+    int op = ir_find_op(p, c->path.text);
+    if (op < 0 || !is_route(&p->ops[op]))
+      return dsl_error(d, c->path.pos, "model '%s' has no routing op '%s'", model, c->path.text);
+    int64_t E = route_experts(p, &p->ops[op]);
+    if (c->n != E)
+      return dsl_error(d, c->pos, "'%s' has %d counts, but the op routes among %lld experts", c->path.text, c->n,
+                       (long long)E);
+  }
+  return 0;
+}
+
+/* The counts of the router whose idx moe_experts op `op` reads. */
+static int router_counts(const ir_prog *p, const ir_op *op, const dsl_routing_stats *st, const int64_t **out,
+                         dsl_diag *d) {
+  const ir_op *route = NULL;
+  for (int i = 0; i < p->nops && !route; i++)
+    if (is_route(&p->ops[i]) && p->ops[i].out[0] == op->in[1]) route = &p->ops[i];
+  if (!route)
+    return dsl_error(d, op->pos, "hot_experts: moe_experts op '%s' reads idx '%s', which no routing op writes",
+                     op->path, p->tensors[op->in[1]].path);
+  if (route_experts(p, route) != expert_count(p, op))
+    return dsl_error(d, op->pos, "hot_experts: '%s' has %d experts, but its router '%s' chooses among %lld",
+                     op->path, expert_count(p, op), route->path, (long long)route_experts(p, route));
+  for (int i = 0; i < st->nroutes; i++)
+    if (strcmp(st->routes[i].path.text, route->path) == 0) {
+      *out = st->routes[i].counts;
+      return 0;
+    }
+  return dsl_error(d, st->counts_pos, "no counts for routing op '%s' (the router of '%s')", route->path, op->path);
+}
+
+/* The moe_experts ops in program order, each with its router's counts;
+ * expert e of op k is number first[k] + e among all their experts. */
+typedef struct hot_ops {
+  int n, *moe, *first;
+  const int64_t **counts;
+} hot_ops;
+
+static void hot_ops_free(hot_ops *o) {
+  free(o->moe);
+  free(o->first);
+  free(o->counts);
+}
+
+static int find_hot_ops(const ir_prog *p, const dsl_routing_stats *st, hot_ops *o, dsl_diag *d) {
+  o->n = 0;
+  for (int i = 0; i < p->nops; i++) o->n += p->ops[i].kind == IR_OP_MOE_EXPERTS;
+  o->moe = ir_xrealloc(NULL, (size_t)(o->n + 1) * sizeof *o->moe);
+  o->first = ir_xrealloc(NULL, (size_t)(o->n + 1) * sizeof *o->first);
+  o->counts = ir_xrealloc(NULL, (size_t)(o->n + 1) * sizeof *o->counts);
+  o->first[0] = 0;
+  for (int i = 0, k = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_MOE_EXPERTS) continue;
+    if (router_counts(p, &p->ops[i], st, &o->counts[k], d)) return -1;
+    o->moe[k] = i;
+    o->first[k + 1] = o->first[k] + expert_count(p, &p->ops[i]);
+    k++;
+  }
+  return 0;
+}
+
+/* One expert of one moe_experts op, a candidate for the hot device. */
+typedef struct hot_cand {
+  int64_t count, bytes;
+  int op, expert; /* op: k of hot_ops */
+} hot_cand;
+
+/* Most chosen first; ties to the earlier op, then to the lower expert. */
+static int hot_cand_cmp(const void *x, const void *y) {
+  const hot_cand *a = x, *b = y;
+  if (a->count != b->count) return a->count > b->count ? -1 : 1;
+  if (a->op != b->op) return a->op - b->op;
+  return a->expert - b->expert;
+}
+
+/* Greedy over every expert of every op, most chosen first: an expert is
+ * hot when its weights (its rows of w1, w3 and w2) fit what is left of the
+ * budget. Every expert of one op has one size, so each op keeps its most
+ * chosen ones, and a smaller expert of another op may still fill what a
+ * larger one left. Sets hot[first[k] + e]. */
+static void choose_hot(const ir_prog *p, const hot_ops *o, int64_t budget, uint8_t *hot) {
+  int total = o->first[o->n], n = 0;
+  hot_cand *c = ir_xrealloc(NULL, (size_t)(total ? total : 1) * sizeof *c);
+  for (int k = 0; k < o->n; k++) {
+    const ir_op *op = &p->ops[o->moe[k]];
+    int64_t bytes = 0;
+    for (int w = 2; w < 5; w++) bytes += ir_row_bytes(&p->tensors[op->in[w]]);
+    for (int e = 0; e < expert_count(p, op); e++) c[n++] = (hot_cand){o->counts[k][e], bytes, k, e};
+  }
+  qsort(c, (size_t)n, sizeof *c, hot_cand_cmp);
+  for (int i = 0; i < n; i++)
+    if (c[i].bytes <= budget) {
+      budget -= c[i].bytes;
+      hot[o->first[c[i].op] + c[i].expert] = 1;
+    }
+  free(c);
+}
+
+/* Per op, "PATH[its hot experts] -> device" when it keeps any, then
+ * "PATH -> cold" when it leaves any: the rules one would write by hand. */
+static place_rule *hot_rules(const ir_prog *p, const hot_ops *o, const uint8_t *hot, int hot_stream,
+                             int cold_stream, int *out_n) {
+  const dsl_hot_experts *h = p->sched->hot_experts;
+  place_rule *r = ir_xrealloc(NULL, (size_t)(2 * o->n + 1) * sizeof *r);
+  int n = 0;
+  for (int k = 0; k < o->n; k++) {
+    const ir_op *op = &p->ops[o->moe[k]];
+    int E = expert_count(p, op), nhot = 0, *ex = ir_xrealloc(NULL, (size_t)E * sizeof *ex);
+    for (int e = 0; e < E; e++)
+      if (hot[o->first[k] + e]) ex[nhot++] = e;
+    if (nhot) r[n++] = (place_rule){ir_strdup(op->path), hot_stream, ex, nhot, &h->device, 0};
+    else free(ex);
+    if (nhot < E) r[n++] = (place_rule){ir_strdup(op->path), cold_stream, NULL, -1, &h->cold, 0};
+  }
+  *out_n = n;
+  return r;
+}
+
+/* The rules a schedule's hot_experts stands for, from its statistics
+ * file, in the order of the moe_experts ops. */
+static int hot_expert_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *d) {
+  const dsl_hot_experts *h = p->sched->hot_experts;
+  int64_t budget;
+  int hot_stream, cold_stream;
+  if (parse_int(&h->budget, 0, INT64_MAX, &budget, d) || (hot_stream = rule_stream(p, &h->device, d)) < 0 ||
+      (cold_stream = rule_stream(p, &h->cold, d)) < 0)
+    return -1;
+  char *path = stats_path(p->sched);
+  dsl_routing_stats *st = NULL;
+  hot_ops o = {0};
+  int rc = 0;
+  if (access(path, R_OK) != 0)
+    rc = dsl_error(d, h->stats.pos, "cannot read routing statistics '%s': %s", path, strerror(errno));
+  if (!rc) rc = dsl_routing_stats_load(path, &st, d);
+  if (!rc) rc = check_stats(p, st, d);
+  if (!rc) rc = find_hot_ops(p, st, &o, d);
+  if (!rc) {
+    uint8_t *hot = ir_xrealloc(NULL, (size_t)o.first[o.n] + 1);
+    memset(hot, 0, (size_t)o.first[o.n] + 1);
+    choose_hot(p, &o, budget, hot);
+    *out = hot_rules(p, &o, hot, hot_stream, cold_stream, out_n);
+    free(hot);
+  }
+  hot_ops_free(&o);
+  dsl_routing_stats_free(st);
+  free(path);
+  return rc ? -1 : 0;
+}
+
+/* The schedule's owner rules, resolved, behind the rules hot_experts
+ * stands for. */
+static int resolve_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *d) {
   const dsl_schedule *s = p->sched;
-  place_rule *r = ir_xrealloc(NULL, (size_t)(s->nowners ? s->nowners : 1) * sizeof *r);
-  memset(r, 0, (size_t)(s->nowners ? s->nowners : 1) * sizeof *r);
+  place_rule *hot = NULL;
+  int nhot = 0;
+  if (s->hot_experts && hot_expert_rules(p, &hot, &nhot, d)) return -1;
+  int n = nhot + s->nowners;
+  place_rule *r = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *r);
+  memset(r, 0, (size_t)(n ? n : 1) * sizeof *r);
+  if (nhot) memcpy(r, hot, (size_t)nhot * sizeof *r);
+  free(hot);
   int rc = 0;
   for (int i = 0; i < s->nowners && !rc; i++) {
+    place_rule *ri = &r[nhot + i];
     const char *g = s->owners[i].glob.text, *br = strchr(g, '[');
-    r[i].src = &s->owners[i];
-    r[i].nexperts = -1;
-    r[i].glob = ir_strdup(g);
+    ri->src = &s->owners[i];
+    ri->nexperts = -1;
+    ri->glob = ir_strdup(g);
     if (br) {
-      r[i].sel_at = (size_t)(br - g);
-      r[i].glob[r[i].sel_at] = 0;
-      rc = parse_selector(&r[i], d);
+      ri->sel_at = (size_t)(br - g);
+      ri->glob[ri->sel_at] = 0;
+      rc = parse_selector(ri, d);
     }
-    if (!rc && (r[i].stream = rule_stream(p, &s->owners[i], d)) < 0) rc = -1;
+    if (!rc && (ri->stream = rule_stream(p, &s->owners[i], d)) < 0) rc = -1;
   }
   if (rc) {
-    free_rules(r, s->nowners);
+    free_rules(r, n);
     return -1;
   }
   *out = r;
+  *out_n = n;
   return 0;
 }
 
@@ -338,14 +533,15 @@ static int expert_count(const ir_prog *p, const ir_op *op) { return (int)p->tens
 static int place_ops(ir_prog *p, dsl_diag *d) {
   const dsl_schedule *s = p->sched;
   place_rule *r;
-  if (resolve_rules(p, &r, d)) return -1;
+  int nr;
+  if (resolve_rules(p, &r, &nr, d)) return -1;
   int rc = 0, nsplit = 0, nowned = p->nops, **owners = ir_xrealloc(NULL, (size_t)(nowned ? nowned : 1) * sizeof *owners);
   memset(owners, 0, (size_t)(nowned ? nowned : 1) * sizeof *owners);
   for (int i = 0; i < p->nops && !rc; i++) {
     ir_op *op = &p->ops[i];
     if (op->kind == IR_OP_MOE_EXPERTS) {
       int E = expert_count(p, op), *own = ir_xrealloc(NULL, (size_t)E * sizeof *own);
-      if ((rc = assign_experts(p, op, r, s->nowners, own, E, d))) {
+      if ((rc = assign_experts(p, op, r, nr, own, E, d))) {
         free(own);
         break;
       }
@@ -355,7 +551,7 @@ static int place_ops(ir_prog *p, dsl_diag *d) {
       if (one) free(own);
       else owners[i] = own, nsplit++;
     }
-    for (int k = 0; k < s->nowners && op->stream < 0; k++)
+    for (int k = 0; k < nr && op->stream < 0; k++)
       if (ir_glob_match(r[k].glob, op->path)) {
         if (r[k].nexperts >= 0)
           rc = dsl_error(d, dsl_pos_at(&r[k].src->glob, r[k].sel_at),
@@ -398,7 +594,7 @@ static int place_ops(ir_prog *p, dsl_diag *d) {
   }
   for (int i = 0; i < nowned; i++) free(owners[i]);
   free(owners);
-  free_rules(r, s->nowners);
+  free_rules(r, nr);
   return rc;
 }
 
@@ -428,9 +624,17 @@ static int place_step(ir_prog *p, dsl_diag *d) {
   return 0;
 }
 
+/* A schedule names the model it was written for; it also fits every model
+ * that extends that one (the same blocks, so the same op paths). */
+static int schedule_fits(const dsl_schedule *s, const dsl_model *m) {
+  for (; m; m = m->base)
+    if (strcmp(s->model.text, m->name.text) == 0) return 1;
+  return 0;
+}
+
 int pass_place(ir_prog *p, dsl_diag *d) {
   const dsl_schedule *s = p->sched;
-  if (strcmp(s->model.text, p->model->name.text) != 0)
+  if (!schedule_fits(s, p->model))
     return dsl_error(d, s->model.pos, "schedule '%s' is for model '%s', not '%s'", s->name.text, s->model.text,
                      p->model->name.text);
   if (place_devices(p, d) || place_streams(p, d) || place_ops(p, d) || place_step(p, d)) return -1;

@@ -133,6 +133,17 @@ typedef struct dsl_owner { /* "glob -> device[.stream]" */
   dsl_str stream; /* optional */
 } dsl_owner;
 
+/* hot_experts: each moe_experts op's most-chosen experts on one device,
+ * within a byte budget, from measured routing statistics; the rest on
+ * another (docs/SCHEDULES.md). Targets are split like an owner rule's. */
+typedef struct dsl_hot_experts {
+  dsl_pos pos;
+  dsl_str stats;    /* a routing statistics file, relative to the schedule's folder */
+  dsl_owner device; /* device[.stream] of the hot experts (glob unused) */
+  dsl_str budget;   /* integer >= 0: bytes of expert weights there, all ops together */
+  dsl_owner cold;   /* device[.stream] of every other expert */
+} dsl_hot_experts;
+
 typedef struct dsl_schedule {
   dsl_source *src;
   dsl_str name;
@@ -153,6 +164,7 @@ typedef struct dsl_schedule {
   int ncopies;
   dsl_str step_prefill; /* prompt tokens replayed as prefill chunks */
   dsl_str step_decode;  /* decode tokens per step (1) */
+  dsl_hot_experts *hot_experts; /* optional: NULL when absent */
 } dsl_schedule;
 
 /* Load and validate the YAML structure (keys, required fields, types,
@@ -168,6 +180,34 @@ int dsl_model_parse(const char *path, const char *text, size_t len,
                     dsl_model **out_model, dsl_diag *d);
 int dsl_schedule_parse(const char *path, const char *text, size_t len,
                        dsl_schedule **out_sched, dsl_diag *d);
+
+/* ---- routing statistics (written by ds4run --routing-stats) ---- */
+
+typedef struct dsl_route_counts { /* one routing op's line */
+  dsl_str path;    /* the op's path, e.g. "layers.3.ffn.route" */
+  dsl_pos pos;     /* the list */
+  int64_t *counts; /* how often each expert was chosen, expert 0 first */
+  int n;
+} dsl_route_counts;
+
+typedef struct dsl_routing_stats {
+  dsl_source *src;
+  dsl_str model;         /* the model measured */
+  dsl_str schedule;      /* optional: the schedule it ran under */
+  int64_t steps, tokens; /* steps absent: -1 */
+  dsl_pos counts_pos;    /* the 'counts' key */
+  dsl_route_counts *routes;
+  int nroutes;
+} dsl_routing_stats;
+
+/* Load a routing statistics file (docs/RUNTIME.md, "Routing statistics"):
+ * keys, types and counts >= 0 are checked here; whether the paths and
+ * lengths fit a model is the compiler's job. Same contract as the loaders
+ * above. */
+int dsl_routing_stats_load(const char *path, dsl_routing_stats **out_stats, dsl_diag *d);
+int dsl_routing_stats_parse(const char *path, const char *text, size_t len,
+                            dsl_routing_stats **out_stats, dsl_diag *d);
+void dsl_routing_stats_free(dsl_routing_stats *s);
 
 /* ---- integer expressions in shapes and attrs ---- */
 

@@ -9,11 +9,12 @@
 
 static const char *const sched_keys[] = {"schedule", "model", "devices", "streams", "owners",
                                          "early_resolve", "submit_first", "priority", "copies",
-                                         "step", NULL};
+                                         "step", "hot_experts", NULL};
 static const char *const device_keys[] = {"name", "backend", "arch", "ordinal", "threads", "memory",
                                           "bandwidth", "flops", "launch", NULL};
 static const char *const stream_keys[] = {"name", "device", NULL};
 static const char *const step_keys[] = {"prefill", "decode", NULL};
+static const char *const hot_keys[] = {"stats", "device", "budget", "cold", NULL};
 static const char *const backends[] = {"cpu", "hip", "cuda", NULL};
 
 static int oom(dsl_diag *d) {
@@ -139,6 +140,41 @@ static int load_owners(dy_node *root, dsl_schedule *s, dsl_diag *d) {
   return rc;
 }
 
+/* A hot_experts target, "device" or "device.stream", split like an owner
+ * rule's target. */
+static int split_target(const dsl_str *v, const char *key, dsl_owner *o, dsl_diag *d) {
+  const char *t = v->text, *dot = strchr(t, '.');
+  size_t len = strlen(t), de = dot ? (size_t)(dot - t) : len;
+  int bad = de == 0 || (dot && (de + 1 == len || strchr(dot + 1, '.')));
+  for (size_t i = 0; i < len && !bad; i++) bad = is_space(t[i]);
+  if (bad)
+    return dsl_error(d, v->pos, "'%s' in hot_experts must be 'device' or 'device.stream', not '%.100s'", key, t);
+  o->pos = v->pos;
+  if (rule_part(v, 0, de, &o->device, d)) return -1;
+  return dot ? rule_part(v, de + 1, len, &o->stream, d) : 0;
+}
+
+static int load_hot_experts(dy_node *n, dsl_schedule *s, dsl_diag *d) {
+  if (n->kind != DY_MAP)
+    return dsl_error(d, n->pos, "'hot_experts' in schedule must be a mapping (stats, device, budget, cold), not a %s",
+                     dy_kind_name(n));
+  if (dy_check_keys(n, "hot_experts", hot_keys, d)) return -1;
+  dsl_hot_experts *h = s->hot_experts = dsl_calloc(1, sizeof *h);
+  if (!h) return oom(d);
+  h->pos = n->pos;
+  dsl_str device = {0}, cold = {0};
+  int rc = dy_take_req(n, "stats", "hot_experts", &h->stats, d);
+  if (!rc) rc = dy_take_req(n, "device", "hot_experts", &device, d);
+  if (!rc) rc = split_target(&device, "device", &h->device, d);
+  if (!rc) rc = dy_take_req(n, "budget", "hot_experts", &h->budget, d);
+  if (!rc) rc = dy_check_int(&h->budget, "budget", 0, d);
+  if (!rc) rc = dy_take_req(n, "cold", "hot_experts", &cold, d);
+  if (!rc) rc = split_target(&cold, "cold", &h->cold, d);
+  free(device.text);
+  free(cold.text);
+  return rc;
+}
+
 static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
   if (root->kind != DY_MAP)
     return dsl_error(d, root->pos,
@@ -192,7 +228,14 @@ static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
   if (dy_check_int(&s->step_prefill, "prefill", 0, d)) return -1;
   if (dy_take_req(step, "decode", "step", &s->step_decode, d)) return -1;
   if (dy_check_int(&s->step_decode, "decode", 1, d)) return -1;
+  if ((v = dy_get(root, "hot_experts")) && load_hot_experts(v, s, d)) return -1;
   return 0;
+}
+
+static void owner_free(dsl_owner *o) {
+  free(o->glob.text);
+  free(o->device.text);
+  free(o->stream.text);
 }
 
 void dsl_schedule_free(dsl_schedule *s) {
@@ -217,12 +260,15 @@ void dsl_schedule_free(dsl_schedule *s) {
     free(s->streams[i].device.text);
   }
   free(s->streams);
-  for (int i = 0; s->owners && i < s->nowners; i++) {
-    free(s->owners[i].glob.text);
-    free(s->owners[i].device.text);
-    free(s->owners[i].stream.text);
-  }
+  for (int i = 0; s->owners && i < s->nowners; i++) owner_free(&s->owners[i]);
   free(s->owners);
+  if (s->hot_experts) {
+    free(s->hot_experts->stats.text);
+    owner_free(&s->hot_experts->device);
+    free(s->hot_experts->budget.text);
+    owner_free(&s->hot_experts->cold);
+    free(s->hot_experts);
+  }
   dsl_strs_free(s->early_resolve, s->nearly_resolve);
   dsl_strs_free(s->submit_first, s->nsubmit_first);
   dsl_kvs_free(s->priority, s->npriority);

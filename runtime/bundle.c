@@ -6,9 +6,11 @@
  * arrays in device memory, so that replay (replay.c) only walks arrays. */
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rt_impl.h"
 #include "sha256.h"
@@ -57,12 +59,28 @@ static double round_to_format(double x, int mant, int emin, int emax) {
   return r;
 }
 
-static uint16_t to_bf16(double x) {
+/* Zero, subnormals, overflow, NaN: to_bf16 apart from its common case. */
+static uint16_t to_bf16_rare(double x) {
   if (isnan(x)) return 0x7fc0;
   float f = (float)round_to_format(x, 7, -126, 127); /* exact: bf16 is a subset of f32 */
   uint32_t bits;
   memcpy(&bits, &f, 4);
   return (uint16_t)(bits >> 16);
+}
+
+static inline uint16_t to_bf16(double x) {
+  uint64_t d;
+  memcpy(&d, &x, 8);
+  uint64_t a = d & 0x7fffffffffffffffull;
+  int e = (int)(a >> 52) - 1023; /* |x| in [2^e, 2^(e+1)) */
+  if (e < -126 || e > 127) return to_bf16_rare(x);
+  /* A bf16 normal: round_to_format's result, on the bits, without a
+   * branch on the data. The 52 fraction bits round to 7, to nearest even
+   * (adding half an ulp less one, plus the kept lowest bit, carries exactly
+   * when the rest is above half, or half with that bit odd); a carry steps
+   * the exponent, past the largest to infinity. */
+  uint64_t r = (a + ((1ull << 44) - 1) + (a >> 45 & 1)) >> 45;
+  return (uint16_t)(d >> 48 & 0x8000) | (uint16_t)(r - (896ull << 7)); /* exponent bias 1023 -> 127 */
 }
 
 static uint16_t to_f16(double x) {
@@ -321,6 +339,7 @@ static void bundle_free(rt_bundle *b) {
   free(b->enqueued);
   free(b->trace_start);
   free(b->trace_end);
+  for (uint32_t t = 0; b->bound && t < p->ntensors; t++) free(b->bound[t].parts);
   free(b->bound);
   st_close(b->ckpt);
   if (b->sync_ready) rt_sync_destroy(&b->sync);
@@ -377,8 +396,8 @@ static rt_status weight_error(const rt_bundle *b, uint32_t t, const st_tensor *c
                         c->name, st_file(b->ckpt, c->file));
 }
 
-static rt_status missing_error(const rt_bundle *b, const plan_tensor *pt) {
-  const char *w = plan_str(&b->p, pt->name), *ck = plan_str(&b->p, pt->checkpoint);
+static rt_status missing_error(const rt_bundle *b, const plan_tensor *pt, const char *ck) {
+  const char *w = plan_str(&b->p, pt->name);
   if (!st_is_dir(b->ckpt))
     return rt_status_make("weight '%s' (checkpoint '%s') is not in %s", w, ck, st_path(b->ckpt));
   uint32_t n = st_nfiles(b->ckpt);
@@ -386,23 +405,80 @@ static rt_status missing_error(const rt_bundle *b, const plan_tensor *pt) {
                         n, n == 1 ? "" : "s", st_path(b->ckpt));
 }
 
+/* The checkpoint name of part e: the pattern with e in place of every
+ * "{e}". Caller frees. */
+static char *part_name(const char *pattern, uint64_t e) {
+  char digits[24];
+  int nd = snprintf(digits, sizeof digits, "%llu", (unsigned long long)e);
+  size_t n = strlen(pattern) + 1;
+  for (const char *c = pattern; (c = strstr(c, "{e}")); c += 3) n += (size_t)nd;
+  char *out = malloc(n), *o = out;
+  if (!out) return NULL;
+  for (const char *c = pattern; *c;) {
+    if (strncmp(c, "{e}", 3) == 0) {
+      memcpy(o, digits, (size_t)nd);
+      o += nd;
+      c += 3;
+    } else {
+      *o++ = *c++;
+    }
+  }
+  *o = 0;
+  return out;
+}
+
+/* Checkpoint tensor `name` as part of weight t: it must hold values of
+ * shape dims (the weight's, or a row's) that convert to t's dtype. */
+static rt_status bind_part(rt_bundle *b, uint32_t t, const char *name, uint32_t ndim,
+                           const uint64_t *dims, st_weight *out) {
+  const plan_tensor *pt = &b->p.tensors[t];
+  const st_tensor *c;
+  rt_status s = st_find_checkpoint(b->ckpt, name, &c);
+  if (s) return rt_status_wrap(s, "weight '%s' (checkpoint '%s')", plan_str(&b->p, pt->name), name);
+  if (!c) return missing_error(b, pt, name);
+  s = st_weight_of(b->ckpt, c, out);
+  if (s) return weight_error(b, t, c, s);
+  int same = out->ndim == ndim;
+  for (uint32_t d = 0; same && d < ndim; d++) same = out->shape[d] == dims[d];
+  if (!same) {
+    char have[200], want[200], packed[240] = "";
+    shape_text(out->shape, out->ndim, have, sizeof have);
+    shape_text(dims, ndim, want, sizeof want);
+    if (out->encoding == ST_FP4_PACKED) {
+      char bytes[200];
+      shape_text(c->shape, c->ndim, bytes, sizeof bytes);
+      snprintf(packed, sizeof packed, " (FP4, two per byte of %s %s)", st_dtype_name(c->dtype), bytes);
+    }
+    return weight_error(b, t, c, rt_status_make("shape %s%s in the checkpoint, %s in the plan", have,
+                                                packed, want));
+  }
+  s = st_weight_convertible(out, pt->dtype);
+  return s ? weight_error(b, t, c, s) : NULL;
+}
+
 /* Weight t (not a view) takes the values of its checkpoint tensor, which
- * must have the plan tensor's shape exactly and a dtype that converts. */
+ * must have the plan tensor's shape exactly and a dtype that converts; with
+ * "{e}" in the name, row e takes those of tensor e, of a row's shape. */
 static rt_status bind_weight(rt_bundle *b, uint32_t t) {
   const plan_tensor *pt = &b->p.tensors[t];
-  const st_tensor *c = st_find_checkpoint(b->ckpt, plan_str(&b->p, pt->checkpoint));
-  if (!c) return missing_error(b, pt);
-  int same = c->ndim == pt->ndim;
-  for (uint32_t d = 0; same && d < pt->ndim; d++) same = c->shape[d] == pt->dim[d];
-  if (!same) {
-    char have[200], want[200];
-    shape_text(c->shape, c->ndim, have, sizeof have);
-    shape_text(pt->dim, pt->ndim, want, sizeof want);
-    return weight_error(b, t, c, rt_status_make("shape %s in the checkpoint, %s in the plan", have, want));
+  const char *ck = plan_str(&b->p, pt->checkpoint);
+  int per_row = strstr(ck, "{e}") != NULL;
+  if (per_row && pt->ndim == 0)
+    return rt_status_make("weight '%s' (checkpoint '%s'): a name with {e} binds the rows of dim 0, "
+                          "and the weight is a scalar",
+                          plan_str(&b->p, pt->name), ck);
+  rt_binding *bd = &b->bound[t];
+  uint64_t nparts = per_row ? pt->dim[0] : 1;
+  bd->parts = calloc(nparts ? nparts : 1, sizeof *bd->parts);
+  if (!bd->parts) return rt_status_make("out of memory");
+  bd->part_elems = per_row ? row_elems_of(pt) : pt->bytes / plan_dtype_size(pt->dtype);
+  for (uint64_t e = 0; e < nparts; e++) {
+    char *name = per_row ? part_name(ck, e) : (char *)ck;
+    if (!name) return rt_status_make("out of memory");
+    rt_status s = bind_part(b, t, name, pt->ndim - per_row, pt->dim + per_row, &bd->parts[e]);
+    if (per_row) free(name);
+    if (s) return s;
   }
-  rt_status s = st_convertible(c->dtype, pt->dtype);
-  if (s) return weight_error(b, t, c, s);
-  b->bound[t] = c;
   return NULL;
 }
 
@@ -435,10 +511,11 @@ static uint32_t value_owner(const plan *p, uint32_t t) {
   return p->tensors[t].view_of == PLAN_NONE ? t : p->tensors[t].view_of;
 }
 
-/* The checkpoint tensor weight t's values come from, or NULL: the seeded
+/* The checkpoint binding weight t's values come from, or NULL: the seeded
  * generator. */
-static const st_tensor *bound_tensor(const rt_bundle *b, uint32_t t) {
-  return b->bound ? b->bound[value_owner(&b->p, t)] : NULL;
+static const rt_binding *binding_of(const rt_bundle *b, uint32_t t) {
+  const rt_binding *bd = b->bound ? &b->bound[value_owner(&b->p, t)] : NULL;
+  return bd && bd->parts ? bd : NULL;
 }
 
 /* From element i of weight t on (up to end), the run of elements that are
@@ -452,49 +529,177 @@ static uint64_t source_run(const plan *p, const plan_tensor *pt, uint64_t i, uin
   return left < end - i ? left : end - i;
 }
 
-/* Elements [i0, i0 + m) of weight t, in its dtype, into stage. */
-static rt_status stage_checkpoint(const rt_bundle *b, uint32_t t, const st_tensor *c, uint64_t i0,
-                                  uint64_t m, uint8_t *stage) {
+/* Of source elements [src, src + n) of a binding, the first run within one
+ * part: that part's index, the run's first element in it, and its length. */
+static uint64_t part_run(const rt_binding *bd, uint64_t src, uint64_t n, uint64_t *out_part,
+                         uint64_t *out_off) {
+  *out_part = src / bd->part_elems;
+  *out_off = src % bd->part_elems;
+  uint64_t left = bd->part_elems - *out_off;
+  return left < n ? left : n;
+}
+
+/* Source elements [src, src + n) of weight owner's binding, as plan dtype
+ * `to`, into dst. */
+static rt_status convert_source(const rt_bundle *b, uint32_t owner, const rt_binding *bd,
+                                uint64_t src, uint64_t n, uint32_t to, uint8_t *dst) {
+  uint32_t esz = plan_dtype_size(to);
+  while (n) {
+    uint64_t part, off, run = part_run(bd, src, n, &part, &off);
+    rt_status s = st_weight_convert(&bd->parts[part], off, run, to, dst);
+    if (s) return weight_error(b, owner, bd->parts[part].values, s);
+    src += run, n -= run, dst += run * esz;
+  }
+  return NULL;
+}
+
+/* The same elements as doubles, exactly. */
+static rt_status source_values(const rt_bundle *b, uint32_t owner, const rt_binding *bd, uint64_t src,
+                               uint64_t n, double *out) {
+  while (n) {
+    uint64_t part, off, run = part_run(bd, src, n, &part, &off);
+    rt_status s = st_weight_values(&bd->parts[part], off, run, out);
+    if (s) return weight_error(b, owner, bd->parts[part].values, s);
+    src += run, n -= run, out += run;
+  }
+  return NULL;
+}
+
+/* Elements [i0, i0 + m) of weight t, in its dtype, into dst. */
+static rt_status stage_checkpoint(const rt_bundle *b, uint32_t t, const rt_binding *bd, uint64_t i0,
+                                  uint64_t m, uint8_t *dst) {
   const plan_tensor *pt = &b->p.tensors[t];
   uint32_t esz = plan_dtype_size(pt->dtype);
   for (uint64_t i = i0; i < i0 + m;) {
     uint64_t src, run = source_run(&b->p, pt, i, i0 + m, &src);
-    rt_status s = st_convert(c, src, run, pt->dtype, stage + (i - i0) * esz);
-    if (s) return weight_error(b, value_owner(&b->p, t), c, s);
+    RT_TRY(convert_source(b, value_owner(&b->p, t), bd, src, run, pt->dtype, dst + (i - i0) * esz));
     i += run;
   }
   return NULL;
 }
 
-static void stage_generator(const rt_bundle *b, uint32_t t, uint64_t i0, uint64_t m, uint8_t *stage) {
-  const plan *p = &b->p;
-  for (uint64_t i = 0; i < m; i++)
-    store_value(p->tensors[t].dtype, stage, i, rt_init_value(p, t, b->seed, i0 + i));
+/* Generated values [src, src + n) of weight w (not a view), whose stream
+ * key is `key`, rounded to dtype into dst: rt_init_value's values, with
+ * the name hashed once. */
+static void generate_run(const plan_tensor *w, uint64_t key, uint64_t src, uint64_t n, uint8_t *dst) {
+  const double off = w->init_offset, scale = w->init_scale;
+  float *f32 = (float *)dst;
+  uint16_t *bf16 = (uint16_t *)dst;
+  switch (w->dtype) {
+  case PLAN_F32:
+    for (uint64_t k = 0; k < n; k++) f32[k] = (float)(off + scale * rt_uniform_at(key, src + k));
+    break;
+  case PLAN_BF16:
+    for (uint64_t k = 0; k < n; k++) bf16[k] = to_bf16(off + scale * rt_uniform_at(key, src + k));
+    break;
+  default:
+    for (uint64_t k = 0; k < n; k++) store_value(w->dtype, dst, k, off + scale * rt_uniform_at(key, src + k));
+  }
 }
 
-/* Every resident weight, through one staging buffer of bounded size (a
- * weight may be larger than host memory would like to copy at once). */
+static void stage_generator(const rt_bundle *b, uint32_t t, uint64_t i0, uint64_t m, uint8_t *dst) {
+  const plan *p = &b->p;
+  const plan_tensor *pt = &p->tensors[t], *w = &p->tensors[value_owner(p, t)];
+  uint64_t key = rt_uniform_key(b->seed, plan_str(p, w->name));
+  uint32_t esz = plan_dtype_size(pt->dtype);
+  for (uint64_t i = i0; i < i0 + m;) {
+    uint64_t src, run = source_run(p, pt, i, i0 + m, &src);
+    generate_run(w, key, src, run, dst + (i - i0) * esz);
+    i += run;
+  }
+}
+
+static rt_status stage_range(const rt_bundle *b, uint32_t t, uint64_t i0, uint64_t m, uint8_t *dst) {
+  const rt_binding *bd = binding_of(b, t);
+  if (bd) return stage_checkpoint(b, t, bd, i0, m, dst);
+  stage_generator(b, t, i0, m, dst);
+  return NULL;
+}
+
+/* Fewer elements than this are not worth a thread of their own. */
+enum { FILL_MIN_SLICE = 1 << 15 };
+
+typedef struct fill_slice {
+  const rt_bundle *b;
+  uint32_t t;
+  uint64_t i0, m;
+  uint8_t *dst;
+  rt_status err;
+  pthread_t thread;
+  int started;
+} fill_slice;
+
+static void *fill_slice_main(void *arg) {
+  fill_slice *s = arg;
+  s->err = stage_range(s->b, s->t, s->i0, s->m, s->dst);
+  return NULL;
+}
+
+/* Each slice is a contiguous range of elements, and an element's value
+ * depends only on its index, so the bytes do not depend on the split. The
+ * error returned is the first slice's, which is the lowest element's. */
+rt_status rt_weight_stage(const rt_bundle *b, uint32_t t, uint64_t first, uint64_t count,
+                          uint32_t threads, void *dst) {
+  uint64_t n = (count + FILL_MIN_SLICE - 1) / FILL_MIN_SLICE;
+  if (n > threads) n = threads;
+  if (n <= 1) return stage_range(b, t, first, count, dst);
+  fill_slice *sl = calloc(n, sizeof *sl);
+  if (!sl) return rt_status_make("out of memory");
+  uint32_t esz = plan_dtype_size(b->p.tensors[t].dtype);
+  for (uint64_t k = 0; k < n; k++) {
+    uint64_t a = count * k / n, z = count * (k + 1) / n;
+    sl[k] = (fill_slice){.b = b, .t = t, .i0 = first + a, .m = z - a, .dst = (uint8_t *)dst + a * esz};
+  }
+  for (uint64_t k = 1; k < n; k++)
+    sl[k].started = pthread_create(&sl[k].thread, NULL, fill_slice_main, &sl[k]) == 0;
+  fill_slice_main(&sl[0]);
+  /* A thread that did not start leaves its slice to this one. */
+  for (uint64_t k = 1; k < n; k++)
+    if (!sl[k].started) fill_slice_main(&sl[k]);
+  rt_status err = NULL;
+  for (uint64_t k = 0; k < n; k++) {
+    if (sl[k].started) pthread_join(sl[k].thread, NULL);
+    if (!err) err = sl[k].err;
+    else rt_status_free(sl[k].err);
+  }
+  free(sl);
+  return err;
+}
+
+/* How many threads stage weights: the cores this process may run on (its
+ * affinity mask, which taskset or a container may narrow). */
+static uint32_t fill_threads(void) {
+  cpu_set_t set;
+  long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                       : sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 256 ? 256 : (uint32_t)n;
+}
+
+/* Every resident weight, on all cores. A cpu device's arena is host memory
+ * (its copy_h2d is memcpy), so its weights are staged in place; a GPU's go
+ * through one staging buffer of bounded size (a weight may be larger than
+ * host memory would like to copy at once). */
 static rt_status fill_weights(rt_bundle *b) {
   const plan *p = &b->p;
-  enum { STAGE_BYTES = 1 << 20 };
-  uint8_t *stage = malloc(STAGE_BYTES);
-  if (!stage) return rt_status_make("out of memory");
+  enum { STAGE_BYTES = 64 << 20 };
+  uint32_t threads = fill_threads();
+  uint8_t *stage = NULL;
   rt_status s = NULL;
   for (uint32_t t = 0; t < p->ntensors && !s; t++) {
     const plan_tensor *pt = &p->tensors[t];
     if (pt->role != PLAN_WEIGHT || pt->device == PLAN_NONE) continue;
-    const st_tensor *c = bound_tensor(b, t);
     uint32_t esz = plan_dtype_size(pt->dtype);
     uint64_t n = pt->bytes / esz, chunk = STAGE_BYTES / esz;
+    if (p->devices[pt->device].backend == PLAN_BACKEND_CPU) {
+      s = rt_weight_stage(b, t, 0, n, threads, b->tensor_ptr[t]);
+      continue;
+    }
+    if (!stage && !(stage = malloc(STAGE_BYTES))) s = rt_status_make("out of memory");
     rt_dev *v = &b->devs[pt->device];
     for (uint64_t i0 = 0; i0 < n && !s; i0 += chunk) {
       uint64_t m = n - i0 < chunk ? n - i0 : chunk;
-      if (c) {
-        s = stage_checkpoint(b, t, c, i0, m, stage);
-        if (s) break;
-      } else {
-        stage_generator(b, t, i0, m, stage);
-      }
+      s = rt_weight_stage(b, t, i0, m, threads, stage);
+      if (s) break;
       s = v->be->copy_h2d(v->dev, (uint8_t *)b->tensor_ptr[t] + i0 * esz, stage, m * esz);
       if (s) s = rt_status_wrap(s, "filling weight %s", plan_str(p, pt->name));
     }
@@ -518,16 +723,15 @@ rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, 
     return rt_status_make("rt_weight_values: elements [%llu, %llu) asked of weight %s, which has %llu",
                           (unsigned long long)first, (unsigned long long)(first + count),
                           plan_str(p, pt->name), (unsigned long long)n);
-  const st_tensor *c = bound_tensor(b, tensor);
+  const rt_binding *bd = binding_of(b, tensor);
   for (uint64_t i = first; i < first + count;) {
-    if (!c) {
+    if (!bd) {
       out[i - first] = rt_init_value(p, tensor, b->seed, i);
       i++;
       continue;
     }
     uint64_t src, run = source_run(p, pt, i, first + count, &src);
-    rt_status s = st_values(c, src, run, out + (i - first));
-    if (s) return weight_error(b, value_owner(p, tensor), c, s);
+    RT_TRY(source_values(b, value_owner(p, tensor), bd, src, run, out + (i - first)));
     i += run;
   }
   return NULL;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ds4run_check.h"
 #include "rt.h"
@@ -15,7 +16,8 @@ enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 
 static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
-    "              [--weights PATH] [--threads N] [--json]\n"
+    "              [--weights PATH] [--threads N] [--routing-stats FILE]\n"
+    "              [--dump-logits FILE] [--json]\n"
     "       ds4run --help\n"
     "\n"
     "Replays BUNDLE's plan: prefills the prompt (default: the plan's seeded\n"
@@ -30,6 +32,13 @@ static const char usage_text[] =
     "                  *.safetensors file of directory PATH (default: all\n"
     "                  from the seeded generator)\n"
     "  --threads N     threads per cpu device (default: the plan's)\n"
+    "  --routing-stats FILE\n"
+    "                  write how often each routing op chose each expert\n"
+    "                  to FILE (YAML; ds4c's hot_experts reads it)\n"
+    "  --dump-logits FILE\n"
+    "                  write the logits of every token fed, prompt then\n"
+    "                  decode, to FILE as raw little-endian float32 rows\n"
+    "                  [tokens, vocab]; the ids fed are printed\n"
     "  --json          print the results as one JSON object\n"
     "\n"
     "Exit status: 0 ok, 1 error, 2 check failed, 64 usage.\n";
@@ -44,6 +53,8 @@ typedef struct cli {
   int threads;
   int32_t *prompt;
   int nprompt;
+  const char *routing_stats;
+  const char *dump_logits;
 } cli;
 
 static int usage_error(const char *fmt, ...) {
@@ -123,6 +134,14 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       if (i + 1 >= argc || !*argv[i + 1] || c->weights)
         return usage_error("--weights needs one safetensors file or directory");
       c->weights = argv[++i];
+    } else if (!strcmp(a, "--routing-stats")) {
+      if (i + 1 >= argc || !*argv[i + 1] || c->routing_stats)
+        return usage_error("--routing-stats needs one output file");
+      c->routing_stats = argv[++i];
+    } else if (!strcmp(a, "--dump-logits")) {
+      if (i + 1 >= argc || !*argv[i + 1] || c->dump_logits)
+        return usage_error("--dump-logits needs one output file");
+      c->dump_logits = argv[++i];
     } else if (!strcmp(a, "--prompt")) {
       if (i + 1 >= argc || c->prompt || parse_prompt(argv[++i], c))
         return usage_error("--prompt needs comma-separated token ids, e.g. --prompt 1,2,3");
@@ -182,7 +201,8 @@ static void print_weights_json(const rt_weights_info *w) {
 }
 
 static void print_human(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
-                        int nprefill, int nprompt, const ds4run_check_result *chk) {
+                        int nprefill, int nprompt, const ds4run_check_result *chk,
+                        const rt_routing_stats *stats) {
   printf("bundle:    %s\n", c->bundle);
   printf("model:     %s   schedule: %s\n", plan_str(p, p->info.model), plan_str(p, p->info.schedule));
   for (uint32_t d = 0; d < p->ndevices; d++) {
@@ -208,13 +228,17 @@ static void print_human(const cli *c, const plan *p, const rt_weights_info *w, c
            "%d token mismatches: %s\n",
            chk->steps, chk->max_rel_err, chk->bound, chk->token_mismatches,
            chk->passed ? "PASS" : "FAIL");
+  if (stats)
+    printf("routing:   %u routing ops counted over %d tokens, written to %s\n", rt_routing_stats_routes(stats),
+           r->tokens, c->routing_stats);
   char hex[65];
   rt_hex(r->outputs_sha256, 32, hex);
   printf("outputs sha256: %s\n", hex);
 }
 
 static void print_json(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
-                       int nprefill, int nprompt, const ds4run_check_result *chk) {
+                       int nprefill, int nprompt, const ds4run_check_result *chk,
+                       const rt_routing_stats *stats) {
   printf("{\"bundle\": ");
   json_string(c->bundle);
   printf(", \"model\": ");
@@ -245,52 +269,154 @@ static void print_json(const cli *c, const plan *p, const rt_weights_info *w, co
            "\"token_mismatches\": %d, \"passed\": %s}",
            chk->steps, chk->max_rel_err, chk->bound, chk->token_mismatches,
            chk->passed ? "true" : "false");
+  if (stats) {
+    printf(", \"routing_stats\": {\"path\": ");
+    json_string(c->routing_stats);
+    printf(", \"routes\": %u}", rt_routing_stats_routes(stats));
+  }
   char hex[65];
   rt_hex(r->outputs_sha256, 32, hex);
   printf(", \"outputs_sha256\": \"%s\"}\n", hex);
 }
 
-static int run(cli *c) {
-  rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights};
-  rt_bundle *b = NULL;
-  rt_status s = rt_bundle_open(c->bundle, &opts, &b);
-  if (s) return fail(s);
+/* --dump-logits: the live rows of every step's logits, appended to a
+ * temporary file renamed into place when the run succeeds; the ids fed. */
+typedef struct logits_dump {
+  char tmp[4096];
+  FILE *f;
+  uint32_t tensor;
+  uint32_t tokens, vocab;
+  float *rows;
+  int32_t *ids;  /* every id fed, in order */
+  int nids, cap;
+} logits_dump;
+
+static rt_status dump_open(rt_bundle *b, const char *path, logits_dump **out) {
+  *out = NULL;
   const plan *p = rt_bundle_plan(b);
-  if (!c->prompt) {
-    s = rt_default_prompt(p, &c->prompt, &c->nprompt);
-    if (s) {
-      rt_bundle_close(b);
-      return fail(s);
-    }
+  logits_dump *d = calloc(1, sizeof *d);
+  if (!d) return rt_status_make("out of memory");
+  *out = d;
+  RT_TRY(rt_status_wrap(rt_tensor_find(b, "logits", &d->tensor), "--dump-logits"));
+  const plan_tensor *t = &p->tensors[d->tensor];
+  if (t->dtype != PLAN_F32 || t->ndim != 2 || t->dim[0] != p->info.tokens)
+    return rt_status_make("--dump-logits: output 'logits' is not f32 [tokens, vocab]");
+  d->tokens = p->info.tokens;
+  d->vocab = (uint32_t)t->dim[1];
+  d->rows = malloc((size_t)d->tokens * d->vocab * sizeof *d->rows);
+  if (!d->rows) return rt_status_make("out of memory");
+  snprintf(d->tmp, sizeof d->tmp, "%s.tmp.%ld", path, (long)getpid());
+  d->f = fopen(d->tmp, "wb");
+  if (!d->f) return rt_status_make("%s: cannot write: %s", path, strerror(errno));
+  return NULL;
+}
+
+static rt_status dump_hook(logits_dump *d, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
+  int ntok = step[1];
+  RT_TRY(rt_tensor_read(b, d->tensor, d->rows, (size_t)d->tokens * d->vocab * sizeof *d->rows));
+  if (fwrite(d->rows, sizeof *d->rows, (size_t)ntok * d->vocab, d->f) != (size_t)ntok * d->vocab)
+    return rt_status_make("--dump-logits: write failed: %s", strerror(errno));
+  if (d->nids + ntok > d->cap) {
+    int cap = 2 * (d->nids + ntok);
+    int32_t *n = realloc(d->ids, (size_t)cap * sizeof *n);
+    if (!n) return rt_status_make("out of memory");
+    d->ids = n;
+    d->cap = cap;
   }
-  ds4run_check *chk = NULL;
-  if (c->check) {
-    s = ds4run_check_open(b, &chk);
-    if (s) {
-      rt_bundle_close(b);
-      return fail(s);
-    }
-  }
+  memcpy(d->ids + d->nids, ids, (size_t)ntok * sizeof *ids);
+  d->nids += ntok;
+  return NULL;
+}
+
+/* Closes the file and renames it to path (on success) or removes it. */
+static rt_status dump_close(logits_dump *d, const char *path, int ok) {
+  if (!d) return NULL;
+  rt_status s = NULL;
+  if (d->f && fclose(d->f) != 0 && ok) s = rt_status_make("%s: cannot write: %s", path, strerror(errno));
+  if (d->f && (!ok || s)) remove(d->tmp);
+  else if (d->f && rename(d->tmp, path) != 0) s = rt_status_make("%s: cannot rename into place: %s", path, strerror(errno));
+  free(d->rows);
+  free(d->ids);
+  free(d);
+  return s;
+}
+
+/* What runs after every step: the check, the routing counts and the logits
+ * dump, each when asked for. */
+typedef struct step_hooks {
+  ds4run_check *chk;
+  rt_routing_stats *stats;
+  logits_dump *dump;
+} step_hooks;
+
+static rt_status after_step(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
+  step_hooks *h = ctx;
+  if (h->chk) RT_TRY(ds4run_check_hook(h->chk, b, step, ids));
+  if (h->stats) RT_TRY(rt_routing_stats_hook(h->stats, b, step, ids));
+  if (h->dump) RT_TRY(dump_hook(h->dump, b, step, ids));
+  return NULL;
+}
+
+/* A statistics file that cannot be written fails before the run, not
+ * after it: the same temporary file rt_routing_stats_write makes. */
+static rt_status check_writable(const char *path) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) return rt_status_make("%s: cannot write: %s", path, strerror(errno));
+  fclose(f);
+  remove(tmp);
+  return NULL;
+}
+
+static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
+  const plan *p = rt_bundle_plan(b);
   rt_report r;
-  s = rt_generate(b, c->prompt, c->nprompt, c->steps, chk ? ds4run_check_hook : NULL, chk, &r);
+  rt_status s = rt_generate(b, c->prompt, c->nprompt, c->steps, after_step, h, &r);
+  if (!s && h->stats) s = rt_routing_stats_write(h->stats, c->routing_stats);
+  if (h->dump && !s && !c->json) { /* the ids a reference run must be fed */
+    printf("logits:    %d rows x %u float32 written to %s; ids fed:", h->dump->nids, h->dump->vocab,
+           c->dump_logits);
+    for (int i = 0; i < h->dump->nids; i++) printf("%c%d", i ? ',' : ' ', h->dump->ids[i]);
+    printf("\n");
+  }
+  if (h->dump) {
+    rt_status ds = dump_close(h->dump, c->dump_logits, !s);
+    h->dump = NULL;
+    if (!s) s = ds;
+  }
   if (s) {
-    if (chk) ds4run_check_close(chk);
-    rt_bundle_close(b);
+    free(r.generated);
     return fail(s);
   }
   ds4run_check_result res;
-  if (chk) ds4run_check_result_get(chk, &res);
+  if (h->chk) ds4run_check_result_get(h->chk, &res);
   int nprefill = (c->nprompt + (int)p->info.tokens - 1) / (int)p->info.tokens;
   rt_weights_info w;
   rt_bundle_weights(b, &w);
   if (c->json)
-    print_json(c, p, &w, &r, nprefill, c->nprompt, chk ? &res : NULL);
+    print_json(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats);
   else
-    print_human(c, p, &w, &r, nprefill, c->nprompt, chk ? &res : NULL);
+    print_human(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats);
   fflush(stdout);
-  int rc = chk && !res.passed ? EXIT_CHECK : 0;
   free(r.generated);
-  if (chk) ds4run_check_close(chk);
+  return h->chk && !res.passed ? EXIT_CHECK : 0;
+}
+
+static int run(cli *c) {
+  rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights};
+  rt_bundle *b = NULL;
+  step_hooks h = {0};
+  rt_status s = c->routing_stats ? check_writable(c->routing_stats) : NULL;
+  if (!s) s = rt_bundle_open(c->bundle, &opts, &b);
+  if (!s && c->dump_logits) s = dump_open(b, c->dump_logits, &h.dump);
+  if (!s && !c->prompt) s = rt_default_prompt(rt_bundle_plan(b), &c->prompt, &c->nprompt);
+  if (!s && c->check) s = ds4run_check_open(b, &h.chk);
+  if (!s && c->routing_stats) s = rt_routing_stats_open(b, &h.stats);
+  int rc = s ? fail(s) : generate_and_print(c, b, &h);
+  rt_routing_stats_close(h.stats);
+  ds4run_check_close(h.chk);
+  rt_status_free(dump_close(h.dump, c->dump_logits, 0));
   rt_bundle_close(b);
   return rc;
 }

@@ -1,15 +1,19 @@
 /* ds4run_check.c - `ds4run --check`: compares every replayed step's logits
  * and next tokens with the float64 reference (tests/ref), whose weights are
  * the values the bundle bound (checkpoint or seeded generator), taken from
- * their source rather than read back from the replay's buffers. */
+ * their source rather than read back from the replay's buffers. Two
+ * references: tiny-moe's (ref_tiny.c) and DeepSeek-V4-Flash's (ref_ds4.c),
+ * which serves every description with its blocks (ds4-flash-mini, ...). */
 #include "ds4run_check.h"
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ref.h"
+#include "ref_ds4.h"
 
 /* The bound on max|got - ref| / max|ref| of a step's logits; docs/CHECK.md
  * says where it comes from (measured f32 error is ~4e-7 on tiny-moe). */
@@ -20,7 +24,8 @@
 #define CHECK_MARGIN 1e-3
 
 struct ds4run_check {
-  ref_tiny *ref;
+  ref_tiny *ref;   /* one of the two references */
+  ref_ds4 *ds4;
   uint32_t logits_tensor, next_tensor;
   int tokens, vocab;
   float *got;      /* [tokens, vocab] as replayed */
@@ -39,7 +44,7 @@ static rt_status param_of(const plan *p, const char *name, int *out) {
       *out = (int)v;
       return NULL;
     }
-  return rt_status_make("ds4run --check: the plan has no param '%s' (tiny-moe needs it)", name);
+  return rt_status_make("ds4run --check: the plan has no param '%s' (the reference needs it)", name);
 }
 
 /* Round x to a format of `bits` significant bits whose smallest normal is
@@ -143,11 +148,8 @@ static rt_status check_output(const plan *p, uint32_t ti, const char *what, uint
   return NULL;
 }
 
-static rt_status check_build(ds4run_check *c, rt_bundle *b) {
+static rt_status build_tiny(ds4run_check *c, rt_bundle *b) {
   const plan *p = rt_bundle_plan(b);
-  const char *model = plan_str(p, p->info.model);
-  if (strcmp(model, "tiny-moe") != 0)
-    return rt_status_make("ds4run --check: no float64 reference for model '%s'", model);
 
   ref_tiny_params rp;
   ref_tiny_params_init(&rp); /* eps 1e-6 and theta 10000, the YAML's attrs */
@@ -172,18 +174,172 @@ static rt_status check_build(ds4run_check *c, rt_bundle *b) {
   c->tokens = rp.tokens;
   c->vocab = rp.vocab;
 
-  RT_TRY(set_weights(c, b));
+  return set_weights(c, b);
+}
+
+/* ---- DeepSeek-V4-Flash ---- */
+
+/* Whether the plan has a weight bound to checkpoint name `name`. */
+static int has_checkpoint(const plan *p, const char *name) {
+  for (uint32_t i = 0; i < p->ntensors; i++)
+    if (p->tensors[i].checkpoint != PLAN_NONE && strcmp(plan_str(p, p->tensors[i].checkpoint), name) == 0)
+      return 1;
+  return 0;
+}
+
+/* The reference numbers layers 0..n-1 as the release does; each layer's
+ * kind follows from the weights it has (DS4-MATH §13.1): an indexer makes
+ * it CSA, a compressor alone HCA, neither sliding-window; tid2eid makes it
+ * hash-routed. */
+static rt_status ds4_layers(const plan *p, const ref_ds4_params *rp, int *ratio, int *hash) {
+  char name[128];
+  for (int l = 0; l < rp->n_layers; l++) {
+    snprintf(name, sizeof name, "layers.%d.attn.wq_a.weight", l);
+    if (!has_checkpoint(p, name))
+      return rt_status_make("ds4run --check: no weight '%s': the reference takes layers numbered 0..%d", name,
+                            rp->n_layers - 1);
+    snprintf(name, sizeof name, "layers.%d.attn.indexer.weights_proj.weight", l);
+    int csa = has_checkpoint(p, name);
+    snprintf(name, sizeof name, "layers.%d.attn.compressor.ape", l);
+    ratio[l] = csa ? rp->csa_ratio : has_checkpoint(p, name) ? rp->hca_ratio : 0;
+    snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", l);
+    hash[l] = has_checkpoint(p, name);
+  }
+  return NULL;
+}
+
+/* The number of layers: weights named layers.N.attn.wq_a.weight. */
+static int ds4_count_layers(const plan *p) {
+  int n = 0;
+  for (uint32_t i = 0; i < p->ntensors; i++) {
+    int l, end = 0;
+    if (p->tensors[i].checkpoint == PLAN_NONE) continue;
+    const char *ck = plan_str(p, p->tensors[i].checkpoint);
+    if (sscanf(ck, "layers.%d.attn.wq_a.weight%n", &l, &end) == 1 && ck[end] == 0 && l + 1 > n) n = l + 1;
+  }
+  return n;
+}
+
+/* One weight's values, rounded to its dtype, into the reference under
+ * `name`; `first` is its first element in the plan tensor. */
+static rt_status ds4_set_one(ds4run_check *c, rt_bundle *b, uint32_t ti, const char *name, uint64_t first,
+                             uint64_t n) {
+  const plan_tensor *t = &rt_bundle_plan(b)->tensors[ti];
+  double *vals = malloc((size_t)(n ? n : 1) * sizeof *vals);
+  if (!vals) return rt_status_make("ds4run --check: out of memory for weight '%s'", name);
+  rt_status s = rt_weight_values(b, ti, first, n, vals);
+  for (uint64_t i = 0; i < n && !s; i++) s = round_dtype(vals[i], t->dtype, &vals[i]);
+  char err[256];
+  if (!s && ref_ds4_set_weight(c->ds4, name, vals, (size_t)n, err, sizeof err))
+    s = rt_status_make("ds4run --check: %s", err);
+  free(vals);
+  return s ? rt_status_wrap(s, "ds4run --check: weight '%s'", name) : NULL;
+}
+
+/* Every weight by its checkpoint name; a name with {e} is one weight per
+ * row of dim 0 (the release's per-expert tensors). */
+static rt_status ds4_set_weights(ds4run_check *c, rt_bundle *b) {
+  const plan *p = rt_bundle_plan(b);
+  for (uint32_t ti = 0; ti < p->ntensors; ti++) {
+    const plan_tensor *t = &p->tensors[ti];
+    if (t->role != PLAN_WEIGHT || t->view_of != PLAN_NONE) continue;
+    if (t->checkpoint == PLAN_NONE)
+      return rt_status_make("ds4run --check: weight '%s' has no checkpoint name", plan_str(p, t->name));
+    const char *ck = plan_str(p, t->checkpoint), *at = strstr(ck, "{e}");
+    uint64_t n = elements_of(t);
+    if (!at) {
+      RT_TRY(ds4_set_one(c, b, ti, ck, 0, n));
+      continue;
+    }
+    uint64_t rows = t->dim[0], row = n / rows;
+    for (uint64_t e = 0; e < rows; e++) {
+      char name[256];
+      snprintf(name, sizeof name, "%.*s%llu%s", (int)(at - ck), ck, (unsigned long long)e, at + 3);
+      RT_TRY(ds4_set_one(c, b, ti, name, e * row, row));
+    }
+  }
+  const char *unset = ref_ds4_unset_weight(c->ds4);
+  if (unset)
+    return rt_status_make("ds4run --check: reference weight '%s' is not a weight of the plan", unset);
+  return NULL;
+}
+
+/* The dimensions come from the plan's params; the float constants (norm
+ * eps, hc_eps, routed scale 1.5, SwiGLU limit 10, the two rope tables) are
+ * the release's, which the description's attrs state as well. */
+static rt_status build_ds4(ds4run_check *c, rt_bundle *b) {
+  const plan *p = rt_bundle_plan(b);
+  ref_ds4_params rp;
+  ref_ds4_params_init(&rp);
+  RT_TRY(param_of(p, "vocab", &rp.vocab));
+  RT_TRY(param_of(p, "hidden", &rp.hidden));
+  RT_TRY(param_of(p, "heads", &rp.heads));
+  RT_TRY(param_of(p, "head_dim", &rp.head_dim));
+  RT_TRY(param_of(p, "rope_dim", &rp.rope_dim));
+  RT_TRY(param_of(p, "q_lora", &rp.q_lora));
+  RT_TRY(param_of(p, "o_groups", &rp.o_groups));
+  RT_TRY(param_of(p, "o_lora", &rp.o_lora));
+  RT_TRY(param_of(p, "window", &rp.window));
+  RT_TRY(param_of(p, "csa_ratio", &rp.csa_ratio));
+  RT_TRY(param_of(p, "hca_ratio", &rp.hca_ratio));
+  RT_TRY(param_of(p, "index_heads", &rp.index_heads));
+  RT_TRY(param_of(p, "index_dim", &rp.index_head_dim));
+  RT_TRY(param_of(p, "index_topk", &rp.index_topk));
+  RT_TRY(param_of(p, "experts", &rp.experts));
+  RT_TRY(param_of(p, "top_k", &rp.top_k));
+  RT_TRY(param_of(p, "moe_ffn", &rp.moe_ffn));
+  RT_TRY(param_of(p, "hc", &rp.hc_mult));
+  RT_TRY(param_of(p, "sinkhorn_iters", &rp.sinkhorn_iters));
+  RT_TRY(param_of(p, "max_seq", &rp.max_seq));
+  rp.n_layers = ds4_count_layers(p);
+  if (rp.n_layers == 0) return rt_status_make("ds4run --check: the plan has no layers.N.attn.wq_a.weight");
+  int *ratio = calloc((size_t)rp.n_layers, sizeof *ratio), *hash = calloc((size_t)rp.n_layers, sizeof *hash);
+  rt_status s = ratio && hash ? ds4_layers(p, &rp, ratio, hash) : rt_status_make("out of memory");
+  if (!s) {
+    rp.compress_ratio = ratio;
+    rp.hash_routed = hash;
+    char err[256];
+    c->ds4 = ref_ds4_new(&rp, err, sizeof err); /* copies the two arrays */
+    if (!c->ds4) s = rt_status_make("ds4run --check: %s", err);
+  }
+  free(ratio);
+  free(hash);
+  if (s) return s;
+  c->vocab = rp.vocab;
+  c->tokens = (int)p->info.tokens;
+  return ds4_set_weights(c, b);
+}
+
+/* A DeepSeek-V4-Flash description: the params its blocks use. */
+static int is_ds4(const plan *p) {
+  int v;
+  const char *keys[] = {"hc", "csa_ratio", "hca_ratio", "index_topk", "o_groups"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    rt_status s = param_of(p, keys[i], &v);
+    if (s) {
+      rt_status_free(s);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static rt_status check_build(ds4run_check *c, rt_bundle *b) {
+  const plan *p = rt_bundle_plan(b);
+  const char *model = plan_str(p, p->info.model);
+  if (strcmp(model, "tiny-moe") == 0) RT_TRY(build_tiny(c, b));
+  else if (is_ds4(p)) RT_TRY(build_ds4(c, b));
+  else return rt_status_make("ds4run --check: no float64 reference for model '%s'", model);
 
   RT_TRY(rt_status_wrap(rt_tensor_find(b, "logits", &c->logits_tensor), "ds4run --check"));
-  RT_TRY(check_output(p, c->logits_tensor, "logits", PLAN_F32,
-                      (uint64_t)rp.tokens * (uint64_t)rp.vocab));
+  RT_TRY(check_output(p, c->logits_tensor, "logits", PLAN_F32, (uint64_t)c->tokens * (uint64_t)c->vocab));
   c->next_tensor = p->info.next_tensor;
-  RT_TRY(check_output(p, c->next_tensor, "next-token", PLAN_I32, (uint64_t)rp.tokens));
+  RT_TRY(check_output(p, c->next_tensor, "next-token", PLAN_I32, (uint64_t)c->tokens));
 
-  size_t cells = (size_t)rp.tokens * (size_t)rp.vocab;
+  size_t cells = (size_t)c->tokens * (size_t)c->vocab;
   c->got = malloc(cells * sizeof *c->got);
   c->want = malloc(cells * sizeof *c->want);
-  c->next = malloc((size_t)rp.tokens * sizeof *c->next);
+  c->next = malloc((size_t)c->tokens * sizeof *c->next);
   if (!c->got || !c->want || !c->next)
     return rt_status_make("ds4run --check: out of memory for %zu logits", cells);
   c->res.bound = CHECK_BOUND;
@@ -234,9 +390,9 @@ rt_status ds4run_check_hook(void *ctx, rt_bundle *b, const int32_t step[4], cons
                         "ds4run --check: step %d: reading logits", step[2]));
   RT_TRY(rt_status_wrap(rt_tensor_read(b, c->next_tensor, c->next, (size_t)T * sizeof(int32_t)),
                         "ds4run --check: step %d: reading next tokens", step[2]));
-  if (ref_tiny_step(c->ref, ids, ntok, pos, c->want))
+  if (c->ref ? ref_tiny_step(c->ref, ids, ntok, pos, c->want) : ref_ds4_step(c->ds4, ids, ntok, pos, c->want))
     return rt_status_make("ds4run --check: step %d: reference: %s", step[2],
-                          ref_tiny_error(c->ref));
+                          c->ref ? ref_tiny_error(c->ref) : ref_ds4_error(c->ds4));
 
   /* Live rows against the reference; dead rows must be the zeros OPS.md
    * says every kernel writes there. Either way the error is relative to
@@ -281,6 +437,7 @@ void ds4run_check_result_get(const ds4run_check *c, ds4run_check_result *out) {
 void ds4run_check_close(ds4run_check *c) {
   if (!c) return;
   ref_tiny_free(c->ref);
+  ref_ds4_free(c->ds4);
   free(c->got);
   free(c->want);
   free(c->next);

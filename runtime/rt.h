@@ -94,4 +94,20 @@ rt_status rt_generate(rt_bundle *b, const int32_t *prompt, int nprompt, int ndec
  * generator, each < vocab. Caller frees. */
 rt_status rt_default_prompt(const plan *p, int32_t **out_ids, int *out_n);
 
+/* Routing statistics (docs/RUNTIME.md, "Routing statistics"): for every
+ * routing op of the plan (topk_route, score_route, hash_route), how often
+ * each expert id was chosen over the live rows of every step. Open finds
+ * the ops and gives each one's idx output bytes of its own (an activation
+ * would otherwise share them with tensors written later in the step);
+ * rt_routing_stats_hook, an rt_step_hook with ctx the rt_routing_stats,
+ * reads each idx back after the step and counts; close restores the
+ * bundle and must come before rt_bundle_close. */
+typedef struct rt_routing_stats rt_routing_stats;
+rt_status rt_routing_stats_open(rt_bundle *b, rt_routing_stats **out_stats);
+rt_status rt_routing_stats_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids);
+uint32_t rt_routing_stats_routes(const rt_routing_stats *s); /* routing ops counted */
+/* The counts as a YAML file, atomically (a temporary file, then rename). */
+rt_status rt_routing_stats_write(const rt_routing_stats *s, const char *path);
+void rt_routing_stats_close(rt_routing_stats *s);
+
 #endif

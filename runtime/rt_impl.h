@@ -15,6 +15,14 @@
  * before and one after each LAUNCH and COPY, on the same stream. */
 enum { RT_CMD_TIMESTAMP = PLAN_CMD_WAIT + 1 };
 
+/* The checkpoint values of a weight that is not a view: one checkpoint
+ * weight, or with a checkpoint name holding "{e}" one per index e of dim 0
+ * (part e holds row e, from the name with e in place of "{e}"). */
+typedef struct rt_binding {
+  st_weight *parts;    /* NULL: the seeded generator's values */
+  uint64_t part_elems; /* elements of each part */
+} rt_binding;
+
 /* One plan command, resolved. */
 typedef struct rt_cmd {
   uint32_t kind;  /* plan_cmd_kind or RT_CMD_TIMESTAMP */
@@ -65,10 +73,10 @@ struct rt_bundle {
   int plan_loaded;
   uint64_t seed;
   /* rt_options.weights: the checkpoint, mapped while the bundle is open
-   * (rt_weight_values reads it), and per weight that is not a view the
-   * checkpoint tensor bound to it (NULL: the generator); NULL without. */
+   * (rt_weight_values reads it), and per weight that is not a view its
+   * binding (parts NULL: the generator); NULL without. */
   st_set *ckpt;
-  const st_tensor **bound; /* [p.ntensors] */
+  rt_binding *bound; /* [p.ntensors] */
   uint32_t nbound, ngenerated; /* weights that are not views, each way */
   rt_sync sync;
   int sync_ready;
@@ -116,12 +124,26 @@ static inline uint64_t rt_mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 #define RT_GOLDEN 0x9e3779b97f4a7c15ull
-/* u in [-1, 1): value i of the stream keyed by (seed, name). */
-static inline double rt_uniform(uint64_t seed, const char *name, uint64_t i) {
-  uint64_t key = rt_mix64(seed ^ rt_fnv1a64(name));
+/* The key of the stream of (seed, name), which rt_uniform_at reads: a
+ * filler hashes the name once per tensor, not once per value. */
+static inline uint64_t rt_uniform_key(uint64_t seed, const char *name) {
+  return rt_mix64(seed ^ rt_fnv1a64(name));
+}
+static inline double rt_uniform_at(uint64_t key, uint64_t i) {
   uint64_t r = rt_mix64(key + (i + 1) * RT_GOLDEN);
   return (double)(r >> 11) * 0x1p-52 - 1.0;
 }
+/* u in [-1, 1): value i of the stream keyed by (seed, name). */
+static inline double rt_uniform(uint64_t seed, const char *name, uint64_t i) {
+  return rt_uniform_at(rt_uniform_key(seed, name), i);
+}
+
+/* bundle.c: elements [first, first + count) of weight t as its dtype into
+ * dst (host memory), as bundle open fills them: split into at
+ * most `threads` slices staged at once, the values the same for any
+ * number (tests compare). */
+rt_status rt_weight_stage(const rt_bundle *b, uint32_t t, uint64_t first, uint64_t count,
+                          uint32_t threads, void *dst);
 
 /* replay.c: the body of a device's submitter for step generation gen. */
 void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -674,11 +675,16 @@ int st_pretrained_name(const char *name, char *out, size_t n) {
   return snprintf(out, n, "model.%s", name) < (int)n;
 }
 
-const st_tensor *st_find_checkpoint(const st_set *s, const char *name) {
-  const st_tensor *t = st_find(s, name);
+rt_status st_find_checkpoint(const st_set *s, const char *name, const st_tensor **out) {
+  const st_tensor *t = st_find(s, name), *u = NULL;
   char alt[1024];
-  if (!t && st_pretrained_name(name, alt, sizeof alt)) t = st_find(s, alt);
-  return t;
+  if (st_pretrained_name(name, alt, sizeof alt)) u = st_find(s, alt);
+  *out = t && u ? NULL : t ? t : u;
+  if (t && u)
+    return rt_status_make("both '%s' (in %s) and its save_pretrained spelling '%s' (in %s) are in "
+                          "the checkpoint",
+                          t->name, st_file(s, t->file), u->name, st_file(s, u->file));
+  return NULL;
 }
 
 /* ---- elements and conversions ------------------------------------------- */
@@ -789,6 +795,193 @@ rt_status st_values(const st_tensor *t, uint64_t first, uint64_t count, double *
     case ST_I32: out[k] = (int32_t)load32(src); break;
     case ST_I64: out[k] = (double)(int64_t)load64(src); break;
     }
+  }
+  return NULL;
+}
+
+/* ---- block-scaled weights (DS4-MATH 13.3) -------------------------------- */
+
+#define ST_FP8_BLOCK 128 /* one F8_E4M3 scale per 128 x 128 block */
+#define ST_FP4_BLOCK 32  /* one FP4 scale per 32 columns of a row */
+
+static uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+/* The companion of a quantized tensor: ".weight" becomes ".scale"
+ * ("layers.0.attn.wq_a.scale", as the release spells it), or ".scale" is
+ * appended. Caller frees. */
+static char *scale_name(const char *name) {
+  static const char weight[] = ".weight", scale[] = ".scale";
+  size_t n = strlen(name), wl = sizeof weight - 1;
+  if (n >= wl && strcmp(name + n - wl, weight) == 0) n -= wl;
+  char *out = malloc(n + sizeof scale);
+  if (!out) return NULL;
+  memcpy(out, name, n);
+  memcpy(out + n, scale, sizeof scale);
+  return out;
+}
+
+static const char *encoding_name(const st_weight *w) {
+  if (w->encoding == ST_FP8_BLOCKS) return "F8_E4M3";
+  return w->values->dtype == ST_I8 ? "FP4 packed in I8" : "FP4 packed in U8";
+}
+
+/* t [rows, cols] (FP4: [rows, cols / 2]) with scale tensor sc. */
+static rt_status quantized_weight(const st_tensor *t, const st_tensor *sc, st_weight *w) {
+  w->scale = sc;
+  w->encoding = t->dtype == ST_F8_E4M3 ? ST_FP8_BLOCKS : ST_FP4_PACKED;
+  char have[200], shape[200];
+  shape_text(t->shape, t->ndim, shape, sizeof shape);
+  if (t->ndim != 2)
+    return rt_status_make("%s %s with block scales '%s' is not 2-D", encoding_name(w), shape, sc->name);
+  int fp8 = w->encoding == ST_FP8_BLOCKS;
+  uint64_t rows = t->shape[0], cols = fp8 ? t->shape[1] : 2 * t->shape[1];
+  uint64_t want[2] = {fp8 ? ceil_div(rows, ST_FP8_BLOCK) : rows,
+                      ceil_div(cols, fp8 ? ST_FP8_BLOCK : ST_FP4_BLOCK)};
+  if (sc->dtype != ST_F8_E8M0 || sc->ndim != 2 || sc->shape[0] != want[0] || sc->shape[1] != want[1]) {
+    shape_text(sc->shape, sc->ndim, have, sizeof have);
+    return rt_status_make("block scales '%s' are %s %s; %s %s needs F8_E8M0 [%" PRIu64 ", %" PRIu64 "]",
+                          sc->name, st_dtype_name(sc->dtype), have, encoding_name(w), shape, want[0],
+                          want[1]);
+  }
+  w->shape[1] = cols;
+  w->nelem = rows * cols;
+  return NULL;
+}
+
+rt_status st_weight_of(const st_set *s, const st_tensor *t, st_weight *out) {
+  *out = (st_weight){.values = t, .encoding = ST_PLAIN, .ndim = t->ndim, .nelem = t->nelem};
+  memcpy(out->shape, t->shape, sizeof out->shape);
+  if (t->dtype != ST_F8_E4M3 && t->dtype != ST_I8 && t->dtype != ST_U8) return NULL;
+  char *name = scale_name(t->name);
+  if (!name) return rt_status_make("out of memory");
+  const st_tensor *sc = st_find(s, name);
+  rt_status err = NULL;
+  if (sc) err = quantized_weight(t, sc, out);
+  else if (t->dtype == ST_F8_E4M3)
+    err = rt_status_make("F8_E4M3 needs its block scales '%s', which are not in the checkpoint", name);
+  free(name);
+  return err;
+}
+
+rt_status st_weight_convertible(const st_weight *w, uint32_t to) {
+  if (w->encoding == ST_PLAIN) return st_convertible(w->values->dtype, to);
+  if (to == PLAN_F32 || to == PLAN_BF16) return NULL;
+  return rt_status_make("cannot convert %s to the plan's %s (block-scaled weights become f32 or bf16)",
+                        encoding_name(w), plan_dtype_name(to));
+}
+
+/* f32 bits of an E4M3 code: bias 7, no infinities, S.1111.111 is NaN. */
+static uint32_t f32_bits_of_e4m3(uint32_t c) {
+  uint32_t sign = (c & 0x80) << 24, e = c >> 3 & 15, m = c & 7;
+  if (e == 15 && m == 7) return sign | 0x7fc00000;
+  if (e) return sign | (e + 120) << 23 | m << 20;
+  if (!m) return sign;
+  e = 121; /* subnormal m * 2^-9: normalise */
+  while (!(m & 8)) m <<= 1, e--;
+  return sign | e << 23 | (m & 7) << 20;
+}
+
+/* f32 bits of an E2M1 code: s.ee.m, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
+static uint32_t f32_bits_of_e2m1(uint32_t c) {
+  uint32_t sign = (c & 8) << 28, e = c >> 1 & 3, m = c & 1;
+  if (e) return sign | (e + 126) << 23 | m << 22;
+  return m ? sign | 126u << 23 : sign;
+}
+
+/* Every code's value as f32 bits (exact: at most 4 significant bits). */
+static void code_table(const st_weight *w, uint32_t lut[256]) {
+  for (uint32_t c = 0; c < (w->encoding == ST_FP8_BLOCKS ? 256u : 16u); c++)
+    lut[c] = w->encoding == ST_FP8_BLOCKS ? f32_bits_of_e4m3(c) : f32_bits_of_e2m1(c);
+}
+
+/* From logical element k of a quantized w on, the elements that share a
+ * scale: row i, first column j, how many (at most left), and the scale's
+ * power of two x. */
+typedef struct scale_run {
+  uint64_t i, j, n;
+  int x;
+} scale_run;
+
+static rt_status next_scale_run(const st_weight *w, uint64_t k, uint64_t left, scale_run *r) {
+  int fp8 = w->encoding == ST_FP8_BLOCKS;
+  uint64_t cols = w->shape[1], width = fp8 ? ST_FP8_BLOCK : ST_FP4_BLOCK;
+  r->i = k / cols;
+  r->j = k % cols;
+  uint64_t end = (r->j / width + 1) * width;
+  r->n = (end < cols ? end : cols) - r->j;
+  if (r->n > left) r->n = left;
+  uint64_t bi = fp8 ? r->i / ST_FP8_BLOCK : r->i, bj = r->j / width;
+  uint8_t s = w->scale->data[bi * w->scale->shape[1] + bj];
+  if (s == 255)
+    return rt_status_make("block [%" PRIu64 ", %" PRIu64 "] of scales '%s' is 255, NaN in F8_E8M0", bi,
+                          bj, w->scale->name);
+  r->x = (int)s - 127;
+  return NULL;
+}
+
+static uint32_t code_at(const st_weight *w, uint64_t i, uint64_t j) {
+  uint64_t k = i * w->shape[1] + j;
+  if (w->encoding == ST_FP8_BLOCKS) return w->values->data[k];
+  uint8_t byte = w->values->data[k / 2]; /* the row length is even */
+  return k & 1 ? byte >> 4 : byte & 15u;
+}
+
+/* v (a decoded code: zero, NaN, or a normal of at most 4 significant
+ * bits) times 2^x as f32 bits, when plan dtype `to` holds it exactly:
+ * 0, or -1 when it overflows or has bits below to's smallest subnormal. */
+static inline int scale_bits(uint32_t v, int x, uint32_t to, uint32_t *out) {
+  int e = (int)(v >> 23 & 0xff), ne = e + x;
+  if (e == 0 || e == 0xff) {
+    *out = v;
+    return 0;
+  }
+  if (ne >= 1 && ne <= 254) {
+    *out = (v & 0x807fffff) | (uint32_t)ne << 23; /* bf16: the low 16 bits are 0 */
+    return 0;
+  }
+  uint32_t sig = 0x800000 | (v & 0x7fffff), shift = (uint32_t)(1 - ne);
+  if (ne > 254 || shift > 24 || (sig & ((1u << shift) - 1))) return -1;
+  uint32_t bits = (v & 0x80000000) | sig >> shift; /* an f32 subnormal */
+  if (to == PLAN_BF16 && (bits & 0xffff)) return -1;
+  *out = bits;
+  return 0;
+}
+
+static rt_status inexact_error(const scale_run *r, uint64_t j, uint32_t v, uint32_t to) {
+  return rt_status_make("element [%" PRIu64 ", %" PRIu64 "] is %.10g * 2^%d (scale %d), which %s "
+                        "does not hold exactly",
+                        r->i, j, (double)f32_of_bits(v), r->x, r->x + 127, plan_dtype_name(to));
+}
+
+rt_status st_weight_convert(const st_weight *w, uint64_t first, uint64_t count, uint32_t to, void *dst) {
+  if (w->encoding == ST_PLAIN) return st_convert(w->values, first, count, to, dst);
+  RT_TRY(st_weight_convertible(w, to));
+  uint32_t lut[256];
+  code_table(w, lut);
+  for (uint64_t k = 0; k < count;) {
+    scale_run r;
+    RT_TRY(next_scale_run(w, first + k, count - k, &r));
+    for (uint64_t m = 0; m < r.n; m++) {
+      uint32_t v = lut[code_at(w, r.i, r.j + m)], bits;
+      if (scale_bits(v, r.x, to, &bits)) return inexact_error(&r, r.j + m, v, to);
+      if (to == PLAN_F32) ((uint32_t *)dst)[k + m] = bits;
+      else ((uint16_t *)dst)[k + m] = (uint16_t)(bits >> 16);
+    }
+    k += r.n;
+  }
+  return NULL;
+}
+
+rt_status st_weight_values(const st_weight *w, uint64_t first, uint64_t count, double *out) {
+  if (w->encoding == ST_PLAIN) return st_values(w->values, first, count, out);
+  uint32_t lut[256];
+  code_table(w, lut);
+  for (uint64_t k = 0; k < count;) {
+    scale_run r;
+    RT_TRY(next_scale_run(w, first + k, count - k, &r));
+    for (uint64_t m = 0; m < r.n; m++)
+      out[k + m] = ldexp(f32_of_bits(lut[code_at(w, r.i, r.j + m)]), r.x);
+    k += r.n;
   }
   return NULL;
 }

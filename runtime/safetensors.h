@@ -16,9 +16,10 @@
 
 #define ST_MAXDIM 8
 
-/* Every dtype the format names. Only F32, BF16, F16, I32 and I64 can be
- * read; the others are recognised, so that a file holding them opens, and
- * refused when bound ("not supported yet"). */
+/* Every dtype the format names. F32, BF16, F16, I32 and I64 are read
+ * element for element; F8_E4M3, and FP4 packed in I8 or U8, with their
+ * F8_E8M0 block scales (st_weight). The others are recognised, so that a
+ * file holding them opens, and refused when bound ("not supported yet"). */
 enum st_dtype {
   ST_F32 = 0, ST_BF16, ST_F16, ST_I32, ST_I64,
   ST_F64, ST_U8, ST_I8, ST_U16, ST_I16, ST_U32, ST_U64, ST_BOOL,
@@ -55,8 +56,9 @@ const st_tensor *st_tensor_at(const st_set *s, uint32_t i); /* in name order */
 /* The tensor of exactly this name, or NULL. */
 const st_tensor *st_find(const st_set *s, const char *name);
 /* A checkpoint tensor by its release name (DS4-MATH 13): that name, else
- * the spelling transformers' save_pretrained writes for it (below). */
-const st_tensor *st_find_checkpoint(const st_set *s, const char *name);
+ * the spelling transformers' save_pretrained writes for it (below); *out
+ * is NULL when neither is there. Both there is an error naming both. */
+rt_status st_find_checkpoint(const st_set *s, const char *name, const st_tensor **out);
 /* The save_pretrained spelling of a release name (DS4-MATH 15.12): a
  * "model." prefix, with embed.weight -> model.embed_tokens.weight,
  * hc_head_{fn,base,scale} -> model.hc_head.hc_{fn,base,scale} and
@@ -66,6 +68,47 @@ const st_tensor *st_find_checkpoint(const st_set *s, const char *name);
 int st_pretrained_name(const char *name, char *out, size_t n);
 
 const char *st_dtype_name(uint32_t dtype);
+
+/* How a checkpoint tensor's bytes hold a weight's values (DS4-MATH 13.3). */
+enum st_encoding {
+  ST_PLAIN,      /* one element per element, in its dtype */
+  ST_FP8_BLOCKS, /* F8_E4M3, times 2^(s - 127) with s the F8_E8M0 scale of its 128 x 128 block */
+  ST_FP4_PACKED, /* E2M1 two per I8/U8 byte (the even column in the low nibble), times
+                    2^(s - 127) with s the scale of its row's block of 32 columns */
+};
+
+/* A checkpoint tensor as the weight it holds: its values, its block scales
+ * when it is quantized, and the weight's (logical) shape. */
+typedef struct st_weight {
+  const st_tensor *values;
+  const st_tensor *scale; /* the companion NAME.scale (F8_E8M0), or NULL: ST_PLAIN */
+  uint32_t encoding;      /* enum st_encoding */
+  uint32_t ndim;
+  uint64_t shape[ST_MAXDIM]; /* ST_FP4_PACKED: values' last dim doubled */
+  uint64_t nelem;
+} st_weight;
+
+/* The weight tensor t of set s holds. An F8_E4M3 tensor must have its
+ * companion scale tensor: its name with a trailing ".weight" replaced by
+ * ".scale" (else with ".scale" appended), F8_E8M0 [ceil(rows/128),
+ * ceil(cols/128)]. An I8 or U8 tensor [rows, cols/2] with such a companion
+ * of shape [rows, ceil(cols/32)] is FP4 packed, of shape [rows, cols];
+ * without one it is plain. Quantized tensors are 2-D. Errors say what
+ * does not fit ("block scales 'x.scale' are F8_E8M0 [2, 3]; F8_E4M3 [256,
+ * 128] needs F8_E8M0 [2, 1]"); callers prefix them with the tensor. */
+rt_status st_weight_of(const st_set *s, const st_tensor *t, st_weight *out);
+/* NULL when w's values can become elements of plan dtype `to` (enum
+ * plan_dtype): st_convertible for a plain tensor; f32 or bf16 for a
+ * quantized one (each value must then be exact in it: st_weight_convert). */
+rt_status st_weight_convertible(const st_weight *w, uint32_t to);
+/* Elements [first, first + count) of w (row-major in its logical shape) as
+ * plan dtype `to` into dst. A quantized element converts exactly or not at
+ * all: a value outside the range of `to` (an overflow, or bits below its
+ * smallest subnormal) is an error naming the element and its scale, and a
+ * scale of 255 (NaN in F8_E8M0) one naming the block. */
+rt_status st_weight_convert(const st_weight *w, uint64_t first, uint64_t count, uint32_t to, void *dst);
+/* The same elements as doubles, exactly (st_values for a plain tensor). */
+rt_status st_weight_values(const st_weight *w, uint64_t first, uint64_t count, double *out);
 
 /* NULL when elements of dtype `from` can become elements of the plan dtype
  * `to` (enum plan_dtype): the same dtype; BF16 or F16 to f32 (exact); F32

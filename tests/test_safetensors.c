@@ -2,8 +2,10 @@
  * written here (good files, every kind of bad header with its message and
  * byte offset, truncation at every length, random header damage), the
  * dtype conversions (exact widening, round to nearest even, int32 range),
- * the save_pretrained name alternatives, and binding a bundle's weights,
- * views included, with every binding error's exact message. */
+ * block-scaled FP8 and FP4 weights against their definitions, the
+ * save_pretrained name alternatives, and binding a bundle's weights, views
+ * and per-expert names included, with every binding error's exact message;
+ * filling gives the same bytes on any number of threads. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 
 #include "plan.h"
 #include "rt.h"
+#include "rt_impl.h"
 #include "safetensors.h"
 #include "sha256.h"
 #include "st_write.h"
@@ -152,7 +155,9 @@ START_TEST(reads_a_good_file) {
   s = open_ok(path);
   ck_assert_uint_eq(st_ntensors(s), 0);
   ck_assert_ptr_null(st_find(s, "a"));
-  ck_assert_ptr_null(st_find_checkpoint(s, "embed.weight"));
+  const st_tensor *found = (const st_tensor *)1;
+  ck_assert_ptr_null(st_find_checkpoint(s, "embed.weight", &found));
+  ck_assert_ptr_null(found);
   st_close(s);
 }
 END_TEST
@@ -608,6 +613,233 @@ START_TEST(integers_and_refusals) {
 }
 END_TEST
 
+/* ---- block-scaled weights ------------------------------------------------- */
+
+/* E4M3 and E2M1 values from their definitions (DS4-MATH 13.3). */
+static double e4m3_ref(uint8_t c) {
+  int e = c >> 3 & 15, m = c & 7;
+  if (e == 15 && m == 7) return NAN;
+  double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+  return c & 0x80 ? -v : v;
+}
+
+static double e2m1_ref(uint8_t c) {
+  static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return c & 8 ? -mag[c & 7] : mag[c & 7];
+}
+
+/* got (f32, bf16 widened, or a double) is want, NaN for NaN, with its
+ * sign (zeros included). */
+static void expect_value(double got, double want, const char *what, uint64_t i, uint64_t j) {
+  if (isnan(want)) {
+    ck_assert_msg(isnan(got), "%s [%llu, %llu]: %g, want NaN", what, (unsigned long long)i,
+                  (unsigned long long)j, got);
+    return;
+  }
+  ck_assert_msg(got == want && !signbit(got) == !signbit(want), "%s [%llu, %llu]: %a, want %a", what,
+                (unsigned long long)i, (unsigned long long)j, got, want);
+}
+
+static st_weight weight_ok(const st_set *s, const char *name) {
+  const st_tensor *t = st_find(s, name);
+  ck_assert_msg(t != NULL, "%s", name);
+  st_weight w;
+  rt_status e = st_weight_of(s, t, &w);
+  ck_assert_msg(e == NULL, "%s: %s", name, rt_status_msg(e));
+  return w;
+}
+
+/* Every element of w as f32, bf16 and double equals want[], and any
+ * sub-range converts to the same bytes as the whole. */
+static void expect_dequantized(const st_weight *w, const double *want) {
+  uint64_t n = w->nelem, cols = w->shape[1];
+  float *f = malloc(n * sizeof *f), *part = malloc(n * sizeof *part);
+  uint16_t *h = malloc(n * sizeof *h);
+  double *v = malloc(n * sizeof *v);
+  ck_assert_ptr_null(st_weight_convert(w, 0, n, PLAN_F32, f));
+  ck_assert_ptr_null(st_weight_convert(w, 0, n, PLAN_BF16, h));
+  ck_assert_ptr_null(st_weight_values(w, 0, n, v));
+  for (uint64_t k = 0; k < n; k++) {
+    expect_value(f[k], want[k], "f32", k / cols, k % cols);
+    expect_value(bf16_value(h[k]), want[k], "bf16", k / cols, k % cols);
+    expect_value(v[k], want[k], "double", k / cols, k % cols);
+  }
+  const uint64_t ranges[][2] = {{1, 5}, {cols - 1, 3}, {cols + 31, 66}, {n / 2 + 1, n / 2 - 1}, {n - 1, 1}};
+  for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+    ck_assert_ptr_null(st_weight_convert(w, ranges[r][0], ranges[r][1], PLAN_F32, part));
+    ck_assert_mem_eq(part, f + ranges[r][0], ranges[r][1] * sizeof *part);
+  }
+  free(f);
+  free(part);
+  free(h);
+  free(v);
+}
+
+/* Every E4M3 code, NaN included, in full and partial 128 x 128 blocks of
+ * scales 2^-37 to 2^20, against the definition. */
+START_TEST(fp8_blocks_dequantize) {
+  enum { R = 130, C = 260 };
+  static uint8_t q[R * C];
+  static double want[R * C];
+  const uint8_t sc[2 * 3] = {127, 120, 134, 100, 147, 90};
+  for (uint32_t i = 0; i < R; i++)
+    for (uint32_t j = 0; j < C; j++) {
+      q[i * C + j] = (uint8_t)(i * 37 + j * 11);
+      want[i * C + j] = ldexp(e4m3_ref(q[i * C + j]), sc[(i / 128) * 3 + j / 128] - 127);
+    }
+  char path[128];
+  path_of(path, sizeof path, "fp8.safetensors");
+  const st_entry es[] = {{"layers.0.attn.wq_a.weight", "F8_E4M3", 2, {R, C}, q, sizeof q},
+                         {"layers.0.attn.wq_a.scale", "F8_E8M0", 2, {2, 3}, sc, sizeof sc}};
+  ck_assert_int_eq(st_write(path, es, 2), 0);
+  st_set *s = open_ok(path);
+  st_weight w = weight_ok(s, "layers.0.attn.wq_a.weight");
+  ck_assert_uint_eq(w.encoding, ST_FP8_BLOCKS);
+  ck_assert_ptr_eq(w.scale, st_find(s, "layers.0.attn.wq_a.scale"));
+  ck_assert_uint_eq(w.ndim, 2);
+  ck_assert_uint_eq(w.shape[0], R);
+  ck_assert_uint_eq(w.shape[1], C);
+  ck_assert_uint_eq(w.nelem, R * C);
+  expect_dequantized(&w, want);
+  ck_assert_ptr_null(st_weight_convertible(&w, PLAN_F32));
+  ck_assert_ptr_null(st_weight_convertible(&w, PLAN_BF16));
+  st_close(s);
+}
+END_TEST
+
+/* Every E2M1 code at both nibbles, in I8 and in U8, one scale per 32 of a
+ * row; scale 0 (2^-127) makes subnormals, exact in f32 and bf16. */
+START_TEST(fp4_packed_dequantize) {
+  enum { R = 3, PC = 40, C = 2 * PC, SC = 3 };
+  uint8_t q[R * PC];
+  const uint8_t sc[R * SC] = {127, 126, 130, 100, 127, 140, 0, 127, 160};
+  double want[R * C];
+  for (uint32_t k = 0; k < R * PC; k++) q[k] = (uint8_t)(k * 29 + 7);
+  for (uint32_t i = 0; i < R; i++)
+    for (uint32_t j = 0; j < C; j++) {
+      uint8_t byte = q[i * PC + j / 2], nibble = j & 1 ? byte >> 4 : byte & 15;
+      want[i * C + j] = ldexp(e2m1_ref(nibble), sc[i * SC + j / 32] - 127);
+    }
+  char path[128];
+  path_of(path, sizeof path, "fp4.safetensors");
+  const st_entry es[] = {{"a.weight", "I8", 2, {R, PC}, q, sizeof q},
+                         {"a.scale", "F8_E8M0", 2, {R, SC}, sc, sizeof sc},
+                         {"b.weight", "U8", 2, {R, PC}, q, sizeof q},
+                         {"b.scale", "F8_E8M0", 2, {R, SC}, sc, sizeof sc}};
+  ck_assert_int_eq(st_write(path, es, 4), 0);
+  st_set *s = open_ok(path);
+  for (int k = 0; k < 2; k++) {
+    st_weight w = weight_ok(s, k ? "b.weight" : "a.weight");
+    ck_assert_uint_eq(w.encoding, ST_FP4_PACKED);
+    ck_assert_uint_eq(w.ndim, 2);
+    ck_assert_uint_eq(w.shape[0], R);
+    ck_assert_uint_eq(w.shape[1], C);
+    ck_assert_uint_eq(w.nelem, R * C);
+    expect_dequantized(&w, want);
+  }
+  /* the lower nibble is the even column: byte 1 (0x24) holds columns 2
+   * (code 4: 2.0) and 3 (code 2: 1.0) */
+  double v[2];
+  st_weight w = weight_ok(s, "a.weight");
+  ck_assert_uint_eq(q[1], 0x24);
+  ck_assert_ptr_null(st_weight_values(&w, 2, 2, v));
+  ck_assert(v[0] == 2.0 && v[1] == 1.0);
+  st_close(s);
+}
+END_TEST
+
+/* What does not fit: missing and misshapen scales, NaN scales, values a
+ * plan dtype cannot hold, dtypes that block-scaled weights do not become. */
+START_TEST(quantized_refusals) {
+  char path[128];
+  path_of(path, sizeof path, "q.safetensors");
+  const uint8_t q[16] = {0x7e, 0x08, 0x01, 0x07, 0x38, 0x38, 0x38, 0x38,
+                         0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38};
+  const uint8_t big[1] = {254}, zero[1] = {0}, nan2[2] = {127, 255}, wrong[6] = {0};
+  static uint8_t q130[2 * 130];
+  const float f1 = 1.0f;
+  const st_entry es[] = {
+      {"alone.weight", "F8_E4M3", 2, {2, 2}, q, 4},
+      {"big.weight", "F8_E4M3", 2, {1, 2}, q, 2},
+      {"big.scale", "F8_E8M0", 2, {1, 1}, big, 1},
+      {"tiny", "F8_E4M3", 2, {1, 4}, q + 1, 4}, /* 2^-6, 2^-9, 7 * 2^-9, 1 */
+      {"tiny.scale", "F8_E8M0", 2, {1, 1}, zero, 1},
+      {"nan.weight", "F8_E4M3", 2, {2, 130}, q130, sizeof q130},
+      {"nan.scale", "F8_E8M0", 2, {1, 2}, nan2, 2},
+      {"shape.weight", "F8_E4M3", 2, {2, 8}, q, 16},
+      {"shape.scale", "F8_E8M0", 2, {2, 3}, wrong, 6},
+      {"dtype.weight", "F8_E4M3", 2, {2, 2}, q, 4},
+      {"dtype.scale", "F32", 2, {1, 1}, &f1, 4},
+      {"cube.weight", "F8_E4M3", 3, {2, 2, 2}, q, 8},
+      {"cube.scale", "F8_E8M0", 2, {1, 1}, zero, 1},
+      {"bytes.weight", "I8", 2, {2, 8}, q, 16},
+      {"packed.weight", "U8", 2, {2, 8}, q, 16},
+      {"packed.scale", "F8_E8M0", 2, {2, 2}, wrong, 4},
+  };
+  ck_assert_int_eq(st_write(path, es, sizeof es / sizeof es[0]), 0);
+  st_set *s = open_ok(path);
+  st_weight w;
+  expect_msg(st_weight_of(s, st_find(s, "alone.weight"), &w),
+             "F8_E4M3 needs its block scales 'alone.scale', which are not in the checkpoint");
+  expect_msg(st_weight_of(s, st_find(s, "shape.weight"), &w),
+             "block scales 'shape.scale' are F8_E8M0 [2, 3]; F8_E4M3 [2, 8] needs F8_E8M0 [1, 1]");
+  expect_msg(st_weight_of(s, st_find(s, "dtype.weight"), &w),
+             "block scales 'dtype.scale' are F32 [1, 1]; F8_E4M3 [2, 2] needs F8_E8M0 [1, 1]");
+  expect_msg(st_weight_of(s, st_find(s, "cube.weight"), &w),
+             "F8_E4M3 [2, 2, 2] with block scales 'cube.scale' is not 2-D");
+  expect_msg(st_weight_of(s, st_find(s, "packed.weight"), &w),
+             "block scales 'packed.scale' are F8_E8M0 [2, 2]; FP4 packed in U8 [2, 8] needs F8_E8M0 [2, 1]");
+  /* bytes without a scale are plain, and plain I8 does not convert */
+  w = weight_ok(s, "bytes.weight");
+  ck_assert_uint_eq(w.encoding, ST_PLAIN);
+  ck_assert_ptr_null(w.scale);
+  expect_msg(st_weight_convertible(&w, PLAN_F32), "checkpoint dtype I8 is not supported yet");
+
+  /* 448 * 2^127 overflows f32 and bf16 */
+  w = weight_ok(s, "big.weight");
+  expect_msg(st_weight_convertible(&w, PLAN_F16),
+             "cannot convert F8_E4M3 to the plan's f16 (block-scaled weights become f32 or bf16)");
+  expect_msg(st_weight_convertible(&w, PLAN_I32),
+             "cannot convert F8_E4M3 to the plan's i32 (block-scaled weights become f32 or bf16)");
+  float f[4];
+  uint16_t h[4];
+  expect_msg(st_weight_convert(&w, 0, 2, PLAN_F32, f),
+             "element [0, 0] is 448 * 2^127 (scale 254), which f32 does not hold exactly");
+  expect_msg(st_weight_convert(&w, 0, 2, PLAN_BF16, h),
+             "element [0, 0] is 448 * 2^127 (scale 254), which bf16 does not hold exactly");
+  expect_msg(st_weight_convert(&w, 0, 2, PLAN_F16, h),
+             "cannot convert F8_E4M3 to the plan's f16 (block-scaled weights become f32 or bf16)");
+  ck_assert_ptr_null(st_weight_convert(&w, 1, 1, PLAN_BF16, h));
+  ck_assert_uint_eq(h[0], 0x7c00); /* 2^-6 * 2^127 = 2^121 */
+
+  /* scale 2^-127: f32 subnormals; bf16 holds 2^-133, not 2^-136 */
+  w = weight_ok(s, "tiny");
+  ck_assert_uint_eq(w.encoding, ST_FP8_BLOCKS);
+  ck_assert_ptr_null(st_weight_convert(&w, 0, 4, PLAN_F32, f));
+  ck_assert_uint_eq(f32_bits(f[0]), 0x00010000); /* 2^-133 */
+  ck_assert_uint_eq(f32_bits(f[1]), 0x00002000); /* 2^-136 */
+  ck_assert_uint_eq(f32_bits(f[2]), 0x0000e000); /* 7 * 2^-136 */
+  ck_assert_uint_eq(f32_bits(f[3]), 0x00400000); /* 2^-127 */
+  ck_assert_ptr_null(st_weight_convert(&w, 0, 1, PLAN_BF16, h));
+  ck_assert_uint_eq(h[0], 0x0001);
+  expect_msg(st_weight_convert(&w, 0, 4, PLAN_BF16, h),
+             "element [0, 1] is 0.001953125 * 2^-127 (scale 0), which bf16 does not hold exactly");
+  expect_msg(st_weight_convert(&w, 2, 1, PLAN_BF16, h),
+             "element [0, 2] is 0.013671875 * 2^-127 (scale 0), which bf16 does not hold exactly");
+
+  /* a NaN scale, reached or not */
+  w = weight_ok(s, "nan.weight");
+  const char *nan_msg = "block [0, 1] of scales 'nan.scale' is 255, NaN in F8_E8M0";
+  static float f260[260];
+  double v[260];
+  expect_msg(st_weight_convert(&w, 0, 260, PLAN_F32, f260), nan_msg);
+  expect_msg(st_weight_values(&w, 129, 1, v), nan_msg);
+  ck_assert_ptr_null(st_weight_convert(&w, 130, 128, PLAN_F32, f260));
+  ck_assert_ptr_null(st_weight_values(&w, 0, 128, v));
+  st_close(s);
+}
+END_TEST
+
 /* ---- names ---------------------------------------------------------------- */
 
 START_TEST(save_pretrained_names) {
@@ -630,8 +862,8 @@ START_TEST(save_pretrained_names) {
   ck_assert_int_eq(st_pretrained_name("head.weight", out, sizeof out), 0);
   ck_assert_int_eq(st_pretrained_name("layers.0.attn.wq_a.weight", out, 10), 0);
 
-  /* A file in save_pretrained spelling, plus one name in both spellings:
-   * the release spelling wins. */
+  /* A file in save_pretrained spelling, plus one name in both spellings,
+   * which is refused. */
   char path[128];
   path_of(path, sizeof path, "hf.safetensors");
   const float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -654,16 +886,27 @@ START_TEST(save_pretrained_names) {
       {"layers.3.attn.kv_norm.weight", "model.layers.3.attn.norm.weight"},
       {"layers.0.ffn.gate.weight", "model.layers.0.ffn.gate.weight"},
       {"head.weight", "head.weight"},
-      {"norm.weight", "norm.weight"},
       {"model.norm.weight", "model.norm.weight"},
   };
   for (size_t k = 0; k < sizeof finds / sizeof finds[0]; k++) {
-    const st_tensor *t = st_find_checkpoint(s, finds[k][0]);
+    const st_tensor *t = NULL;
+    ck_assert_ptr_null(st_find_checkpoint(s, finds[k][0], &t));
     ck_assert_msg(t != NULL, "%s", finds[k][0]);
     ck_assert_str_eq(t->name, finds[k][1]);
   }
-  ck_assert_ptr_null(st_find_checkpoint(s, "hc_head_base"));
-  ck_assert_ptr_null(st_find_checkpoint(s, "lm_head.weight"));
+  const st_tensor *t = (const st_tensor *)1;
+  ck_assert_ptr_null(st_find_checkpoint(s, "hc_head_base", &t));
+  ck_assert_ptr_null(t);
+  ck_assert_ptr_null(st_find_checkpoint(s, "lm_head.weight", &t));
+  ck_assert_ptr_null(t);
+  char want[512];
+  snprintf(want, sizeof want,
+           "both 'norm.weight' (in %s) and its save_pretrained spelling 'model.norm.weight' (in %s) "
+           "are in the checkpoint",
+           path, path);
+  t = (const st_tensor *)1;
+  expect_msg(st_find_checkpoint(s, "norm.weight", &t), want);
+  ck_assert_ptr_null(t);
   st_close(s);
 }
 END_TEST
@@ -672,16 +915,19 @@ END_TEST
 
 /* A bundle with no kernels: a plan of weights on two cpu devices (one a
  * view's only home) and an empty host code object, which nothing loads. */
+enum { NTIE = 10 }; /* qmini_build's one-value bf16 weights */
+
 typedef struct mini {
   plan p;
   char strings[4096];
   plan_device devices[2];
   plan_stream streams[1];
-  plan_tensor tensors[16];
+  plan_tensor tensors[32];
   plan_codeobj codeobjs[1];
-  uint32_t rows[8];
+  uint32_t rows[16];
   char dir[160];
   uint32_t wq, norm, half, tid, experts, slice0, slice1, embed, replica, free_w;
+  uint32_t q8, kv, w1, w1_cpu0, w1_cpu1, gen32, gen16, tie[NTIE]; /* qmini_build's */
 } mini;
 
 static uint32_t mini_str(mini *m, const char *s) {
@@ -730,7 +976,8 @@ static uint32_t mini_view(mini *m, const char *name, uint32_t src, uint32_t dev,
   return v;
 }
 
-static void mini_build(mini *m) {
+/* The plan's devices, stream and token tensors; its weights come next. */
+static void mini_begin(mini *m) {
   memset(m, 0, sizeof *m);
   plan *p = &m->p;
   p->strings = m->strings;
@@ -758,19 +1005,11 @@ static void mini_build(mini *m) {
   const uint64_t four = 4;
   p->info.ids_tensor = mini_tensor(m, "ids", NULL, PLAN_I32, PLAN_INPUT, 0, 1, &four);
   p->info.next_tensor = mini_tensor(m, "next", NULL, PLAN_I32, PLAN_OUTPUT, 0, 1, &four);
-  const uint64_t wq[] = {3, 4}, norm[] = {6}, half[] = {5}, tid[] = {3, 2}, ex[] = {4, 2, 3},
-                 emb[] = {5, 2}, fr[] = {7};
-  m->wq = mini_tensor(m, "layers.0.wq", "layers.0.attn.wq.weight", PLAN_F32, PLAN_WEIGHT, 0, 2, wq);
-  m->norm = mini_tensor(m, "layers.0.norm", "layers.0.attn_norm.weight", PLAN_BF16, PLAN_WEIGHT, 0, 1, norm);
-  m->half = mini_tensor(m, "layers.0.half", "layers.0.half.weight", PLAN_F16, PLAN_WEIGHT, 0, 1, half);
-  m->tid = mini_tensor(m, "layers.0.tid2eid", "layers.0.ffn.gate.tid2eid", PLAN_I32, PLAN_WEIGHT, 0, 2, tid);
-  m->experts = mini_tensor(m, "layers.0.experts", "layers.0.ffn.experts.w1.weight", PLAN_F32,
-                           PLAN_WEIGHT, PLAN_NONE, 3, ex);
-  m->slice0 = mini_view(m, "layers.0.experts@cpu0", m->experts, 0, (const uint32_t[]){3, 1}, 2);
-  m->slice1 = mini_view(m, "layers.0.experts@cpu1", m->experts, 1, (const uint32_t[]){0, 2}, 2);
-  m->embed = mini_tensor(m, "embed", "embed.weight", PLAN_F32, PLAN_WEIGHT, 0, 2, emb);
-  m->replica = mini_view(m, "embed@cpu1", m->embed, 1, NULL, 0);
-  m->free_w = mini_tensor(m, "layers.0.free", NULL, PLAN_F32, PLAN_WEIGHT, 0, 1, fr);
+}
+
+/* The code object, and the bundle written to tmpdir/bundle. */
+static void mini_finish(mini *m) {
+  plan *p = &m->p;
   m->codeobjs[0].path = mini_str(m, "kernels/host.so");
   m->codeobjs[0].target = mini_str(m, "host");
   p->ncodeobjs = 1;
@@ -786,6 +1025,24 @@ static void mini_build(mini *m) {
   snprintf(path, sizeof path, "%s/plan.ds4p", m->dir);
   rt_status s = plan_write(p, path);
   ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+}
+
+static void mini_build(mini *m) {
+  mini_begin(m);
+  const uint64_t wq[] = {3, 4}, norm[] = {6}, half[] = {5}, tid[] = {3, 2}, ex[] = {4, 2, 3},
+                 emb[] = {5, 2}, fr[] = {7};
+  m->wq = mini_tensor(m, "layers.0.wq", "layers.0.attn.wq.weight", PLAN_F32, PLAN_WEIGHT, 0, 2, wq);
+  m->norm = mini_tensor(m, "layers.0.norm", "layers.0.attn_norm.weight", PLAN_BF16, PLAN_WEIGHT, 0, 1, norm);
+  m->half = mini_tensor(m, "layers.0.half", "layers.0.half.weight", PLAN_F16, PLAN_WEIGHT, 0, 1, half);
+  m->tid = mini_tensor(m, "layers.0.tid2eid", "layers.0.ffn.gate.tid2eid", PLAN_I32, PLAN_WEIGHT, 0, 2, tid);
+  m->experts = mini_tensor(m, "layers.0.experts", "layers.0.ffn.experts.w1.weight", PLAN_F32,
+                           PLAN_WEIGHT, PLAN_NONE, 3, ex);
+  m->slice0 = mini_view(m, "layers.0.experts@cpu0", m->experts, 0, (const uint32_t[]){3, 1}, 2);
+  m->slice1 = mini_view(m, "layers.0.experts@cpu1", m->experts, 1, (const uint32_t[]){0, 2}, 2);
+  m->embed = mini_tensor(m, "embed", "embed.weight", PLAN_F32, PLAN_WEIGHT, 0, 2, emb);
+  m->replica = mini_view(m, "embed@cpu1", m->embed, 1, NULL, 0);
+  m->free_w = mini_tensor(m, "layers.0.free", NULL, PLAN_F32, PLAN_WEIGHT, 0, 1, fr);
+  mini_finish(m);
 }
 
 /* The checkpoint of the mini plan: every dtype conversion, the norm in
@@ -972,14 +1229,22 @@ START_TEST(binding_errors) {
            path);
   expect_bind_error(&m, path, want);
 
-  /* dtypes: one not supported yet, one that does not convert */
+  /* dtypes: one not supported yet, F8_E4M3 without its scales, one that
+   * does not convert */
   memcpy(bad, es, sizeof es);
-  bad[CK_WQ].dtype = "F8_E4M3";
+  bad[CK_WQ].dtype = "F8_E5M2";
   bad[CK_WQ].bytes = 12;
   ck_assert_int_eq(st_write(path, bad, CK_N), 0);
   snprintf(want, sizeof want,
            "weight 'layers.0.wq' (checkpoint 'layers.0.attn.wq.weight' in %s): checkpoint dtype "
-           "F8_E4M3 is not supported yet",
+           "F8_E5M2 is not supported yet",
+           path);
+  expect_bind_error(&m, path, want);
+  bad[CK_WQ].dtype = "F8_E4M3";
+  ck_assert_int_eq(st_write(path, bad, CK_N), 0);
+  snprintf(want, sizeof want,
+           "weight 'layers.0.wq' (checkpoint 'layers.0.attn.wq.weight' in %s): F8_E4M3 needs its "
+           "block scales 'layers.0.attn.wq.scale', which are not in the checkpoint",
            path);
   expect_bind_error(&m, path, want);
   memcpy(bad, es, sizeof es);
@@ -1066,6 +1331,281 @@ START_TEST(either_spelling_binds_the_same) {
 }
 END_TEST
 
+/* ---- block-scaled weights, per-expert names, staging threads ------------- */
+
+enum {
+  Q8_R = 256, Q8_C = 1024,  /* F8_E4M3 -> f32, scales [2, 8] */
+  KV_R = 130, KV_C = 260,   /* F8_E4M3 -> bf16 in save_pretrained spelling, scales [2, 3] */
+  NE = 4, FF = 128, HH = 256, /* experts: FP4 [FF, HH] each, in I8 [FF, HH / 2] */
+  GEN_R = 300, GEN_C = 1000, /* generated, large enough for several slices */
+};
+
+/* bf16 weights of one value each (init_scale 0), and their bits: ties to
+ * even, a tail that rounding through f32 would drop, the top of the range,
+ * the bottom of the normals and subnormals. */
+static const double tie_value[NTIE] = {0x1.01p0,   0x1.03p0,   0x1.0100000001p0, -0x1.0100000001p0,
+                                       0x1.fdp127, 0x1.fep127, 0x1.ffp127,       0x1.01p-126,
+                                       0x1p-130,   0x3p-134};
+static const uint16_t tie_bf16[NTIE] = {0x3f80, 0x3f82, 0x3f81, 0xbf81, 0x7f7e,
+                                        0x7f7f, 0x7f80, 0x0080, 0x0008, 0x0002};
+
+/* The plan of the block-scaled checkpoint: an FP8 weight on each device,
+ * per-expert FP4 weights on no device with expert slices on both, and
+ * generated weights. */
+static void qmini_build(mini *m) {
+  mini_begin(m);
+  const uint64_t q8[] = {Q8_R, Q8_C}, kv[] = {KV_R, KV_C}, w1[] = {NE, FF, HH}, gen[] = {GEN_R, GEN_C},
+                 one = 1;
+  m->q8 = mini_tensor(m, "layers.0.wq_a", "layers.0.attn.wq_a.weight", PLAN_F32, PLAN_WEIGHT, 0, 2, q8);
+  m->kv = mini_tensor(m, "layers.0.wkv", "layers.0.attn.wkv.weight", PLAN_BF16, PLAN_WEIGHT, 1, 2, kv);
+  m->w1 = mini_tensor(m, "layers.0.w1", "layers.0.ffn.experts.{e}.w1.weight", PLAN_BF16, PLAN_WEIGHT,
+                      PLAN_NONE, 3, w1);
+  m->w1_cpu0 = mini_view(m, "layers.0.w1@cpu0", m->w1, 0, (const uint32_t[]){3, 1}, 2);
+  m->w1_cpu1 = mini_view(m, "layers.0.w1@cpu1", m->w1, 1, (const uint32_t[]){0, 2}, 2);
+  m->gen32 = mini_tensor(m, "layers.0.gen32", NULL, PLAN_F32, PLAN_WEIGHT, 0, 2, gen);
+  m->gen16 = mini_tensor(m, "layers.0.gen16", NULL, PLAN_BF16, PLAN_WEIGHT, 1, 2, gen);
+  m->tensors[m->gen32].init_scale = m->tensors[m->gen16].init_scale = 0.05;
+  for (int k = 0; k < NTIE; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "tie.%d", k);
+    m->tie[k] = mini_tensor(m, name, NULL, PLAN_BF16, PLAN_WEIGHT, 0, 1, &one);
+    m->tensors[m->tie[k]].init_scale = 0.0;
+    m->tensors[m->tie[k]].init_offset = tie_value[k];
+  }
+  mini_finish(m);
+}
+
+static uint8_t q8_codes[Q8_R * Q8_C], q8_scale[2 * 8], kv_codes[KV_R * KV_C], kv_scale[2 * 3];
+static uint8_t w1_codes[NE][FF * HH / 2], w1_scale[NE][FF * HH / 32];
+static char w1_names[NE][2][64];
+
+static double q8_ref(uint64_t i, uint64_t j) {
+  return ldexp(e4m3_ref(q8_codes[i * Q8_C + j]), q8_scale[(i / 128) * 8 + j / 128] - 127);
+}
+static double kv_ref(uint64_t i, uint64_t j) {
+  return ldexp(e4m3_ref(kv_codes[i * KV_C + j]), kv_scale[(i / 128) * 3 + j / 128] - 127);
+}
+static double w1_ref(uint64_t e, uint64_t i, uint64_t j) {
+  uint8_t byte = w1_codes[e][(i * HH + j) / 2], nibble = j & 1 ? byte >> 4 : byte & 15;
+  return ldexp(e2m1_ref(nibble), w1_scale[e][i * (HH / 32) + j / 32] - 127);
+}
+
+enum { QK_Q8, QK_Q8_SCALE, QK_KV, QK_KV_SCALE, QK_W1, QK_N = QK_W1 + 2 * NE };
+
+/* The checkpoint of qmini_build: entry QK_W1 + 2e is expert e's values,
+ * the next its scales. Codes cover every E4M3 (NaN included) and E2M1 code. */
+static void qmini_entries(st_entry *es) {
+  for (uint64_t k = 0; k < Q8_R * Q8_C; k++) q8_codes[k] = (uint8_t)((k / Q8_C) * 37 + (k % Q8_C) * 11);
+  for (int k = 0; k < 16; k++) q8_scale[k] = (uint8_t)(112 + 3 * k);
+  for (uint64_t k = 0; k < KV_R * KV_C; k++) kv_codes[k] = (uint8_t)((k / KV_C) * 37 + (k % KV_C) * 11);
+  const uint8_t kvs[6] = {127, 120, 134, 100, 140, 90};
+  memcpy(kv_scale, kvs, sizeof kvs);
+  es[QK_Q8] = (st_entry){"layers.0.attn.wq_a.weight", "F8_E4M3", 2, {Q8_R, Q8_C}, q8_codes, sizeof q8_codes};
+  es[QK_Q8_SCALE] = (st_entry){"layers.0.attn.wq_a.scale", "F8_E8M0", 2, {2, 8}, q8_scale, sizeof q8_scale};
+  es[QK_KV] = (st_entry){"model.layers.0.attn.wkv.weight", "F8_E4M3", 2, {KV_R, KV_C}, kv_codes,
+                         sizeof kv_codes};
+  es[QK_KV_SCALE] = (st_entry){"model.layers.0.attn.wkv.scale", "F8_E8M0", 2, {2, 3}, kv_scale,
+                               sizeof kv_scale};
+  for (int e = 0; e < NE; e++) {
+    for (int k = 0; k < FF * HH / 2; k++) w1_codes[e][k] = (uint8_t)(e * 71 + k * 13);
+    for (int k = 0; k < FF * HH / 32; k++) w1_scale[e][k] = (uint8_t)(120 + (e + k / 8 + k % 8) % 16);
+    snprintf(w1_names[e][0], sizeof w1_names[e][0], "layers.0.ffn.experts.%d.w1.weight", e);
+    snprintf(w1_names[e][1], sizeof w1_names[e][1], "layers.0.ffn.experts.%d.w1.scale", e);
+    es[QK_W1 + 2 * e] = (st_entry){w1_names[e][0], "I8", 2, {FF, HH / 2}, w1_codes[e], sizeof w1_codes[e]};
+    es[QK_W1 + 2 * e + 1] = (st_entry){w1_names[e][1], "F8_E8M0", 2, {FF, HH / 32}, w1_scale[e],
+                                       sizeof w1_scale[e]};
+  }
+}
+
+static rt_bundle *open_qmini(const mini *m, const char *name) {
+  st_entry es[QK_N];
+  qmini_entries(es);
+  char path[128];
+  path_of(path, sizeof path, name);
+  ck_assert_int_eq(st_write(path, es, QK_N), 0);
+  rt_bundle *b;
+  rt_status s = open_with(m, path, &b);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+  return b;
+}
+
+START_TEST(binds_block_scaled_weights) {
+  mini m;
+  qmini_build(&m);
+  rt_bundle *b = open_qmini(&m, "q.safetensors");
+  static float f[GEN_R * GEN_C]; /* the larger of q8 and gen32 */
+  read_tensor(b, m.q8, f, Q8_R * Q8_C * 4);
+  for (uint64_t k = 0; k < Q8_R * Q8_C; k++)
+    expect_value(f[k], q8_ref(k / Q8_C, k % Q8_C), "q8", k / Q8_C, k % Q8_C);
+  static uint16_t h[2 * FF * HH];
+  read_tensor(b, m.kv, h, KV_R * KV_C * 2);
+  for (uint64_t k = 0; k < KV_R * KV_C; k++)
+    expect_value(bf16_value(h[k]), kv_ref(k / KV_C, k % KV_C), "kv", k / KV_C, k % KV_C);
+  /* expert slices: experts {3, 1} and {0, 2}, each from its own tensor */
+  const uint32_t rows[2][2] = {{3, 1}, {0, 2}};
+  for (int v = 0; v < 2; v++) {
+    read_tensor(b, v ? m.w1_cpu1 : m.w1_cpu0, h, sizeof h);
+    for (uint64_t r = 0; r < 2; r++)
+      for (uint64_t k = 0; k < FF * HH; k++)
+        expect_value(bf16_value(h[r * FF * HH + k]), w1_ref(rows[v][r], k / HH, k % HH), "w1", rows[v][r], k);
+  }
+  /* the values as bound, exactly, across the end of expert 0 */
+  double v[8];
+  ck_assert_ptr_null(rt_weight_values(b, m.w1, FF * HH - 3, 6, v));
+  for (int k = 0; k < 6; k++) {
+    uint64_t at = FF * HH - 3 + (uint64_t)k, e = at / (FF * HH), in = at % (FF * HH);
+    ck_assert(v[k] == w1_ref(e, in / HH, in % HH));
+  }
+  ck_assert_ptr_null(rt_weight_values(b, m.w1_cpu0, 0, 2, v));
+  ck_assert(v[0] == w1_ref(3, 0, 0) && v[1] == w1_ref(3, 0, 1));
+  ck_assert_ptr_null(rt_weight_values(b, m.kv, KV_C + 129, 1, v));
+  ck_assert(v[0] == kv_ref(1, 129));
+  rt_weights_info w;
+  rt_bundle_weights(b, &w);
+  ck_assert_uint_eq(w.from_checkpoint, 3);
+  ck_assert_uint_eq(w.from_generator, 2 + NTIE);
+
+  /* generated weights: rt_init_value's values, rounded to nearest even */
+  read_tensor(b, m.gen32, f, GEN_R * GEN_C * 4);
+  for (uint64_t i = 0; i < GEN_R * GEN_C; i++)
+    ck_assert(f[i] == (float)rt_init_value(&m.p, m.gen32, 1234, i));
+  static uint16_t g[GEN_R * GEN_C];
+  read_tensor(b, m.gen16, g, sizeof g);
+  for (uint64_t i = 0; i < GEN_R * GEN_C; i++) {
+    double x = rt_init_value(&m.p, m.gen16, 1234, i);
+    ck_assert_msg(bf16_value(g[i]) == round_ref(x, 8, -126, 0x1.fep127), "gen16[%llu]: %a -> 0x%04x",
+                  (unsigned long long)i, x, g[i]);
+  }
+  for (int k = 0; k < NTIE; k++) {
+    read_tensor(b, m.tie[k], h, 2);
+    ck_assert_msg(h[0] == tie_bf16[k], "%a: 0x%04x, want 0x%04x", tie_value[k], h[0], tie_bf16[k]);
+  }
+  rt_bundle_close(b);
+}
+END_TEST
+
+/* Bundle open stages on every core; any number of threads, and any
+ * sub-range, gives the same bytes. */
+START_TEST(staging_is_independent_of_threads) {
+  mini m;
+  qmini_build(&m);
+  rt_bundle *b = open_qmini(&m, "q.safetensors");
+  const uint32_t ts[] = {m.q8, m.kv, m.w1_cpu0, m.w1_cpu1, m.gen32, m.gen16};
+  enum { MAXB = GEN_R * GEN_C * 4 };
+  uint8_t *filled = malloc(MAXB), *staged = malloc(MAXB);
+  for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+    const plan_tensor *pt = &m.tensors[ts[k]];
+    uint64_t n = pt->bytes / plan_dtype_size(pt->dtype), esz = plan_dtype_size(pt->dtype);
+    ck_assert_uint_le(pt->bytes, MAXB);
+    read_tensor(b, ts[k], filled, pt->bytes);
+    const uint32_t threads[] = {1, 2, 3, 5, 8};
+    for (size_t c = 0; c < sizeof threads / sizeof threads[0]; c++) {
+      memset(staged, 0xa5, pt->bytes);
+      rt_status s = rt_weight_stage(b, ts[k], 0, n, threads[c], staged);
+      ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+      ck_assert_msg(memcmp(staged, filled, pt->bytes) == 0, "%s on %u threads", plan_str(&m.p, pt->name),
+                    threads[c]);
+      uint64_t first = n / 3 + 1, count = n / 2;
+      ck_assert_ptr_null(rt_weight_stage(b, ts[k], first, count, threads[c], staged));
+      ck_assert_msg(memcmp(staged, filled + first * esz, count * esz) == 0, "%s [%llu, +%llu) on %u threads",
+                    plan_str(&m.p, pt->name), (unsigned long long)first, (unsigned long long)count,
+                    threads[c]);
+    }
+  }
+  /* the source on no device: the same on 1 and 7 threads, and as bound */
+  uint64_t n = NE * FF * HH;
+  uint16_t *one = (uint16_t *)filled, *seven = (uint16_t *)staged;
+  ck_assert_ptr_null(rt_weight_stage(b, m.w1, 0, n, 1, one));
+  ck_assert_ptr_null(rt_weight_stage(b, m.w1, 0, n, 7, seven));
+  ck_assert_mem_eq(one, seven, n * 2);
+  for (uint64_t k = 0; k < n; k += 997) {
+    double v;
+    ck_assert_ptr_null(rt_weight_values(b, m.w1, k, 1, &v));
+    ck_assert(bf16_value(one[k]) == v);
+  }
+  free(filled);
+  free(staged);
+  rt_bundle_close(b);
+}
+END_TEST
+
+/* Opening qmini with checkpoint es (n entries) fails with `want`, where
+ * %s is the checkpoint's path. */
+static void expect_qmini_error(const mini *m, const st_entry *es, size_t n, const char *fmt) {
+  char path[128], want[1024];
+  path_of(path, sizeof path, "bad.safetensors");
+  ck_assert_int_eq(st_write(path, es, n), 0);
+  snprintf(want, sizeof want, fmt, path, path);
+  expect_bind_error(m, path, want);
+}
+
+START_TEST(block_scaled_and_per_expert_errors) {
+  mini m;
+  qmini_build(&m);
+  st_entry es[QK_N + 1], bad[QK_N + 1];
+  qmini_entries(es);
+
+  /* an expert missing: its own name */
+  memcpy(bad, es, sizeof es);
+  bad[QK_W1 + 4] = es[QK_N - 1];
+  expect_qmini_error(&m, bad, QK_N - 1,
+                     "weight 'layers.0.w1' (checkpoint 'layers.0.ffn.experts.2.w1.weight') is not in %s");
+  /* an expert of the wrong shape: the logical shape and the packed one */
+  memcpy(bad, es, sizeof es);
+  bad[QK_W1].shape[1] = HH / 4;
+  bad[QK_W1].bytes /= 2;
+  bad[QK_W1 + 1].shape[1] = HH / 64;
+  bad[QK_W1 + 1].bytes /= 2;
+  expect_qmini_error(&m, bad, QK_N,
+                     "weight 'layers.0.w1' (checkpoint 'layers.0.ffn.experts.0.w1.weight' in %s): shape "
+                     "[128, 128] (FP4, two per byte of I8 [128, 64]) in the checkpoint, [128, 256] in "
+                     "the plan");
+  /* both spellings of one name */
+  memcpy(bad, es, sizeof es);
+  bad[QK_N] = es[QK_KV];
+  bad[QK_N].name = "layers.0.attn.wkv.weight";
+  expect_qmini_error(&m, bad, QK_N + 1,
+                     "weight 'layers.0.wkv' (checkpoint 'layers.0.attn.wkv.weight'): both "
+                     "'layers.0.attn.wkv.weight' (in %s) and its save_pretrained spelling "
+                     "'model.layers.0.attn.wkv.weight' (in %s) are in the checkpoint");
+  /* NaN scales in two blocks: the first element's, whatever the slices */
+  uint8_t sc[16];
+  memcpy(sc, q8_scale, sizeof sc);
+  sc[1 * 8 + 7] = sc[0 * 8 + 5] = 255;
+  memcpy(bad, es, sizeof es);
+  bad[QK_Q8_SCALE].data = sc;
+  expect_qmini_error(&m, bad, QK_N,
+                     "weight 'layers.0.wq_a' (checkpoint 'layers.0.attn.wq_a.weight' in %s): block [0, 5] "
+                     "of scales 'layers.0.attn.wq_a.scale' is 255, NaN in F8_E8M0");
+  /* a value bf16 does not hold: 1.375 * 2^-6 * 2^-127 */
+  uint8_t ksc[6];
+  memcpy(ksc, kv_scale, sizeof ksc);
+  ksc[0] = 0;
+  memcpy(bad, es, sizeof es);
+  bad[QK_KV_SCALE].data = ksc;
+  ck_assert_uint_eq(kv_codes[1], 0x0b);
+  expect_qmini_error(&m, bad, QK_N,
+                     "weight 'layers.0.wkv' (checkpoint 'model.layers.0.attn.wkv.weight' in %s): element "
+                     "[0, 1] is 0.021484375 * 2^-127 (scale 0), which bf16 does not hold exactly");
+}
+END_TEST
+
+/* "{e}" binds the rows of dim 0, which a scalar does not have. */
+START_TEST(per_expert_name_of_a_scalar) {
+  mini m;
+  mini_begin(&m);
+  mini_tensor(&m, "layers.0.s", "layers.0.{e}.s", PLAN_F32, PLAN_WEIGHT, 0, 0, NULL);
+  mini_finish(&m);
+  char path[128];
+  path_of(path, sizeof path, "s.safetensors");
+  const float one = 1.0f;
+  ck_assert_int_eq(st_write(path, &(st_entry){"layers.0.0.s", "F32", 0, {0}, &one, 4}, 1), 0);
+  expect_bind_error(&m, path,
+                    "weight 'layers.0.s' (checkpoint 'layers.0.{e}.s'): a name with {e} binds the rows of "
+                    "dim 0, and the weight is a scalar");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("safetensors");
   TCase *r = tcase_create("reader");
@@ -1081,9 +1621,13 @@ int main(void) {
   tcase_add_test(r, save_pretrained_names);
   suite_add_tcase(s, r);
   TCase *c = tcase_create("conversions");
+  tcase_add_checked_fixture(c, make_tmpdir, remove_tmpdir);
   tcase_add_test(c, f32_rounds_to_nearest_even);
   tcase_add_test(c, widening_is_exact);
   tcase_add_test(c, integers_and_refusals);
+  tcase_add_test(c, fp8_blocks_dequantize);
+  tcase_add_test(c, fp4_packed_dequantize);
+  tcase_add_test(c, quantized_refusals);
   suite_add_tcase(s, c);
   TCase *b = tcase_create("binding");
   tcase_set_timeout(b, 120);
@@ -1091,6 +1635,10 @@ int main(void) {
   tcase_add_test(b, binds_every_dtype_and_view);
   tcase_add_test(b, binding_errors);
   tcase_add_test(b, either_spelling_binds_the_same);
+  tcase_add_test(b, binds_block_scaled_weights);
+  tcase_add_test(b, staging_is_independent_of_threads);
+  tcase_add_test(b, block_scaled_and_per_expert_errors);
+  tcase_add_test(b, per_expert_name_of_a_scalar);
   suite_add_tcase(s, b);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

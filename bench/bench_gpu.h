@@ -1,0 +1,68 @@
+/* bench_gpu.h - what the GPU benchmarks share: a result table, timing
+ * helpers, one NVIDIA device driven through the cuda backend's driver
+ * table (runtime/backends/gpu/gpu_api.h), its device-to-device copy
+ * bandwidth, and one replayed step of a bundle. */
+#ifndef DS4_BENCH_GPU_H
+#define DS4_BENCH_GPU_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpu/gpu_api.h"
+#include "plan.h"
+#include "rt.h"
+
+#define MAX_ROWS 24
+
+typedef struct row {
+  char what[80], value[200], how[240];
+} row;
+
+typedef struct table {
+  row rows[MAX_ROWS];
+  int n;
+  int failed;
+} table;
+
+void add_row(table *t, const char *what, const char *how, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* A section's failure: its row says what went wrong. */
+void add_error(table *t, const char *what, rt_status s);
+void print_table(const table *t);
+
+double now_ns(void);
+/* Sorts v and returns quantile q, interpolating between neighbours. */
+double quantile(double *v, int n, double q);
+
+typedef struct gpu {
+  const gpu_api *api;
+  gpu_driver *drv;
+  gpu_stream s;
+  gpu_event e0, e1;
+  gpu_device_info info;
+} gpu;
+
+rt_status gpu_open(gpu *g, uint32_t ordinal);
+void gpu_close(gpu *g);
+/* Milliseconds between e0 and e1, once e1 is reached. */
+rt_status gpu_elapsed(gpu *g, double *out_ms);
+rt_status gpu_upload(gpu *g, void *dst, const void *src, size_t bytes);
+
+/* Device buffers recorded for release. */
+typedef struct owned {
+  void *ptr[64];
+  int n;
+} owned;
+rt_status gpu_alloc(gpu *g, owned *o, size_t bytes, void **out_ptr);
+void gpu_free_all(gpu *g, owned *o);
+
+/* Device-to-device copy bandwidth: bytes read plus bytes written over the
+ * event-timed median of BENCH_COPY_RUNS copies of BENCH_COPY_BYTES. */
+#define BENCH_COPY_BYTES (1ull << 30)
+#define BENCH_COPY_RUNS 10
+rt_status bench_copy(gpu *g, double *out_bps);
+
+/* Feeds ids (ntok live, zeros after) and replays one step. */
+rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int ntok, int index);
+
+#endif

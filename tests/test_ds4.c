@@ -1,0 +1,284 @@
+/* test_ds4.c - DeepSeek-V4-Flash end to end: ds4-flash-mini replayed on the
+ * cpu backend against the float64 reference of the whole model
+ * (tests/ref/ref_ds4.c) over a prefill and many decode steps; every shipped
+ * schedule of it (on cpu devices here) gives the same bits; the decode-early
+ * schedule differs from ds4-flash-h200 in order only; the released model
+ * compiles for the hot/cold AMD pair and ds4-flash-slice for one H200. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ds4run_check.h"
+#include "ir.h"
+#include "pipeline.h"
+#include "plan.h"
+#include "plan_compare.h"
+#include "rt.h"
+
+static char tmpdir[] = "/tmp/ds4-ds4-XXXXXX";
+
+/* In the source tree (the descriptions' paths are relative), with a fresh
+ * scratch folder. */
+static void make_tmpdir(void) {
+  const char *src = getenv("DS4_SOURCE_DIR");
+  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
+  memcpy(tmpdir + strlen(tmpdir) - 6, "XXXXXX", 6);
+  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void remove_tmpdir(void) {
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+  long n = ftell(f);
+  ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
+  char *buf = malloc((size_t)n + 1);
+  ck_assert_ptr_nonnull(buf);
+  ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+/* Replaces every `from` in text by `to` (a new string); at least once. */
+static char *replace_all(const char *text, const char *from, const char *to) {
+  size_t nf = strlen(from), nt = strlen(to), count = 0;
+  for (const char *c = text; (c = strstr(c, from)); c += nf) count++;
+  ck_assert_msg(count > 0, "'%s' not found", from);
+  char *out = malloc(strlen(text) + count * nt + 1), *o = out;
+  ck_assert_ptr_nonnull(out);
+  for (const char *c = text, *at; ; c = at + nf) {
+    at = strstr(c, from);
+    size_t keep = at ? (size_t)(at - c) : strlen(c);
+    memcpy(o, c, keep);
+    o += keep;
+    if (!at) break;
+    memcpy(o, to, nt);
+    o += nt;
+  }
+  *o = 0;
+  return out;
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_ge(fputs(text, f), 0);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Compiles model + schedule into tmpdir/name; returns the bundle's path. */
+static const char *compile(const char *model, const char *sched, const char *name, const char *targets) {
+  static char out[700];
+  snprintf(out, sizeof out, "%s/%s", tmpdir, name);
+  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out, .targets = targets};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s + %s: %s", model, sched, d.msg);
+  return out;
+}
+
+/* A GPU schedule of ds4-flash-mini moved onto cpu devices, streams and
+ * owners unchanged: the same plan shape on a backend this machine has. */
+static const char *on_cpu(const char *sched, const char *name, char *path, size_t n) {
+  char *text = slurp(sched);
+  char *cpu = replace_all(text, "backend: cuda, arch: sm_90, ordinal: 0,",
+                          "backend: cpu, arch: host, ordinal: 0, threads: 1,");
+  snprintf(path, n, "%s/%s.yaml", tmpdir, name);
+  write_text(path, cpu);
+  free(text);
+  free(cpu);
+  return path;
+}
+
+typedef struct run_result {
+  uint8_t sha[32];
+  int32_t tokens[64];
+  int ntokens;
+  ds4run_check_result check;
+} run_result;
+
+/* The default prompt and `decode` steps, checked against the float64
+ * reference when `check` is set. */
+static void run(const char *bundle, int decode, int check, run_result *r) {
+  rt_bundle *b = NULL;
+  rt_status s = rt_bundle_open(bundle, NULL, &b);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  ds4run_check *chk = NULL;
+  if (check) {
+    s = ds4run_check_open(b, &chk);
+    ck_assert_msg(!s, "%s", rt_status_msg(s));
+  }
+  int32_t *prompt = NULL;
+  int nprompt = 0;
+  s = rt_default_prompt(rt_bundle_plan(b), &prompt, &nprompt);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  rt_report rep;
+  s = rt_generate(b, prompt, nprompt, decode, chk ? ds4run_check_hook : NULL, chk, &rep);
+  ck_assert_msg(!s, "%s: %s", bundle, rt_status_msg(s));
+  memcpy(r->sha, rep.outputs_sha256, sizeof r->sha);
+  ck_assert_int_le(rep.ngenerated, 64);
+  r->ntokens = rep.ngenerated;
+  memcpy(r->tokens, rep.generated, (size_t)rep.ngenerated * sizeof *rep.generated);
+  if (chk) {
+    ds4run_check_result_get(chk, &r->check);
+    ds4run_check_close(chk);
+  }
+  free(rep.generated);
+  free(prompt);
+  rt_bundle_close(b);
+}
+
+/* ds4-flash-mini on the cpu backend against the float64 reference: the
+ * 10-token prompt in chunks of 4, then 40 decode steps, to position 50 of
+ * 64. By then the CSA layers hold 12 entries against an index top-k of 4
+ * and the HCA layer 6. The bound is ds4run --check's (docs/CHECK.md):
+ * max|got - ref| / max|ref| <= 1e-4 on every step's logits, and the same
+ * next tokens wherever the reference's choice is clear. */
+START_TEST(mini_matches_the_float64_reference) {
+  make_tmpdir();
+  const char *b = compile("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml", "cpu", NULL);
+  run_result r;
+  run(b, 40, 1, &r);
+  fprintf(stderr, "test_ds4: ds4-flash-mini vs float64: %d steps, max rel err %.3g\n", r.check.steps,
+          r.check.max_rel_err);
+  ck_assert_int_eq(r.check.steps, 3 + 40);
+  ck_assert_int_eq(r.check.token_mismatches, 0);
+  ck_assert_msg(r.check.passed, "max rel err %g over bound %g", r.check.max_rel_err, r.check.bound);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Every shipped schedule of ds4-flash-mini gives the same bits: the cpu
+ * one, the H200 ones moved onto a cpu device (four streams, early resolve),
+ * and a hot/cold pair of cpu devices with experts 4-7 on the cold one. */
+START_TEST(every_schedule_gives_the_same_bits) {
+  make_tmpdir();
+  char hotcold[700];
+  snprintf(hotcold, sizeof hotcold, "%s/hotcold.yaml", tmpdir);
+  write_text(hotcold,
+             "schedule: mini-hotcold\nmodel: deepseek-v4-flash\n"
+             "devices:\n"
+             "  - {name: hot, backend: cpu, arch: host, ordinal: 0, threads: 1, bandwidth: 2.0e10, flops: 5.0e10, "
+             "launch: 2.0e-6}\n"
+             "  - {name: cold, backend: cpu, arch: host, ordinal: 1, threads: 1, bandwidth: 1.0e10, flops: 2.0e10, "
+             "launch: 4.0e-6}\n"
+             "streams:\n  - {name: main, device: hot}\n  - {name: main, device: cold}\n"
+             "  - {name: copy, device: cold}\n"
+             "owners:\n  - \"layers.*.ffn.experts[0:4] -> hot.main\"\n  - \"layers.*.ffn.experts -> cold.main\"\n"
+             "  - \"* -> hot.main\"\n"
+             "copies: {stream: copy}\nstep: {prefill: 10, decode: 1}\n");
+  char h200[700], early[700];
+  const char *scheds[][2] = {
+      {"schedules/ds4-flash-cpu.yaml", "cpu"},
+      {on_cpu("schedules/ds4-flash-h200.yaml", "h200-cpu", h200, sizeof h200), "h200"},
+      {on_cpu("schedules/ds4-flash-decode-early.yaml", "early-cpu", early, sizeof early), "early"},
+      {hotcold, "hotcold"},
+  };
+  run_result first;
+  for (int i = 0; i < 4; i++) {
+    const char *b = compile("models/ds4-flash-mini.yaml", scheds[i][0], scheds[i][1], NULL);
+    run_result r;
+    run(b, 16, 0, &r);
+    if (i == 0) {
+      first = r;
+      continue;
+    }
+    ck_assert_msg(memcmp(r.sha, first.sha, 32) == 0, "%s: outputs differ from ds4-flash-cpu", scheds[i][1]);
+    ck_assert_int_eq(r.ntokens, first.ntokens);
+    ck_assert_mem_eq(r.tokens, first.tokens, (size_t)r.ntokens * sizeof *r.tokens);
+  }
+  remove_tmpdir();
+}
+END_TEST
+
+/* schedules/ds4-flash-decode-early.yaml is ds4-flash-h200 plus early
+ * resolve: the plans of ds4-flash-mini under both have the same edges,
+ * kernels, streams, tensor placement and arenas, and another order. */
+START_TEST(decode_early_differs_in_order_only) {
+  make_tmpdir();
+  plan a, b;
+  char path[800];
+  snprintf(path, sizeof path, "%s/plan.ds4p", compile("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml", "h200", "sm_90"));
+  rt_status s = plan_read(path, &a);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  snprintf(path, sizeof path, "%s/plan.ds4p",
+           compile("models/ds4-flash-mini.yaml", "schedules/ds4-flash-decode-early.yaml", "early", "sm_90"));
+  s = plan_read(path, &b);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  assert_order_only(&a, &b);
+  /* the indexer query's rope is resolved early: its consumer, the scores,
+   * is staged right behind it, ahead of the query's head norm */
+  for (int l = 2; l <= 4; l += 2) {
+    char rope[96], scores[96], norm[96];
+    snprintf(rope, sizeof rope, "layers.%d.attn.csa.indexer.q_rope", l);
+    snprintf(scores, sizeof scores, "layers.%d.attn.csa.indexer.scores", l);
+    snprintf(norm, sizeof norm, "layers.%d.attn.q_head_norm", l);
+    ck_assert_int_lt(plan_command_of(&a, norm), plan_command_of(&a, scores));
+    ck_assert_int_lt(plan_command_of(&b, scores), plan_command_of(&b, norm));
+    ck_assert_int_lt(plan_command_of(&b, rope), plan_command_of(&b, scores));
+  }
+  plan_free(&a);
+  plan_free(&b);
+  remove_tmpdir();
+}
+END_TEST
+
+/* The plan of a model and schedule, through verify (no code objects). */
+static ir_prog *plan_of(const char *model, const char *sched) {
+  ds4c_options o = {.model_path = model, .sched_path = sched};
+  dsl_diag d = {0};
+  ir_prog *p = NULL;
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s + %s: %s", model, sched, d.msg);
+  return p;
+}
+
+static int has_op(const ir_prog *p, const char *path) {
+  for (int i = 0; i < p->nops; i++)
+    if (strcmp(p->ops[i].path, path) == 0) return 1;
+  return 0;
+}
+
+/* The released model with the hot/cold AMD schedule plans and verifies:
+ * every layer's experts split between the two devices, the head there;
+ * ds4-flash-slice with ds4-flash-h200 fits one H200's 139 GiB. */
+START_TEST(released_model_plans) {
+  make_tmpdir();
+  ir_prog *p = plan_of("models/deepseek-v4-flash.yaml", "schedules/ds4-flash-hotcold.yaml");
+  ck_assert_int_eq(p->ndevices, 2);
+  ck_assert(has_op(p, "layers.0.ffn.experts[0:8]"));
+  ck_assert(has_op(p, "layers.42.ffn.experts[8:256]"));
+  ck_assert(has_op(p, "layers.42.attn.csa.indexer.select"));
+  ck_assert(has_op(p, "layers.41.attn.hca.compressor.pool"));
+  ck_assert(has_op(p, "head.lm_head"));
+  ds4c_prog_free(p);
+  p = plan_of("models/ds4-flash-slice.yaml", "schedules/ds4-flash-h200.yaml");
+  ck_assert_int_eq(p->ndevices, 1);
+  ck_assert_int_lt(p->devices[0].arena_bytes, 139ll << 30);
+  ds4c_prog_free(p);
+  remove_tmpdir();
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("ds4");
+  TCase *tc = tcase_create("ds4");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, mini_matches_the_float64_reference);
+  tcase_add_test(tc, every_schedule_gives_the_same_bits);
+  tcase_add_test(tc, decode_early_differs_in_order_only);
+  tcase_add_test(tc, released_model_plans);
+  suite_add_tcase(s, tc);
+  SRunner *r = srunner_create(s);
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
