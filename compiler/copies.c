@@ -35,7 +35,58 @@ typedef struct copy_req {
   int64_t dst_row0, dst_nrows;
   int anchor, after; /* op index in the original list; after: follows it */
   int stream;
+  int version; /* a read's copy: the writes of src before the anchor */
 } copy_req;
+
+/* The ops that read (or that write) each tensor, ascending, each op once
+ * (CSR: ops[first[t] .. first[t+1])), so that finding the next reader or
+ * the writers before an op costs no scan of every op. */
+typedef struct op_index {
+  int *first, *ops;
+} op_index;
+
+/* The tensor of op's operand slot j when the op reads it (reads; an input
+ * or a read-modify-write output) or writes it (else) and no earlier slot
+ * names it; -1 otherwise. */
+static int indexed_tensor(const ir_prog *p, const ir_op *op, int j, int reads) {
+  int t = ir_operand_tensor(op, j);
+  for (int k = 0; k < j; k++)
+    if (ir_operand_tensor(op, k) == t) return -1;
+  return (reads ? ir_op_reads(p, op, t) : ir_op_writes(p, op, t)) ? t : -1;
+}
+
+static void op_index_build(const ir_prog *p, int reads, op_index *x) {
+  int nt = p->ntensors, t;
+  x->first = ir_xrealloc(NULL, ((size_t)nt + 1) * sizeof *x->first);
+  memset(x->first, 0, ((size_t)nt + 1) * sizeof *x->first);
+  for (int i = 0; i < p->nops; i++)
+    for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++)
+      if ((t = indexed_tensor(p, &p->ops[i], j, reads)) >= 0) x->first[t + 1]++;
+  for (t = 0; t < nt; t++) x->first[t + 1] += x->first[t];
+  int *fill = ir_xrealloc(NULL, ((size_t)nt + 1) * sizeof *fill);
+  memcpy(fill, x->first, ((size_t)nt + 1) * sizeof *fill);
+  x->ops = ir_xrealloc(NULL, (size_t)(x->first[nt] ? x->first[nt] : 1) * sizeof *x->ops);
+  for (int i = 0; i < p->nops; i++)
+    for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++)
+      if ((t = indexed_tensor(p, &p->ops[i], j, reads)) >= 0) x->ops[fill[t]++] = i;
+  free(fill);
+}
+
+static void op_index_free(op_index *x) {
+  free(x->first);
+  free(x->ops);
+}
+
+/* The position in t's list of its first op at or after op i. */
+static int op_index_from(const op_index *x, int t, int i) {
+  int lo = x->first[t], hi = x->first[t + 1];
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (x->ops[mid] < i) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
 
 typedef struct copy_ctx {
   ir_prog *p;
@@ -168,20 +219,27 @@ static int staging_tensor(ir_prog *p, const ir_tensor *like, char *path, int dev
   return ir_add_tensor(p, &s);
 }
 
-/* Writes to another device's tensor go to a staging tensor, copied after. */
+/* Writes to another device's tensor go to a staging tensor, copied after.
+ * Only op i's own outputs change at step i, so the readers of the ops
+ * after it are those the index found before. */
 static int remote_writes(copy_ctx *c) {
   ir_prog *p = c->p;
-  for (int i = 0; i < p->nops; i++) {
+  op_index readers;
+  op_index_build(p, 1, &readers);
+  int rc = 0;
+  for (int i = 0; i < p->nops && !rc; i++) {
     for (int j = 0; j < p->ops[i].nout; j++) {
       ir_op *op = &p->ops[i];
       int t = op->out[j], dev = op->device;
       const ir_tensor *x = &p->tensors[t];
       if (x->device == dev) continue;
-      if (x->role == PLAN_STATE)
-        return dsl_error(c->d, op->out_pos[j],
-                         "op '%s' on device '%s' writes state '%s', which lives on device '%s' (written there "
-                         "first); a state is written on one device",
-                         op->path, p->devices[dev].name, x->path, p->devices[x->device].name);
+      if (x->role == PLAN_STATE) {
+        rc = dsl_error(c->d, op->out_pos[j],
+                       "op '%s' on device '%s' writes state '%s', which lives on device '%s' (written there "
+                       "first); a state is written on one device",
+                       op->path, p->devices[dev].name, x->path, p->devices[x->device].name);
+        break;
+      }
       char mid[64] = "";
       if (op->out_nrows[j])
         snprintf(mid, sizeof mid, "[%lld:%lld]", (long long)op->out_row0[j],
@@ -189,58 +247,59 @@ static int remote_writes(copy_ctx *c) {
       ir_tensor like = ir_operand_view(p, op, op->nin + j);
       int st = staging_tensor(p, &like, at_device(x->path, mid, p->devices[dev].name), dev);
       op = &p->ops[i];
-      int reader = -1;
-      for (int k = i + 1; k < p->nops && reader < 0; k++)
-        if (ir_op_reads(p, &p->ops[k], t)) reader = k;
-      copy_req r = {st, t, op->out_row0[j], op->out_nrows[j], i, 1, -1};
+      int at = op_index_from(&readers, t, i + 1), reader = at < readers.first[t + 1] ? readers.ops[at] : -1;
+      copy_req r = {st, t, op->out_row0[j], op->out_nrows[j], i, 1, -1, 0};
       r.stream = policy_stream(c, dev, p->tensors[t].device, op->stream, reader >= 0 ? p->ops[reader].stream : -1);
       op->out[j] = st;
       op->out_row0[j] = op->out_nrows[j] = 0;
-      if (add_req(c, &r)) return -1;
+      if (add_req(c, &r)) {
+        rc = -1;
+        break;
+      }
     }
   }
-  return 0;
-}
-
-/* The writes of t in ops before op i: the version a reader at i sees. */
-static int version_at(const ir_prog *p, int t, int i, int *last_writer) {
-  int v = 0;
-  *last_writer = -1;
-  for (int k = 0; k < i; k++)
-    if (ir_op_writes(p, &p->ops[k], t)) v++, *last_writer = k;
-  return v;
+  op_index_free(&readers);
+  return rc;
 }
 
 /* Reads of another device's tensor read a copy made before the first
- * reader on this device; later readers of the same version share it. */
+ * reader on this device; later readers of the same version share it. A
+ * version counts the writes of the tensor before the reader. Outputs no
+ * longer change here, and every tensor read is older than the copies'
+ * staging tensors, so the writers' index holds for the whole pass. */
 static int remote_reads(copy_ctx *c) {
   ir_prog *p = c->p;
   int nfirst = c->nreqs;
+  op_index writers;
+  op_index_build(p, 0, &writers);
   for (int i = 0; i < p->nops; i++) {
     for (int j = 0; j < p->ops[i].nin; j++) {
       ir_op *op = &p->ops[i];
       int t = op->in[j], dev = op->device;
       if (p->tensors[t].device == dev || p->tensors[t].role == PLAN_WEIGHT) continue;
-      int writer, version = version_at(p, t, i, &writer), found = -1;
+      int at = op_index_from(&writers, t, i), version = at - writers.first[t], found = -1;
+      int writer = version ? writers.ops[at - 1] : -1;
       for (int k = nfirst; k < c->nreqs && found < 0; k++) {
         const copy_req *r = &c->reqs[k];
-        int w2;
-        if (r->src == t && p->tensors[r->dst].device == dev && version_at(p, t, r->anchor, &w2) == version)
-          found = r->dst;
+        if (r->src == t && p->tensors[r->dst].device == dev && r->version == version) found = r->dst;
       }
       if (found < 0) {
         char mid[32] = "";
         if (version > 1) snprintf(mid, sizeof mid, ".v%d", version);
         found = staging_tensor(p, &p->tensors[t], at_device(p->tensors[t].path, mid, p->devices[dev].name), dev);
         op = &p->ops[i];
-        copy_req r = {t, found, 0, 0, i, 0, -1};
+        copy_req r = {t, found, 0, 0, i, 0, -1, version};
         int from = p->tensors[t].device;
         r.stream = policy_stream(c, from, dev, writer >= 0 ? p->ops[writer].stream : -1, op->stream);
-        if (add_req(c, &r)) return -1;
+        if (add_req(c, &r)) {
+          op_index_free(&writers);
+          return -1;
+        }
       }
       op->in[j] = found;
     }
   }
+  op_index_free(&writers);
   return 0;
 }
 
@@ -283,21 +342,33 @@ static char *copy_path(const ir_prog *p, const ir_op *op, int after) {
   return s;
 }
 
-/* The new op list: each original op with its copies before and after. */
+/* The new op list: each original op with its copies before and after,
+ * those of one anchor in request order. */
 static void insert_copies(copy_ctx *c) {
   ir_prog *p = c->p;
   int cap = p->nops + c->nreqs, n = 0;
   ir_op *ops = ir_xrealloc(NULL, (size_t)(cap ? cap : 1) * sizeof *ops);
   int *opener = ir_xrealloc(NULL, (size_t)(cap ? cap : 1) * sizeof *opener);
+  /* The requests by anchor (CSR: by_anchor[first[i] .. first[i+1])). */
+  int *first = ir_xrealloc(NULL, ((size_t)p->nops + 1) * sizeof *first);
+  int *fill = ir_xrealloc(NULL, ((size_t)p->nops + 1) * sizeof *fill);
+  int *by_anchor = ir_xrealloc(NULL, (size_t)(c->nreqs ? c->nreqs : 1) * sizeof *by_anchor);
+  memset(first, 0, ((size_t)p->nops + 1) * sizeof *first);
+  for (int k = 0; k < c->nreqs; k++) first[c->reqs[k].anchor + 1]++;
+  for (int i = 0; i < p->nops; i++) first[i + 1] += first[i];
+  memcpy(fill, first, ((size_t)p->nops + 1) * sizeof *fill);
+  for (int k = 0; k < c->nreqs; k++) by_anchor[fill[c->reqs[k].anchor]++] = k;
+  free(fill);
   for (int i = 0; i < p->nops; i++) {
     for (int side = 0; side < 2; side++) {
       if (side == 1) ops[n++] = p->ops[i];
-      int first = n;
-      for (int k = 0; k < c->nreqs; k++) {
+      int first_op = n;
+      for (int a = first[i]; a < first[i + 1]; a++) {
+        int k = by_anchor[a];
         const copy_req *r = &c->reqs[k];
-        if (r->anchor != i || r->after != side) continue;
+        if (r->after != side) continue;
         int b = -1;
-        for (int q = first; q < n && c->pol.batch && b < 0; q++)
+        for (int q = first_op; q < n && c->pol.batch && b < 0; q++)
           if (ops[q].nin < IR_MAXIO && same_batch(p, &c->reqs[opener[q]], r)) b = q;
         if (b < 0) {
           ops[n] = copy_op(p, r);
@@ -306,10 +377,12 @@ static void insert_copies(copy_ctx *c) {
         }
         append_to_batch(&ops[b], r);
       }
-      for (int q = first; q < n; q++) ops[q].path = copy_path(p, &ops[q], side);
+      for (int q = first_op; q < n; q++) ops[q].path = copy_path(p, &ops[q], side);
     }
   }
   free(opener);
+  free(first);
+  free(by_anchor);
   free(p->ops);
   p->ops = ops;
   p->nops = n;

@@ -11,16 +11,58 @@
 
 #include "passes.h"
 
-static void add_edge(ir_prog *p, int from, int to, int tensor, int hazard) {
-  if (from == to) return;
-  for (int i = 0; i < p->nedges; i++) {
-    ir_edge *e = &p->edges[i];
-    if (e->from == from && e->to == to && e->tensor == tensor) {
-      if (hazard < e->hazard) e->hazard = hazard; /* RAW is the strongest name */
-      return;
-    }
+/* The edges by (from, to, tensor), so that finding an edge again costs no
+ * scan: open addressing, a slot holds an edge index + 1, 0 when empty;
+ * at most half the slots are in use. */
+typedef struct edge_set {
+  int *slots;
+  int nslots;
+} edge_set;
+
+static size_t edge_hash(int from, int to, int tensor) {
+  uint64_t h = (uint64_t)(uint32_t)from * 0x9E3779B97F4A7C15ull;
+  h ^= (uint64_t)(uint32_t)to * 0xC2B2AE3D27D4EB4Full + (h >> 29);
+  h ^= (uint64_t)(uint32_t)tensor * 0x165667B19E3779F9ull + (h >> 31);
+  return (size_t)(h ^ (h >> 32));
+}
+
+/* The slot of the edge (from, to, tensor), or the empty slot where it
+ * goes. An earlier edge of the same key lies earlier along the probe
+ * sequence, so the first of duplicates is found, as a scan would. */
+static int *edge_slot(const ir_prog *p, const edge_set *s, int from, int to, int tensor) {
+  size_t mask = (size_t)s->nslots - 1, k = edge_hash(from, to, tensor) & mask;
+  for (; s->slots[k]; k = (k + 1) & mask) {
+    const ir_edge *e = &p->edges[s->slots[k] - 1];
+    if (e->from == from && e->to == to && e->tensor == tensor) break;
   }
-  ir_add_edge(p, &(ir_edge){from, to, tensor, hazard});
+  return &s->slots[k];
+}
+
+/* Room for the edges there are plus one, then every edge in index order. */
+static void edge_set_fit(const ir_prog *p, edge_set *s) {
+  if (2 * (p->nedges + 1) <= s->nslots) return;
+  int n = s->nslots ? s->nslots : 1024;
+  while (2 * (p->nedges + 1) > n) n *= 2;
+  free(s->slots);
+  s->slots = ir_xrealloc(NULL, (size_t)n * sizeof *s->slots);
+  memset(s->slots, 0, (size_t)n * sizeof *s->slots);
+  s->nslots = n;
+  for (int i = 0; i < p->nedges; i++) {
+    int *slot = edge_slot(p, s, p->edges[i].from, p->edges[i].to, p->edges[i].tensor);
+    if (!*slot) *slot = i + 1;
+  }
+}
+
+static void add_edge(ir_prog *p, edge_set *s, int from, int to, int tensor, int hazard) {
+  if (from == to) return;
+  edge_set_fit(p, s);
+  int *slot = edge_slot(p, s, from, to, tensor);
+  if (*slot) {
+    ir_edge *e = &p->edges[*slot - 1];
+    if (hazard < e->hazard) e->hazard = hazard; /* RAW is the strongest name */
+    return;
+  }
+  *slot = ir_add_edge(p, &(ir_edge){from, to, tensor, hazard}) + 1;
 }
 
 /* One operand's bytes of its tensor. */
@@ -74,7 +116,7 @@ static int64_t uncovered(const deps_access *r, const deps_access *const *w, int 
 /* Activations and outputs are dataflow values: each byte has one writer per
  * step, and a reader depends on every writer of the bytes it reads,
  * wherever the writer sits in the file. */
-static int dataflow_edges(ir_prog *p, const deps_access *acc, const int *first, dsl_diag *d) {
+static int dataflow_edges(ir_prog *p, edge_set *es, const deps_access *acc, const int *first, dsl_diag *d) {
   const deps_access **writes = ir_xrealloc(NULL, (size_t)(p->nops + 1) * sizeof *writes);
   int rc = 0;
   for (int t = 0; t < p->ntensors && !rc; t++) {
@@ -101,7 +143,7 @@ static int dataflow_edges(ir_prog *p, const deps_access *acc, const int *first, 
         rc = dsl_error(d, slot_pos(op, a->slot), "op '%s' reads '%s', which no op writes%s", op->path,
                        p->tensors[t].path, nw ? " in full" : "");
       for (int q = 0; q < nw && !rc; q++)
-        if (overlap(writes[q], a)) add_edge(p, writes[q]->op, a->op, t, PLAN_RAW);
+        if (overlap(writes[q], a)) add_edge(p, es, writes[q]->op, a->op, t, PLAN_RAW);
     }
   }
   free(writes);
@@ -110,7 +152,7 @@ static int dataflow_edges(ir_prog *p, const deps_access *acc, const int *first, 
 
 /* State is read-modify-write in program order: each access depends on
  * every earlier access to overlapping bytes that conflicts with it. */
-static void state_edges(ir_prog *p, const deps_access *acc, const int *first) {
+static void state_edges(ir_prog *p, edge_set *es, const deps_access *acc, const int *first) {
   for (int t = 0; t < p->ntensors; t++) {
     if (p->tensors[t].role != PLAN_STATE) continue;
     for (int k = first[t]; k < first[t + 1]; k++) {
@@ -122,42 +164,64 @@ static void state_edges(ir_prog *p, const deps_access *acc, const int *first) {
         const ir_op *bo = &p->ops[b->op];
         if (b->op == a->op || !overlap(a, b)) continue;
         int bw = ir_operand_writes(bo, b->slot), br = ir_operand_reads(bo, b->slot);
-        if (ar && bw) add_edge(p, b->op, a->op, t, PLAN_RAW);
-        else if (aw && bw) add_edge(p, b->op, a->op, t, PLAN_WAW);
-        else if (aw && br) add_edge(p, b->op, a->op, t, PLAN_WAR);
+        if (ar && bw) add_edge(p, es, b->op, a->op, t, PLAN_RAW);
+        else if (aw && bw) add_edge(p, es, b->op, a->op, t, PLAN_WAW);
+        else if (aw && br) add_edge(p, es, b->op, a->op, t, PLAN_WAR);
       }
     }
   }
 }
 
+/* Edge lists per op in CSR form, each in edge order: by source when
+ * by_from, else by destination; list[first[u] .. first[u+1]) holds edge
+ * indices. */
+static void edge_lists(const ir_prog *p, int by_from, int **out_first, int **out_list) {
+  int n = p->nops, *first = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *first);
+  int *fill = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *fill);
+  int *list = ir_xrealloc(NULL, (size_t)(p->nedges ? p->nedges : 1) * sizeof *list);
+  memset(first, 0, ((size_t)n + 1) * sizeof *first);
+  for (int i = 0; i < p->nedges; i++) first[(by_from ? p->edges[i].from : p->edges[i].to) + 1]++;
+  for (int u = 0; u < n; u++) first[u + 1] += first[u];
+  memcpy(fill, first, ((size_t)n + 1) * sizeof *fill);
+  for (int i = 0; i < p->nedges; i++) list[fill[by_from ? p->edges[i].from : p->edges[i].to]++] = i;
+  free(fill);
+  *out_first = first;
+  *out_list = list;
+}
+
 /* Kahn's algorithm; what remains holds a cycle, which we walk to report. */
 static int check_acyclic(ir_prog *p, dsl_diag *d) {
-  int n = p->nops, *indeg = calloc((size_t)n, sizeof *indeg), *queue = malloc((size_t)n * sizeof *queue);
+  int n = p->nops, *indeg = calloc((size_t)n + 1, sizeof *indeg), *queue = malloc(((size_t)n + 1) * sizeof *queue);
   if (!indeg || !queue) abort();
+  int *out_first, *out_edges;
+  edge_lists(p, 1, &out_first, &out_edges);
   for (int i = 0; i < p->nedges; i++) indeg[p->edges[i].to]++;
   int head = 0, tail = 0;
   for (int i = 0; i < n; i++)
     if (!indeg[i]) queue[tail++] = i;
   while (head < tail) {
     int u = queue[head++];
-    for (int i = 0; i < p->nedges; i++)
-      if (p->edges[i].from == u && --indeg[p->edges[i].to] == 0) queue[tail++] = p->edges[i].to;
+    for (int k = out_first[u]; k < out_first[u + 1]; k++)
+      if (--indeg[p->edges[out_edges[k]].to] == 0) queue[tail++] = p->edges[out_edges[k]].to;
   }
+  free(out_first);
+  free(out_edges);
   int rc = 0;
   if (tail < n) {
     /* Walk predecessors inside the remainder until an op repeats; the
      * walk from that op's first visit on is the cycle, backwards. */
     int *seen = calloc((size_t)n, sizeof *seen), *walk = malloc((size_t)(n + 1) * sizeof *walk);
-    int u = -1, len = 0;
+    int u = -1, len = 0, *in_first, *in_edges;
     if (!seen || !walk) abort();
+    edge_lists(p, 0, &in_first, &in_edges);
     for (int i = 0; i < n && u < 0; i++)
       if (indeg[i]) u = i;
     while (!seen[u]) {
       seen[u] = ++len;
       walk[len - 1] = u;
-      for (int i = 0; i < p->nedges; i++)
-        if (p->edges[i].to == u && indeg[p->edges[i].from]) {
-          u = p->edges[i].from;
+      for (int k = in_first[u]; k < in_first[u + 1]; k++)
+        if (indeg[p->edges[in_edges[k]].from]) {
+          u = p->edges[in_edges[k]].from;
           break;
         }
     }
@@ -169,6 +233,8 @@ static int check_acyclic(ir_prog *p, dsl_diag *d) {
     size_t m = strlen(chain);
     snprintf(chain + m, sizeof chain - m, "%s", p->ops[walk[len - 1]].path);
     rc = dsl_error(d, p->ops[u].pos, "dependency cycle: %s", chain);
+    free(in_first);
+    free(in_edges);
     free(walk);
     free(seen);
   }
@@ -180,8 +246,10 @@ static int check_acyclic(ir_prog *p, dsl_diag *d) {
 int pass_deps(ir_prog *p, dsl_diag *d) {
   int *first;
   deps_access *acc = collect_accesses(p, &first);
-  int rc = dataflow_edges(p, acc, first, d);
-  if (!rc) state_edges(p, acc, first);
+  edge_set es = {NULL, 0};
+  int rc = dataflow_edges(p, &es, acc, first, d);
+  if (!rc) state_edges(p, &es, acc, first);
+  free(es.slots);
   free(acc);
   free(first);
   return rc ? -1 : check_acyclic(p, d);

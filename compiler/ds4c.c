@@ -1,5 +1,6 @@
 /* ds4c.c - the compiler's command line. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "inspect.h"
@@ -7,19 +8,22 @@
 #include "plan.h"
 
 static const char usage[] =
-    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target LIST] [--dump-after PASS|all]\n"
+    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target LIST] [--dump-after PASS|all] [--no-cache]\n"
     "       ds4c inspect BUNDLE [--json]\n"
     "\n"
     "Compiles a model and a schedule description into BUNDLE/: plan.ds4p (the\n"
     "binary launch plan), plan.txt (its canonical text, for review) and\n"
     "kernels/ (generated kernel sources and the code objects built from them),\n"
     "then prints one line: the plan's launches, copies, records and waits, and\n"
-    "each device's arena.\n"
+    "each device's arena. A code object built before from the same sources by\n"
+    "the same toolchain is copied from the kernel cache (docs/GPU.md).\n"
     "\n"
     "  -o BUNDLE          output folder; replaced only when the compile succeeds\n"
     "  --target LIST      code object targets, comma-separated: host, gfx1201, gfx1151,\n"
     "                     gfx1100, gfx942, sm_90 (default: the schedule's devices' archs)\n"
     "  --dump-after PASS  print the IR after PASS (or after every pass: all) to stderr\n"
+    "  --no-cache         build every code object, neither reading nor filling the kernel\n"
+    "                     cache ($DS4C_CACHE, else $XDG_CACHE_HOME/ds4c, else ~/.cache/ds4c)\n"
     "\n"
     "passes: expand infer place copies deps order sync memplan verify\n"
     "\n"
@@ -60,12 +64,33 @@ static int report(const char *dir) {
   return 0;
 }
 
+/* The kernel cache's folder: $DS4C_CACHE, else $XDG_CACHE_HOME/ds4c, else
+ * ~/.cache/ds4c; NULL (no cache) when none is set. XDG_CACHE_HOME counts
+ * only when absolute, as the XDG base directory rules say. */
+static const char *default_cache_dir(char *buf, size_t n) {
+  const char *v = getenv("DS4C_CACHE");
+  if (v && *v) return v;
+  v = getenv("XDG_CACHE_HOME");
+  if (v && v[0] == '/') {
+    snprintf(buf, n, "%s/ds4c", v);
+    return buf;
+  }
+  v = getenv("HOME");
+  if (v && *v) {
+    snprintf(buf, n, "%s/.cache/ds4c", v);
+    return buf;
+  }
+  return NULL;
+}
+
 static int cmd_compile(int argc, char **argv) {
   ds4c_options o = {0};
   const char *pos[2];
-  int npos = 0;
+  int npos = 0, no_cache = 0;
+  char cache[4096];
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) o.out_dir = argv[++i];
+    else if (strcmp(argv[i], "--no-cache") == 0) no_cache = 1;
     else if (strcmp(argv[i], "--dump-after") == 0 && i + 1 < argc) o.dump_after = argv[++i];
     else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) o.targets = argv[++i];
     else if (argv[i][0] == '-') {
@@ -79,6 +104,7 @@ static int cmd_compile(int argc, char **argv) {
   if (!o.out_dir) return bad_usage("compile needs -o BUNDLE");
   o.model_path = pos[0];
   o.sched_path = pos[1];
+  o.cache_dir = no_cache ? NULL : default_cache_dir(cache, sizeof cache);
   dsl_diag d = {0};
   if (ds4c_compile(&o, &d)) {
     if (strncmp(d.msg, "error:", 6) == 0 || strstr(d.msg, ": error: ")) fprintf(stderr, "%s\n", d.msg);

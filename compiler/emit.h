@@ -43,6 +43,12 @@ extern const char *const emit_known_targets[];
  * missing toolchain is an error naming what to install. */
 int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_kernels *out,
                        dsl_diag *d);
+/* The same through the kernel cache in the folder cache_dir (made when
+ * missing; NULL: no cache): a code object whose target, toolchain and
+ * sources match an entry is copied from it instead of built, and one that
+ * is built is stored (docs/GPU.md, "The kernel cache"). */
+int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
+                              emit_kernels *out, dsl_diag *d);
 void emit_kernels_free(emit_kernels *k);
 
 /* Build the in-memory plan of a scheduled, verified IR (plan_free). */
@@ -63,5 +69,13 @@ int toolchain_build_amdgpu(const char *dir, const char *arch, const char *source
  * assembles it into CUBIN. */
 int toolchain_build_nvptx(const char *dir, const char *arch, const char *source, const char *ptx, const char *cubin,
                           dsl_diag *d);
+
+/* What builds TARGET's code object, as text for the kernel cache's key:
+ * each tool's and linker's resolved file with its size and modification
+ * time, what each tool's --version prints, and the command lines, with
+ * placeholders for the arch and the file names. The same for every target
+ * of one family (host, AMD, NVIDIA). Returns 0, or -1 when a tool cannot
+ * be found or run (then nothing is cached, and the build says why). */
+int toolchain_identity(const char *target, char **out_text);
 
 #endif

@@ -3,18 +3,21 @@
  * them into the bundle for inspection and build one code object per
  * target: kernels/host.so from one C file per kernel, kernels/<arch>.hsaco
  * (AMD) or kernels/<arch>.cubin (NVIDIA, with its .ptx kept) from one
- * translation unit, kernels/<arch>.hip, holding every kernel. */
+ * translation unit, kernels/<arch>.hip, holding every kernel. A code
+ * object built before from the same sources by the same toolchain comes
+ * from the kernel cache instead. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "emit.h"
 #include "sha256.h"
 
 const char *const emit_known_targets[] = {"host", "gfx1201", "gfx1151", "gfx1100", "gfx942", "sm_90", NULL};
 
-enum target_family { TARGET_HOST, TARGET_AMD, TARGET_NVIDIA };
+enum target_family { TARGET_HOST, TARGET_AMD, TARGET_NVIDIA, TARGET_NFAMILIES };
 
 static int target_family(const char *target) {
   if (strncmp(target, "gfx", 3) == 0) return TARGET_AMD;
@@ -142,9 +145,241 @@ static int generate(ir_prog *p, int need_host, int need_gpu, distinct **out_all,
   return 0;
 }
 
+/* ---- the kernel cache ----
+ * An entry holds the files of one code object (host.so; an .hsaco; a .ptx
+ * and its .cubin) under the sha256 of everything that decides their bytes:
+ * the target, the toolchain (toolchain_identity: tools, versions and
+ * command lines) and each source's name and bytes. Its file is
+ * CACHE/<key in hex>:
+ *   ds4c kernel cache 1\n
+ *   key <key in hex>\n
+ *   file <name> <bytes> <sha256 in hex>\n      one line per file
+ *   end\n
+ *   the files' bytes, back to back.
+ * An entry that does not parse, names another key or other files, or whose
+ * bytes do not match their sizes and hashes is never used: the code object
+ * is built and the entry written anew. An entry is written to a temporary
+ * file and renamed into place, so a reader sees a whole entry or none. A
+ * cache that cannot be read or written only costs the builds. */
+
+#define CACHE_MAGIC "ds4c kernel cache 1\n"
+#define CACHE_MAX_OUTPUTS 2
+
+/* One toolchain run in the bundle's kernels folder: the sources it reads
+ * and the files it writes, relative to that folder. */
+typedef struct code_build {
+  const char *kdir, *target;
+  char *const *inputs;
+  int ninputs;
+  const char *outputs[CACHE_MAX_OUTPUTS];
+  int noutputs;
+} code_build;
+
+typedef struct kernel_cache {
+  const char *dir;                  /* NULL: no cache */
+  char *identity[TARGET_NFAMILIES]; /* toolchain_identity, made on first use */
+  int unknown[TARGET_NFAMILIES];    /* the family's toolchain could not be described */
+} kernel_cache;
+
+static void cache_free(kernel_cache *c) {
+  for (int i = 0; i < TARGET_NFAMILIES; i++) free(c->identity[i]);
+}
+
+static void to_hex(const uint8_t h[32], char out[65]) {
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+/* The whole file, NUL-terminated (for parsing), in *out (free it). */
+static int read_whole(const char *path, char **out, size_t *out_len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  struct stat st;
+  if (fstat(fileno(f), &st) || st.st_size < 0) {
+    fclose(f);
+    return -1;
+  }
+  size_t n = (size_t)st.st_size;
+  char *buf = ir_xrealloc(NULL, n + 1);
+  int bad = fread(buf, 1, n, f) != n || fgetc(f) != EOF;
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return -1;
+  }
+  buf[n] = 0;
+  *out = buf;
+  *out_len = n;
+  return 0;
+}
+
+static int write_bytes(const char *path, const char *bytes, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return -1;
+  int bad = fwrite(bytes, 1, n, f) != n;
+  return fclose(f) || bad ? -1 : 0;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
+  for (char *c = buf + 1; *c; c++) {
+    if (*c != '/') continue;
+    *c = 0;
+    if (mkdir(buf, 0777) && errno != EEXIST) return -1;
+    *c = '/';
+  }
+  return mkdir(buf, 0777) && errno != EEXIST ? -1 : 0;
+}
+
+/* The entry's name: the sha256 of the target, its family's toolchain, the
+ * outputs' names and each input's name, length and bytes. -1 when the
+ * toolchain or an input cannot be read: then the build runs uncached. */
+static int cache_key(kernel_cache *c, const code_build *b, char key[65]) {
+  int fam = target_family(b->target);
+  if (!c->identity[fam] && !c->unknown[fam]) c->unknown[fam] = toolchain_identity(b->target, &c->identity[fam]) != 0;
+  if (c->unknown[fam]) return -1;
+  rt_sha256_ctx h;
+  rt_sha256_init(&h);
+  char line[4200];
+  snprintf(line, sizeof line, "%starget %s\n", CACHE_MAGIC, b->target);
+  rt_sha256_update(&h, line, strlen(line));
+  rt_sha256_update(&h, c->identity[fam], strlen(c->identity[fam]));
+  for (int i = 0; i < b->noutputs; i++) {
+    snprintf(line, sizeof line, "output %s\n", b->outputs[i]);
+    rt_sha256_update(&h, line, strlen(line));
+  }
+  for (int i = 0; i < b->ninputs; i++) {
+    char path[4096 + 256], *bytes;
+    size_t n;
+    snprintf(path, sizeof path, "%s/%s", b->kdir, b->inputs[i]);
+    if (read_whole(path, &bytes, &n)) return -1;
+    snprintf(line, sizeof line, "input %s %zu\n", b->inputs[i], n);
+    rt_sha256_update(&h, line, strlen(line));
+    rt_sha256_update(&h, bytes, n);
+    free(bytes);
+  }
+  uint8_t sum[32];
+  rt_sha256_final(&h, sum);
+  to_hex(sum, key);
+  return 0;
+}
+
+/* The next line of [*at, end), newline included, into line; 0 when there
+ * is none that fits. */
+static int next_line(const char **at, const char *end, char *line, size_t cap) {
+  const char *nl = memchr(*at, '\n', (size_t)(end - *at));
+  if (!nl || (size_t)(nl + 1 - *at) >= cap) return 0;
+  size_t n = (size_t)(nl + 1 - *at);
+  memcpy(line, *at, n);
+  line[n] = 0;
+  *at = nl + 1;
+  return 1;
+}
+
+/* Checks an entry against its key and the files asked for; on success,
+ * bytes[i] and len[i] point at output i's bytes inside buf. */
+static int entry_valid(const char *buf, size_t n, const char *key, const code_build *b,
+                       const char *bytes[CACHE_MAX_OUTPUTS], size_t len[CACHE_MAX_OUTPUTS]) {
+  const char *at = buf, *end = buf + n;
+  char line[512], expect[512], hex[CACHE_MAX_OUTPUTS][65];
+  snprintf(expect, sizeof expect, "key %s\n", key);
+  if (!next_line(&at, end, line, sizeof line) || strcmp(line, CACHE_MAGIC) != 0) return 0;
+  if (!next_line(&at, end, line, sizeof line) || strcmp(line, expect) != 0) return 0;
+  size_t total = 0;
+  for (int i = 0; i < b->noutputs; i++) {
+    char name[256];
+    /* Parsed, then printed again: only the canonical line is accepted. */
+    if (!next_line(&at, end, line, sizeof line) || sscanf(line, "file %255s %zu %64s", name, &len[i], hex[i]) != 3)
+      return 0;
+    snprintf(expect, sizeof expect, "file %s %zu %s\n", b->outputs[i], len[i], hex[i]);
+    if (strcmp(line, expect) != 0 || len[i] > n) return 0;
+    total += len[i];
+  }
+  if (!next_line(&at, end, line, sizeof line) || strcmp(line, "end\n") != 0 || (size_t)(end - at) != total) return 0;
+  for (int i = 0; i < b->noutputs; i++) {
+    uint8_t sum[32];
+    char got[65];
+    rt_sha256(at, len[i], sum);
+    to_hex(sum, got);
+    if (strcmp(got, hex[i]) != 0) return 0;
+    bytes[i] = at;
+    at += len[i];
+  }
+  return 1;
+}
+
+/* 1: the outputs were written from a valid entry; 0: there is none; -1:
+ * the bundle could not be written (d says where). */
+static int cache_fetch(const kernel_cache *c, const char *key, const code_build *b, dsl_diag *d) {
+  char path[4096 + 80], *buf;
+  size_t n;
+  snprintf(path, sizeof path, "%s/%s", c->dir, key);
+  if (read_whole(path, &buf, &n)) return 0;
+  const char *bytes[CACHE_MAX_OUTPUTS];
+  size_t len[CACHE_MAX_OUTPUTS];
+  int rc = entry_valid(buf, n, key, b, bytes, len);
+  for (int i = 0; i < b->noutputs && rc > 0; i++) {
+    snprintf(path, sizeof path, "%s/%s", b->kdir, b->outputs[i]);
+    if (write_bytes(path, bytes[i], len[i]))
+      rc = dsl_error(d, (dsl_pos){0}, "cannot write %s: %s", path, strerror(errno));
+  }
+  free(buf);
+  return rc;
+}
+
+/* Stores the outputs just built; a failure leaves the cache as it was. */
+static void cache_store(const kernel_cache *c, const char *key, const code_build *b) {
+  char *bytes[CACHE_MAX_OUTPUTS] = {NULL};
+  size_t len[CACHE_MAX_OUTPUTS];
+  char path[4096 + 256], tmp[4096 + 128];
+  int ok = make_dirs(c->dir) == 0;
+  for (int i = 0; i < b->noutputs && ok; i++) {
+    snprintf(path, sizeof path, "%s/%s", b->kdir, b->outputs[i]);
+    ok = read_whole(path, &bytes[i], &len[i]) == 0;
+  }
+  snprintf(tmp, sizeof tmp, "%s/%s.tmp-%ld", c->dir, key, (long)getpid());
+  FILE *f = ok ? fopen(tmp, "wb") : NULL;
+  if (f) {
+    fprintf(f, "%skey %s\n", CACHE_MAGIC, key);
+    for (int i = 0; i < b->noutputs; i++) {
+      uint8_t sum[32];
+      char hex[65];
+      rt_sha256(bytes[i], len[i], sum);
+      to_hex(sum, hex);
+      fprintf(f, "file %s %zu %s\n", b->outputs[i], len[i], hex);
+    }
+    fputs("end\n", f);
+    for (int i = 0; i < b->noutputs; i++) fwrite(bytes[i], 1, len[i], f);
+    int bad = ferror(f);
+    snprintf(path, sizeof path, "%s/%s", c->dir, key);
+    if (fclose(f) || bad || rename(tmp, path)) unlink(tmp);
+  }
+  for (int i = 0; i < b->noutputs; i++) free(bytes[i]);
+}
+
+static int run_toolchain(const code_build *b, dsl_diag *d) {
+  switch (target_family(b->target)) {
+    case TARGET_HOST: return toolchain_build_host(b->kdir, b->inputs, b->ninputs, b->outputs[0], d);
+    case TARGET_AMD: return toolchain_build_amdgpu(b->kdir, b->target, b->inputs[0], b->outputs[0], d);
+    default: return toolchain_build_nvptx(b->kdir, b->target, b->inputs[0], b->outputs[0], b->outputs[1], d);
+  }
+}
+
+/* From the cache when it holds a valid entry, else built and stored. */
+static int build_code_object(kernel_cache *c, const code_build *b, dsl_diag *d) {
+  char key[65];
+  if (!c->dir || cache_key(c, b, key)) return run_toolchain(b, d);
+  int hit = cache_fetch(c, key, b, d);
+  if (hit) return hit < 0 ? -1 : 0;
+  if (run_toolchain(b, d)) return -1;
+  cache_store(c, key, b);
+  return 0;
+}
+
 /* ---- code objects ---- */
 
-static int build_host(const char *dir, const distinct *all, int n, emit_codeobj *co, dsl_diag *d) {
+static int build_host(kernel_cache *c, const char *dir, const distinct *all, int n, emit_codeobj *co, dsl_diag *d) {
   char path[4096];
   snprintf(path, sizeof path, "%s/kernels/host", dir);
   if (mkdir(path, 0777)) return dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", path, strerror(errno));
@@ -158,7 +393,8 @@ static int build_host(const char *dir, const distinct *all, int n, emit_codeobj 
     if (!rc) rc = write_file(path, all[j].host.source, d);
   }
   snprintf(path, sizeof path, "%s/kernels", dir);
-  if (!rc) rc = toolchain_build_host(path, sources, n, "host.so", d);
+  code_build b = {path, "host", sources, n, {"host.so"}, 1};
+  if (!rc) rc = build_code_object(c, &b, d);
   for (int j = 0; j < n; j++) free(sources[j]);
   free(sources);
   co->path = ir_strdup("kernels/host.so");
@@ -186,21 +422,20 @@ static int write_gpu_unit(const char *path, const char *target, const distinct *
   return 0;
 }
 
-static int build_gpu(const char *dir, const char *target, const distinct *all, int n, emit_codeobj *co, dsl_diag *d) {
+static int build_gpu(kernel_cache *c, const char *dir, const char *target, const distinct *all, int n,
+                     emit_codeobj *co, dsl_diag *d) {
   char kdir[4096], unit[64], obj[64], ptx[64], path[4096 + 128];
   snprintf(kdir, sizeof kdir, "%s/kernels", dir);
   snprintf(unit, sizeof unit, "%s.hip", target);
   snprintf(path, sizeof path, "%s/%s", kdir, unit);
   if (write_gpu_unit(path, target, all, n, d)) return -1;
-  int rc;
-  if (target_family(target) == TARGET_AMD) {
-    snprintf(obj, sizeof obj, "%s.hsaco", target);
-    rc = toolchain_build_amdgpu(kdir, target, unit, obj, d);
-  } else {
-    snprintf(obj, sizeof obj, "%s.cubin", target);
-    snprintf(ptx, sizeof ptx, "%s.ptx", target);
-    rc = toolchain_build_nvptx(kdir, target, unit, ptx, obj, d);
-  }
+  int amd = target_family(target) == TARGET_AMD;
+  snprintf(obj, sizeof obj, "%s.%s", target, amd ? "hsaco" : "cubin");
+  snprintf(ptx, sizeof ptx, "%s.ptx", target);
+  char *inputs[] = {unit};
+  code_build b = amd ? (code_build){kdir, target, inputs, 1, {obj}, 1}
+                     : (code_build){kdir, target, inputs, 1, {ptx, obj}, 2}; /* the .ptx is kept */
+  int rc = build_code_object(c, &b, d);
   size_t len = strlen(obj) + 9;
   co->path = ir_xrealloc(NULL, len);
   snprintf(co->path, len, "kernels/%s", obj);
@@ -210,6 +445,11 @@ static int build_gpu(const char *dir, const char *target, const distinct *all, i
 
 int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_kernels *out,
                        dsl_diag *d) {
+  return emit_kernels_build_cached(p, dir, targets, ntargets, NULL, out, d);
+}
+
+int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
+                              emit_kernels *out, dsl_diag *d) {
   memset(out, 0, sizeof *out);
   if (check_targets(targets, ntargets, d)) return -1;
   int need_host = 0, need_gpu = 0;
@@ -235,15 +475,17 @@ int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int nt
   int rc = 0;
   if (mkdir(path, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", path, strerror(errno));
   out->codeobjs = ir_xrealloc(NULL, (size_t)ntargets * sizeof *out->codeobjs);
+  kernel_cache cache = {cache_dir, {NULL}, {0}};
   for (int t = 0; t < ntargets && !rc; t++) {
     emit_codeobj *co = &out->codeobjs[out->ncodeobjs++];
     memset(co, 0, sizeof *co);
     co->target = ir_strdup(targets[t]);
     if (target_family(targets[t]) == TARGET_HOST)
-      rc = build_host(dir, all, n, co, d);
+      rc = build_host(&cache, dir, all, n, co, d);
     else
-      rc = build_gpu(dir, targets[t], all, n, co, d);
+      rc = build_gpu(&cache, dir, targets[t], all, n, co, d);
   }
+  cache_free(&cache);
   distinct_free(all, n);
   return rc ? -1 : 0;
 }

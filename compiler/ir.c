@@ -46,6 +46,7 @@ void ir_prog_free(ir_prog *p) {
     free(p->tensors[i].rows);
   }
   free(p->tensors);
+  free(p->tensor_slots);
   for (int i = 0; i < p->nops; i++) {
     free(p->ops[i].path);
     free(p->ops[i].expert_row);
@@ -72,9 +73,40 @@ void ir_prog_free(ir_prog *p) {
     }                                                             \
   } while (0)
 
+/* FNV-1a, 64 bits. */
+static uint64_t path_hash(const char *s) {
+  uint64_t h = 14695981039346656037ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* Puts tensor t in the first free slot of its probe sequence: the
+ * tensors of one path lie along it in index order, so a lookup meets the
+ * first of them first, as a scan from 0 would. */
+static void index_put(int *slots, int nslots, const ir_tensor *tensors, int t) {
+  size_t k = (size_t)(path_hash(tensors[t].path) & (uint64_t)(nslots - 1));
+  while (slots[k]) k = (k + 1) & (size_t)(nslots - 1);
+  slots[k] = t + 1;
+}
+
+/* Indexes the tensor just added, at most half the slots in use. */
+static void index_add(ir_prog *p, int t) {
+  if (2 * (p->nindexed + 1) > p->ntensor_slots) {
+    int n = p->ntensor_slots ? 2 * p->ntensor_slots : 256;
+    free(p->tensor_slots);
+    p->tensor_slots = ir_xrealloc(NULL, (size_t)n * sizeof *p->tensor_slots);
+    memset(p->tensor_slots, 0, (size_t)n * sizeof *p->tensor_slots);
+    p->ntensor_slots = n;
+    for (int i = 0; i < p->nindexed; i++) index_put(p->tensor_slots, n, p->tensors, i);
+  }
+  index_put(p->tensor_slots, p->ntensor_slots, p->tensors, t);
+  p->nindexed++;
+}
+
 int ir_add_tensor(ir_prog *p, const ir_tensor *t) {
   IR_GROW(p->tensors, p->ntensors, p->captensors);
   p->tensors[p->ntensors] = *t;
+  if (p->nindexed == p->ntensors) index_add(p, p->ntensors);
   return p->ntensors++;
 }
 
@@ -97,8 +129,15 @@ int ir_add_cmd(ir_prog *p, const ir_cmd *c) {
 }
 
 int ir_find_tensor(const ir_prog *p, const char *path) {
-  for (int i = 0; i < p->ntensors; i++)
-    if (strcmp(p->tensors[i].path, path) == 0) return i;
+  if (p->nindexed != p->ntensors) {
+    for (int i = 0; i < p->ntensors; i++)
+      if (strcmp(p->tensors[i].path, path) == 0) return i;
+    return -1;
+  }
+  if (!p->ntensor_slots) return -1;
+  size_t mask = (size_t)p->ntensor_slots - 1;
+  for (size_t k = (size_t)(path_hash(path) & mask); p->tensor_slots[k]; k = (k + 1) & mask)
+    if (strcmp(p->tensors[p->tensor_slots[k] - 1].path, path) == 0) return p->tensor_slots[k] - 1;
   return -1;
 }
 

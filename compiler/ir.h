@@ -131,6 +131,11 @@ typedef struct ir_prog {
   char *model_name, *sched_name;
   ir_param *params; int nparams;
   ir_tensor *tensors; int ntensors, captensors;
+  /* ir_find_tensor's index of the tensors ir_add_tensor added (a path
+   * never changes once added): open addressing, a slot holds a tensor
+   * index + 1, 0 when empty. It covers tensors [0, nindexed); a prog
+   * whose tensors were filled in otherwise is searched in full. */
+  int *tensor_slots; int ntensor_slots, nindexed;
   ir_op *ops; int nops, capops;
   ir_edge *edges; int nedges, capedges;
   ir_device *devices; int ndevices;

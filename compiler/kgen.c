@@ -435,15 +435,17 @@ static double kgen_yarn_dim(double beta, int64_t r, double base, double orig)
 }
 
 /* The inverse frequency of rotated pair i of a rope op with rope_dim r, as
- * both targets' kernels get it (INV_FREQ). Without YaRN: theta^(-2i/r), the
- * powf the host kernels used to make at run time. With YaRN: DS4-MATH §3.2
+ * both targets' kernels get it (INV_FREQ). Without YaRN: 1 / theta^(2i/r),
+ * in f32 in that order, as HF's default rope computes its fp32 table
+ * (powf(theta, -2i/r) differs from it by an ulp in 10 of the 32 pairs at
+ * r = 64, enough to move the angle by 1e-3 at position 65535). With YaRN: DS4-MATH §3.2
  * in the order of HF's _compute_yarn_parameters (the ramp ends in double,
  * the rest in f32), so the table matches HF's fp32 one. */
 static float kgen_rope_freq(const ir_op *op, int64_t r, int64_t i)
 {
   float theta = (float)op->fattr[2], factor = (float)op->fattr[4];
   if (factor == 0.0f)
-    return powf(theta, -(float)(2 * i) / (float)r);
+    return 1.0f / powf(theta, (float)(2 * i) / (float)r);
   double lo = fmax(floor(kgen_yarn_dim(op->fattr[6], r, op->fattr[2], op->fattr[5])), 0.0);
   double hi = fmin(ceil(kgen_yarn_dim(op->fattr[7], r, op->fattr[2], op->fattr[5])), (double)(r - 1));
   if (hi == lo)

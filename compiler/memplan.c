@@ -45,32 +45,69 @@ typedef struct mp_reach {
   uint64_t *bits;
 } mp_reach;
 
-static int reaches(const mp_reach *r, int u, int v) { return (int)(r->bits[(size_t)u * r->words + (size_t)v / 64] >> (v % 64) & 1); }
-
 static void reach_build(const ir_prog *p, mp_reach *r) {
   int n = p->nops;
   r->words = ((size_t)n + 63) / 64;
   r->bits = ir_xrealloc(NULL, (size_t)(n ? n : 1) * r->words * sizeof *r->bits);
   memset(r->bits, 0, (size_t)(n ? n : 1) * r->words * sizeof *r->bits);
+  /* Successor lists (CSR: succ[first[u] .. first[u+1])). */
+  int *first = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *first);
+  int *fill = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *fill);
+  int *succ = ir_xrealloc(NULL, (size_t)(p->nedges ? p->nedges : 1) * sizeof *succ);
+  memset(first, 0, ((size_t)n + 1) * sizeof *first);
+  for (int i = 0; i < p->nedges; i++) first[p->edges[i].from + 1]++;
+  for (int u = 0; u < n; u++) first[u + 1] += first[u];
+  memcpy(fill, first, ((size_t)n + 1) * sizeof *fill);
+  for (int i = 0; i < p->nedges; i++) succ[fill[p->edges[i].from]++] = p->edges[i].to;
+  free(fill);
   /* The submission order is topological: fill rows from its end. */
   for (int k = n - 1; k >= 0; k--) {
     int u = p->order[k];
     uint64_t *row = &r->bits[(size_t)u * r->words];
-    for (int i = 0; i < p->nedges; i++) {
-      if (p->edges[i].from != u) continue;
-      int v = p->edges[i].to;
+    for (int i = first[u]; i < first[u + 1]; i++) {
+      int v = succ[i];
       const uint64_t *vrow = &r->bits[(size_t)v * r->words];
       row[v / 64] |= 1ull << (v % 64);
       for (size_t w = 0; w < r->words; w++) row[w] |= vrow[w];
     }
   }
+  free(first);
+  free(succ);
 }
 
-/* Every access to a is ordered before every access to b by dependencies. */
-static int all_before(const mp_reach *r, const ir_accesses *acc, int a, int b) {
-  for (int i = acc->first[a]; i < acc->first[a + 1]; i++)
-    for (int j = acc->first[b]; j < acc->first[b + 1]; j++)
-      if (!reaches(r, acc->ops[i], acc->ops[j])) return 0;
+/* after: for each activation t, the ops that every access to t reaches
+ * (the AND of its accessing ops' rows of reach), bit v of row row[t]; so
+ * that whether every access to a reaches every access to b costs one bit
+ * per access to b. row[t] is -1 for other tensors. */
+typedef struct mp_after {
+  size_t words;
+  int *row;
+  uint64_t *bits;
+} mp_after;
+
+static void after_build(const ir_prog *p, const mp_reach *r, const ir_accesses *acc, mp_after *a) {
+  int nrows = 0;
+  a->words = r->words;
+  a->row = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *a->row);
+  for (int t = 0; t < p->ntensors; t++) a->row[t] = p->tensors[t].role == PLAN_ACTIVATION ? nrows++ : -1;
+  a->bits = ir_xrealloc(NULL, (size_t)(nrows ? nrows : 1) * a->words * sizeof *a->bits);
+  memset(a->bits, 0xff, (size_t)(nrows ? nrows : 1) * a->words * sizeof *a->bits);
+  for (int t = 0; t < p->ntensors; t++) {
+    if (a->row[t] < 0) continue;
+    uint64_t *row = &a->bits[(size_t)a->row[t] * a->words];
+    for (int i = acc->first[t]; i < acc->first[t + 1]; i++) {
+      const uint64_t *from = &r->bits[(size_t)acc->ops[i] * r->words];
+      for (size_t w = 0; w < a->words; w++) row[w] &= from[w];
+    }
+  }
+}
+
+/* Every access to activation a is ordered before every access to b by
+ * dependencies. */
+static int all_before(const mp_after *after, const ir_accesses *acc, int a, int b) {
+  const uint64_t *row = &after->bits[(size_t)after->row[a] * after->words];
+  for (int j = acc->first[b]; j < acc->first[b + 1]; j++)
+    if (!(row[acc->ops[j] / 64] >> (acc->ops[j] % 64) & 1)) return 0;
   return 1;
 }
 
@@ -78,7 +115,7 @@ static int all_before(const mp_reach *r, const ir_accesses *acc, int a, int b) {
  * accesses. Every such pair is ordered by happens-before in any plan sync
  * can emit (verify proves the edges honoured), so the memory plan does
  * not depend on the order, the streams or the hints. */
-static int may_share(const ir_prog *p, const mp_reach *r, const ir_accesses *acc, int a, int b) {
+static int may_share(const ir_prog *p, const mp_after *r, const ir_accesses *acc, int a, int b) {
   if (p->tensors[a].role != PLAN_ACTIVATION || p->tensors[b].role != PLAN_ACTIVATION) return 0;
   return all_before(r, acc, a, b) || all_before(r, acc, b, a);
 }
@@ -93,7 +130,7 @@ static int cmp_size_desc(const void *x, const void *y, void *ctx) {
 static int64_t align_up(int64_t v) { return (v + MEMPLAN_ALIGN - 1) & ~(int64_t)(MEMPLAN_ALIGN - 1); }
 
 /* Lays out one device's arena; returns its size. */
-static int64_t layout_device(ir_prog *p, int dev, const mp_reach *r, const ir_accesses *acc, int *list, int *placed) {
+static int64_t layout_device(ir_prog *p, int dev, const mp_after *r, const ir_accesses *acc, int *list, int *placed) {
   /* Persistent tensors first, in path order, each its own bytes. */
   int64_t top = 0;
   int n = 0;
@@ -108,26 +145,27 @@ static int64_t layout_device(ir_prog *p, int dev, const mp_reach *r, const ir_ac
     top = align_up(top + x->bytes);
   }
   /* Activations, largest first, at the lowest offset free of every placed
-   * activation it may not share with. */
+   * activation it may not share with. Offsets are aligned, so one sweep
+   * over the placed ones by offset finds it: a conflict overlapping the
+   * candidate moves it past its end, and no aligned offset it passes
+   * over is free of that conflict. */
   qsort_r(list, (size_t)n, sizeof *list, cmp_size_desc, p);
-  int nplaced = 0;
+  int nplaced = 0; /* placed[0 .. nplaced), by offset */
   int64_t end = top;
   for (int i = 0; i < n; i++) {
     ir_tensor *x = &p->tensors[list[i]];
     int64_t off = top;
-    for (int moved = 1; moved;) {
-      moved = 0;
-      for (int j = 0; j < nplaced; j++) {
-        const ir_tensor *y = &p->tensors[placed[j]];
-        int overlap = off < y->offset + y->bytes && y->offset < off + x->bytes;
-        if (overlap && !may_share(p, r, acc, list[i], placed[j])) {
-          off = align_up(y->offset + y->bytes);
-          moved = 1;
-        }
-      }
+    for (int j = 0; j < nplaced; j++) {
+      const ir_tensor *y = &p->tensors[placed[j]];
+      if (y->offset >= off + x->bytes) break; /* and every later one */
+      if (off < y->offset + y->bytes && !may_share(p, r, acc, list[i], placed[j])) off = align_up(y->offset + y->bytes);
     }
     x->offset = off;
-    placed[nplaced++] = list[i];
+    int at = nplaced;
+    while (at > 0 && p->tensors[placed[at - 1]].offset > off) at--;
+    memmove(&placed[at + 1], &placed[at], (size_t)(nplaced - at) * sizeof *placed);
+    placed[at] = list[i];
+    nplaced++;
     if (align_up(off + x->bytes) > end) end = align_up(off + x->bytes);
   }
   return end;
@@ -135,9 +173,12 @@ static int64_t layout_device(ir_prog *p, int dev, const mp_reach *r, const ir_ac
 
 int pass_memplan(ir_prog *p, dsl_diag *d) {
   ir_accesses acc;
-  mp_reach r;
+  mp_reach reach;
+  mp_after r;
   ir_accesses_build(p, &acc);
-  reach_build(p, &r);
+  reach_build(p, &reach);
+  after_build(p, &reach, &acc, &r);
+  free(reach.bits);
   int *list = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *list);
   int *placed = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *placed);
   int rc = 0;
@@ -152,6 +193,7 @@ int pass_memplan(ir_prog *p, dsl_diag *d) {
   }
   free(list);
   free(placed);
+  free(r.row);
   free(r.bits);
   ir_accesses_free(&acc);
   return rc ? -1 : 0;

@@ -22,7 +22,33 @@ static double elems(const ir_tensor *t) {
   return n;
 }
 
-/* Floating-point work of one op, from its shapes (docs/OPS.md). */
+/* ceil(a / b) for whole a and b > 0. */
+static double ceil_div(double a, double b) { return b > 0 ? (double)(int64_t)((a + b - 1) / b) : a; }
+
+static double min2(double a, double b) { return a < b ? a : b; }
+
+/* Rows along dim 0 that an operand covers. */
+static double operand_rows(const ir_prog *p, const ir_op *op, int slot) {
+  return (double)ir_operand_view(p, op, slot).dim[0];
+}
+
+/* Keys a sink_attention query attends over beyond its window: none
+ * (select 0), every closed window, at most E (select 1), or its K
+ * selected ones, at most E (select 2). */
+static double sink_entry_keys(const ir_prog *p, const ir_op *op) {
+  double E = operand_rows(p, op, 2), K = (double)p->tensors[op->in[3]].dim[1];
+  return op->iattr[3] == 0 ? 0 : op->iattr[3] == 1 ? E : min2(K, E);
+}
+
+/* Floating-point work of one op, from its shapes and attrs (docs/OPS.md),
+ * for the worst case a step allows (every window closed, max_seq keys).
+ * Integer work (comparisons, counts) counts as flops too: the profile's
+ * rate stands for the device's arithmetic. The kinds not named here do a
+ * few operations per output element (the default: 4), so their bytes
+ * decide their time on every profile: rmsnorm and rmsnorm_groups (square,
+ * sum, scale), rope (a rotation of 6 flops per pair, and its sin and cos,
+ * over the rope_dim channels only), add, moe_combine, hash_route (a table
+ * lookup and a score per slot), argmax, embed, cache_write. */
 static double op_flops(const ir_prog *p, const ir_op *op) {
   const ir_tensor *in0 = &p->tensors[op->in[0]], *out0 = &p->tensors[op->out[0]];
   switch (op->kind) {
@@ -30,7 +56,78 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
     case IR_OP_MOE_EXPERTS: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[2]].dim[1];
     case IR_OP_SWIGLU_FFN: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[1]].dim[0];
     case IR_OP_ATTENTION: return 4.0 * elems(out0) * (double)p->max_seq;
+    /* Each output sees its group's Kg inputs (w is [G·Ng, Kg]). */
+    case IR_OP_GROUP_MATMUL: return 2.0 * elems(out0) * (double)p->tensors[op->in[1]].dim[1];
+    /* Per query and head, q·k and p·k (2d each) for the W window keys and
+     * the entry keys. */
+    case IR_OP_SINK_ATTENTION: return 4.0 * elems(out0) * ((double)op->iattr[1] + sink_entry_keys(p, op));
+    /* Per query, window and head: a dot of d (q is [T, nh·d]), relu and
+     * the head's weight. */
+    case IR_OP_INDEX_SCORES: return 2.0 * elems(out0) * ((double)in0->dim[1] + (double)op->iattr[0]);
+    /* Per query: 32 counting passes of the bitwise search over the N
+     * scores, two more to take the winners, and K·K to order them. */
+    case IR_OP_INDEX_SELECT: {
+      double T = (double)in0->dim[0], N = (double)in0->dim[1], K = (double)op->iattr[0];
+      return T * (34.0 * N + K * K);
+    }
+    /* Per token: the (2+N)·N mixes of the N·D stream (fn is [(2+N)·N,
+     * N·D]), the norm and the weighted sum of the N streams; Sinkhorn's
+     * N×N iterations are noise. hc_head has N mixes (fn is [N, N·D]). */
+    case IR_OP_HC_PRE:
+    case IR_OP_HC_HEAD: {
+      const ir_tensor *fn = &p->tensors[op->in[1]];
+      return 2.0 * (double)in0->dim[0] * (double)fn->dim[0] * (double)fn->dim[1] + 4.0 * elems(in0);
+    }
+    /* Per output element: post·y and the N-term mix of the streams. */
+    case IR_OP_HC_POST: return elems(out0) * (2.0 + 2.0 * (double)p->tensors[op->in[1]].dim[1]);
+    /* Per token and expert: the score sqrt(softplus(z)) (an exp, a log
+     * and a sqrt, ~20 flops) and k selection scans. */
+    case IR_OP_SCORE_ROUTE: return elems(in0) * (20.0 + (double)op->iattr[0]);
+    /* Per closed window (at most ceil(T / m) a step) and channel: a
+     * softmax over its (1+overlap)·m slots (bias, exp, two sums, ~8 flops
+     * a slot), then the norm and the rotation. */
+    case IR_OP_COMPRESS_POOL: {
+      double m = (double)op->iattr[0], windows = min2(operand_rows(p, op, 4), ceil_div(p->tokens, m));
+      return windows * (double)out0->dim[1] * (8.0 * (1.0 + (double)op->iattr[3]) * m + 8.0);
+    }
+    /* Copies of the step's rows. */
+    case IR_OP_WINDOW_WRITE:
+    case IR_OP_COMPRESS_STORE: return 0;
+    case IR_OP_SUM_PARTS: return ((double)op->iattr[0] - 1.0) * elems(out0);
     default: return 4.0 * elems(out0);
+  }
+}
+
+/* Bytes an operand moves: its range, except where a kind touches less of
+ * it (docs/OPS.md), which matters for the states sized for max_seq:
+ *   window_write and compress_store write the step's T rows of a ring;
+ *   compress_pool writes the entries of the windows that close in the
+ *     step, at most ceil(T / ratio) rows;
+ *   sink_attention reads W + T - 1 rows of its ring at most, of its
+ *     entries none (select 0), every closed window (select 1) or the
+ *     selected ones, T·K rows at most (select 2), and sel only with
+ *     select 2. */
+static double operand_bytes(const ir_prog *p, const ir_op *op, int slot) {
+  int64_t off, len;
+  ir_operand_range(p, op, slot, &off, &len);
+  double rows = operand_rows(p, op, slot), row = rows > 0 ? (double)len / rows : 0, T;
+  switch (op->kind) {
+    case IR_OP_WINDOW_WRITE:
+    case IR_OP_COMPRESS_STORE:
+      T = operand_rows(p, op, 0);
+      return slot >= op->nin ? min2(rows, T) * row : (double)len;
+    case IR_OP_COMPRESS_POOL:
+      return slot >= op->nin ? min2(rows, ceil_div(p->tokens, (double)op->iattr[0])) * row : (double)len;
+    case IR_OP_SINK_ATTENTION:
+      T = operand_rows(p, op, 0);
+      if (slot == 1) return min2(rows, (double)op->iattr[1] + T - 1.0) * row;
+      if (slot == 2) {
+        double read = op->iattr[3] == 2 ? T * (double)p->tensors[op->in[3]].dim[1] : sink_entry_keys(p, op);
+        return min2(rows, read) * row;
+      }
+      if (slot == 3) return op->iattr[3] == 2 ? (double)len : 0;
+      return (double)len;
+    default: return (double)len;
   }
 }
 
@@ -51,11 +148,7 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
     }
     return dv->launch * op->nout + bytes / bw;
   }
-  for (int i = 0; i < op->nin + op->nout; i++) {
-    int64_t off, len;
-    ir_operand_range(p, op, i, &off, &len);
-    bytes += (double)len;
-  }
+  for (int i = 0; i < op->nin + op->nout; i++) bytes += operand_bytes(p, op, i);
   double t_mem = bytes / dv->bandwidth, t_math = op_flops(p, op) / dv->flops;
   return dv->launch + (t_mem > t_math ? t_mem : t_math);
 }
@@ -164,12 +257,49 @@ static void upward_ranks(const ir_prog *p, const int *sfirst, const int *succ, d
 }
 
 /* Does candidate a go before b: submit_first, then priority, then the
- * critical path (upward rank), then the earlier op. */
+ * critical path (upward rank), then the earlier op. A strict total order,
+ * so the best of any set of candidates is one op. */
 static int better(const order_hint *h, const double *rank, int a, int b) {
   if (h[a].first != h[b].first) return h[a].first > h[b].first;
   if (h[a].priority != h[b].priority) return h[a].priority > h[b].priority;
   if (rank[a] != rank[b]) return rank[a] > rank[b];
   return a < b;
+}
+
+/* A binary heap of ops: the top is the one that `before` puts first. The
+ * scheduler keeps its candidates in two: those still waiting for their
+ * inputs to resolve, earliest resolved on top, and those ready, best on
+ * top, so each step costs a logarithm, not a scan of every op. */
+typedef struct op_heap {
+  int *ops, n;
+  const order_hint *h;
+  const double *rank;     /* the ready heap: by `better` */
+  const double *resolved; /* the waiting heap: earliest first */
+} op_heap;
+
+static int before(const op_heap *q, int a, int b) {
+  if (q->resolved) return q->resolved[a] < q->resolved[b];
+  return better(q->h, q->rank, a, b);
+}
+
+static void heap_push(op_heap *q, int u) {
+  int k = q->n++;
+  for (; k > 0 && before(q, u, q->ops[(k - 1) / 2]); k = (k - 1) / 2) q->ops[k] = q->ops[(k - 1) / 2];
+  q->ops[k] = u;
+}
+
+static int heap_pop(op_heap *q) {
+  int top = q->ops[0], last = q->ops[--q->n], k = 0;
+  for (;;) {
+    int c = 2 * k + 1;
+    if (c >= q->n) break;
+    if (c + 1 < q->n && before(q, q->ops[c + 1], q->ops[c])) c++;
+    if (!before(q, q->ops[c], last)) break;
+    q->ops[k] = q->ops[c];
+    k = c;
+  }
+  if (q->n) q->ops[k] = last;
+  return top;
 }
 
 int pass_order(ir_prog *p, dsl_diag *d) {
@@ -185,13 +315,11 @@ int pass_order(ir_prog *p, dsl_diag *d) {
   double *resolved = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *resolved);
   double *stream_free = ir_xrealloc(NULL, (size_t)p->nstreams * sizeof *stream_free);
   int *waiting = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *waiting); /* unissued predecessors */
-  int *done = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *done);
   successors(p, &sfirst, &succ);
   predecessors(p, &pfirst, &pred);
   for (int i = 0; i < n; i++) {
     p->ops[i].cost = op_cost(p, &p->ops[i]);
     waiting[i] = pfirst[i + 1] - pfirst[i];
-    done[i] = 0;
     resolved[i] = 0;
   }
   for (int s = 0; s < p->nstreams; s++) stream_free[s] = 0;
@@ -204,23 +332,19 @@ int pass_order(ir_prog *p, dsl_diag *d) {
    * candidates ready then, the best goes next; it starts when its stream
    * is free and its inputs are finished (a staged consumer holds its
    * stream while it waits). submit_first ops are ready as soon as they
-   * are candidates. */
+   * are candidates. A candidate's resolve time is final, since all its
+   * predecessors are issued: it waits in `pending` until the clock
+   * reaches it, then joins `ready`. */
+  op_heap pending = {ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof(int)), 0, h, rank, resolved};
+  op_heap ready = {ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof(int)), 0, h, rank, NULL};
+  for (int u = 0; u < n; u++)
+    if (!waiting[u]) heap_push(h[u].first ? &ready : &pending, u);
   double now = 0;
   p->order = ir_xrealloc(p->order, (size_t)(n ? n : 1) * sizeof *p->order);
   for (int k = 0; k < n; k++) {
-    double t = -1;
-    for (int u = 0; u < n; u++) {
-      if (done[u] || waiting[u]) continue;
-      double r = h[u].first ? now : resolved[u];
-      if (t < 0 || r < t) t = r;
-    }
-    if (t > now) now = t;
-    int best = -1;
-    for (int u = 0; u < n; u++) {
-      if (done[u] || waiting[u]) continue;
-      double r = h[u].first ? now : resolved[u];
-      if (r <= now && (best < 0 || better(h, rank, u, best))) best = u;
-    }
+    if (!ready.n && pending.n && resolved[pending.ops[0]] > now) now = resolved[pending.ops[0]];
+    while (pending.n && resolved[pending.ops[0]] <= now) heap_push(&ready, heap_pop(&pending));
+    int best = heap_pop(&ready);
     ir_op *op = &p->ops[best];
     double start = now > stream_free[op->stream] ? now : stream_free[op->stream];
     for (int j = pfirst[best]; j < pfirst[best + 1]; j++)
@@ -228,16 +352,17 @@ int pass_order(ir_prog *p, dsl_diag *d) {
     issued_at[best] = now;
     finish[best] = start + op->cost;
     stream_free[op->stream] = finish[best];
-    done[best] = 1;
     p->order[k] = best;
     op->rank = k;
     for (int j = sfirst[best]; j < sfirst[best + 1]; j++) {
       int v = succ[j];
       double r = h[best].early ? issued_at[best] : finish[best];
       if (r > resolved[v]) resolved[v] = r;
-      waiting[v]--;
+      if (--waiting[v] == 0) heap_push(h[v].first ? &ready : &pending, v);
     }
   }
+  free(pending.ops);
+  free(ready.ops);
   free(h);
   free(rank);
   free(issued_at);
@@ -245,7 +370,6 @@ int pass_order(ir_prog *p, dsl_diag *d) {
   free(resolved);
   free(stream_free);
   free(waiting);
-  free(done);
   free(sfirst);
   free(succ);
   free(pfirst);

@@ -146,14 +146,14 @@ static int resolve_targets(const ir_prog *p, const char *asked, target_list *t, 
   return 0;
 }
 
-static int emit_bundle(ir_prog *p, const char *dir, const char *asked, dsl_diag *d) {
+static int emit_bundle(ir_prog *p, const char *dir, const ds4c_options *o, dsl_diag *d) {
   target_list t;
-  if (resolve_targets(p, asked, &t, d)) {
+  if (resolve_targets(p, o->targets, &t, d)) {
     targets_free(&t);
     return -1;
   }
   emit_kernels k;
-  int rc = emit_kernels_build(p, dir, t.names, t.n, &k, d);
+  int rc = emit_kernels_build_cached(p, dir, t.names, t.n, o->cache_dir, &k, d);
   targets_free(&t);
   if (!rc) {
     plan pl;
@@ -204,7 +204,7 @@ int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
   remove_tree(stage);
   int rc = make_parents(o->out_dir, d);
   if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
-  if (!rc) rc = emit_bundle(p, stage, o->targets, d);
+  if (!rc) rc = emit_bundle(p, stage, o, d);
   ds4c_prog_free(p);
   if (!rc) {
     struct stat sb;

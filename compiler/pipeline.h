@@ -12,6 +12,7 @@ typedef struct ds4c_options {
   const char *targets;    /* comma-separated code object targets; NULL: the devices' archs */
   const char *dump_after; /* a pass name, or "all"; NULL for none */
   FILE *dump;             /* where dumps go (stderr when NULL) */
+  const char *cache_dir;  /* the kernel cache's folder; NULL: build every code object */
 } ds4c_options;
 
 /* Load, run every pass through verify; *out_prog owns the descriptions. */

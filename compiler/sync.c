@@ -25,6 +25,16 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
   int *event = malloc((size_t)n * sizeof *event), *record_cmd = malloc((size_t)n * sizeof *record_cmd);
   if (!vc || !after || !seqs || !preds || !wait_from || !wait_first || !event || !record_cmd) abort();
   for (int i = 0; i < n; i++) event[i] = record_cmd[i] = -1;
+  /* Each op's predecessors (CSR, in edge order): in_from[in_first[u] ..
+   * in_first[u+1]). */
+  int *in_first = calloc((size_t)n + 1, sizeof *in_first), *in_from = malloc((size_t)(p->nedges + 1) * sizeof *in_from);
+  int *fill = malloc(((size_t)n + 1) * sizeof *fill);
+  if (!in_first || !in_from || !fill) abort();
+  for (int i = 0; i < p->nedges; i++) in_first[p->edges[i].to + 1]++;
+  for (int u = 0; u < n; u++) in_first[u + 1] += in_first[u];
+  memcpy(fill, in_first, ((size_t)n + 1) * sizeof *fill);
+  for (int i = 0; i < p->nedges; i++) in_from[fill[p->edges[i].to]++] = p->edges[i].from;
+  free(fill);
 
   /* Pass 1: clocks and the waits that are really needed. Predecessors are
    * taken latest-submitted first, so a wait for a later producer can imply
@@ -33,8 +43,7 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
   for (int k = 0; k < n; k++) {
     int u = p->order[k], s = p->ops[u].stream, np = 0;
     int *cur = &vc[(size_t)s * ns];
-    for (int i = 0; i < p->nedges; i++)
-      if (p->edges[i].to == u) preds[np++] = p->edges[i].from;
+    for (int i = in_first[u]; i < in_first[u + 1]; i++) preds[np++] = in_from[i];
     qsort_r(preds, (size_t)np, sizeof *preds, by_rank_desc, p);
     wait_first[u] = nwaits;
     for (int i = 0; i < np; i++) {
@@ -77,6 +86,8 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
       record_cmd[u] = ir_add_cmd(p, &(ir_cmd){IR_CMD_RECORD, s, -1, 0, event[u], -1});
     }
   }
+  free(in_first);
+  free(in_from);
   free(vc);
   free(after);
   free(seqs);

@@ -1,11 +1,14 @@
 /* toolchain.c - drives the external compilers. Flags are pinned so that
  * the same sources give the same code object bytes; each tool runs in the
  * bundle's staging folder with relative paths so no absolute path reaches
- * the output. */
+ * the output. toolchain_identity describes the tools and their command
+ * lines for the kernel cache's key. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,24 +65,70 @@ static const char *tool_from_env(const char *var, const char *fallback) {
   return v && *v ? v : fallback;
 }
 
-/* Host code objects: DS4_CC overrides the compiler (default: cc). */
-int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d) {
-  const char *cc = tool_from_env("DS4_CC", "cc");
-  static const char *const flags[] = {"-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
-                                      "-fno-fast-math", "-fno-ident", "-Wall", "-Werror", "-Wl,--build-id=sha1",
-                                      "-o"};
-  int nflags = (int)(sizeof flags / sizeof *flags);
-  char **argv = calloc((size_t)(nflags + nsources + 4), sizeof *argv);
-  if (!argv) return dsl_error(d, (dsl_pos){0}, "out of memory");
+/* Where a tool runs from: its name when that holds a slash, else the first
+ * executable of that name on PATH. */
+static int find_on_path(const char *name, char *out, size_t n) {
+  if (strchr(name, '/')) {
+    snprintf(out, n, "%s", name);
+    return access(out, X_OK);
+  }
+  const char *path = getenv("PATH");
+  for (const char *p = path; p && *p;) {
+    const char *end = strchr(p, ':');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    snprintf(out, n, "%.*s/%s", (int)len, p, name);
+    if (len && access(out, X_OK) == 0) return 0;
+    p = end ? end + 1 : p + len;
+  }
+  return -1;
+}
+
+/* ---- the command lines: each is written once, for the build and for
+ * toolchain_identity ---- */
+
+static const char *const host_flags[] = {"-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
+                                         "-fno-fast-math", "-fno-ident", "-Wall", "-Werror", "-Wl,--build-id=sha1",
+                                         "-o"};
+#define HOST_NFLAGS ((int)(sizeof host_flags / sizeof *host_flags))
+
+/* cc FLAGS OUT SOURCES -lm, into argv[HOST_NFLAGS + nsources + 4]. */
+static void host_argv(const char *cc, char *const *sources, int nsources, const char *out, const char **argv) {
   int n = 0;
-  argv[n++] = (char *)cc;
-  for (int i = 0; i < nflags; i++) argv[n++] = (char *)flags[i];
-  argv[n++] = (char *)out;
+  argv[n++] = cc;
+  for (int i = 0; i < HOST_NFLAGS; i++) argv[n++] = host_flags[i];
+  argv[n++] = out;
   for (int i = 0; i < nsources; i++) argv[n++] = sources[i];
   argv[n++] = "-lm";
   argv[n] = NULL;
+}
+
+/* Flags both GPU compiles pin: IEEE f32 everywhere (no contraction into
+ * FMA, denormals kept), so every target computes the same bits. */
+#define GPU_COMMON_FLAGS \
+  "-O3", "-ffp-contract=off", "-fno-gpu-flush-denormals-to-zero", "-fno-ident", "-Wall", "-Werror"
+
+/* offload: --offload-arch=ARCH. -fuse-cuid=none: clang would otherwise
+ * name a symbol after a hash of the source's absolute path. */
+#define AMDGPU_ARGV(clang, offload, source, out)                                                             \
+  {(clang), "-x", "hip", "--cuda-device-only", (offload), "-nogpulib", "-nogpuinc", "--no-gpu-bundle-output", \
+   "-fuse-cuid=none", GPU_COMMON_FLAGS, "-o", (out), (source), NULL}
+
+/* gpu_arch: --cuda-gpu-arch=ARCH. */
+#define NVPTX_ARGV(clang, gpu_arch, source, ptx)                                                        \
+  {(clang), "-x", "cuda", "--cuda-device-only", (gpu_arch), "-nocudalib", "-nocudainc",                 \
+   "-Wno-unknown-cuda-version", GPU_COMMON_FLAGS, "-S", "-o", (ptx), (source), NULL}
+
+/* ptx_arch: -arch=ARCH. */
+#define PTXAS_ARGV(ptxas, ptx_arch, ptx, cubin) {(ptxas), (ptx_arch), "-O3", "-o", (cubin), (ptx), NULL}
+
+/* Host code objects: DS4_CC overrides the compiler (default: cc). */
+int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d) {
+  const char *cc = tool_from_env("DS4_CC", "cc");
+  const char **argv = calloc((size_t)(HOST_NFLAGS + nsources + 4), sizeof *argv);
+  if (!argv) return dsl_error(d, (dsl_pos){0}, "out of memory");
+  host_argv(cc, sources, nsources, out, argv);
   tool_log log;
-  int rc = tool_run(dir, argv, &log);
+  int rc = tool_run(dir, (char *const *)argv, &log);
   free(argv);
   if (rc < 0) return dsl_error(d, (dsl_pos){0}, "cannot run the host C compiler '%s': %s", cc, strerror(errno));
   if (rc == TOOL_NOT_FOUND)
@@ -97,11 +146,6 @@ int toolchain_build_host(const char *dir, char *const *sources, int nsources, co
 #define AMD_TOOLS "clang-19 and ld.lld (Debian: apt-get install clang-19 lld-19 llvm-19)"
 #define NV_CLANG "clang-19 (Debian: apt-get install clang-19 llvm-19)"
 
-/* Flags both GPU compiles pin: IEEE f32 everywhere (no contraction into
- * FMA, denormals kept), so every target computes the same bits. */
-#define GPU_COMMON_FLAGS \
-  "-O3", "-ffp-contract=off", "-fno-gpu-flush-denormals-to-zero", "-fno-ident", "-Wall", "-Werror"
-
 static int gpu_clang_failed(const char *target, const char *clang, const char *needs, int rc, const char *dir,
                             const char *out, const tool_log *log, dsl_diag *d) {
   if (rc < 0) return dsl_error(d, (dsl_pos){0}, "target %s: cannot run '%s': %s", target, clang, strerror(errno));
@@ -117,10 +161,7 @@ int toolchain_build_amdgpu(const char *dir, const char *arch, const char *source
   const char *clang = tool_from_env("DS4_CLANG", "clang-19");
   char offload[64];
   snprintf(offload, sizeof offload, "--offload-arch=%s", arch);
-  /* -fuse-cuid=none: clang would otherwise name a symbol after a hash of
-   * the source's absolute path. */
-  const char *argv[] = {clang, "-x", "hip", "--cuda-device-only", offload, "-nogpulib", "-nogpuinc",
-                        "--no-gpu-bundle-output", "-fuse-cuid=none", GPU_COMMON_FLAGS, "-o", out, source, NULL};
+  const char *argv[] = AMDGPU_ARGV(clang, offload, source, out);
   tool_log log;
   int rc = tool_run(dir, (char *const *)argv, &log);
   return rc ? gpu_clang_failed(arch, clang, AMD_TOOLS, rc, dir, out, &log, d) : 0;
@@ -133,14 +174,7 @@ static int find_ptxas(char *out, size_t n) {
     snprintf(out, n, "%s", env);
     return 0;
   }
-  const char *path = getenv("PATH");
-  for (const char *p = path; p && *p;) {
-    const char *end = strchr(p, ':');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
-    snprintf(out, n, "%.*s/ptxas", (int)len, p);
-    if (len && access(out, X_OK) == 0) return 0;
-    p = end ? end + 1 : p + len;
-  }
+  if (find_on_path("ptxas", out, n) == 0) return 0;
   snprintf(out, n, "/usr/local/cuda/bin/ptxas");
   return access(out, X_OK);
 }
@@ -150,8 +184,7 @@ int toolchain_build_nvptx(const char *dir, const char *arch, const char *source,
   const char *clang = tool_from_env("DS4_CLANG", "clang-19");
   char gpu_arch[64];
   snprintf(gpu_arch, sizeof gpu_arch, "--cuda-gpu-arch=%s", arch);
-  const char *cc_argv[] = {clang, "-x", "cuda", "--cuda-device-only", gpu_arch, "-nocudalib", "-nocudainc",
-                           "-Wno-unknown-cuda-version", GPU_COMMON_FLAGS, "-S", "-o", ptx, source, NULL};
+  const char *cc_argv[] = NVPTX_ARGV(clang, gpu_arch, source, ptx);
   tool_log log;
   int rc = tool_run(dir, (char *const *)cc_argv, &log);
   if (rc) return gpu_clang_failed(arch, clang, NV_CLANG, rc, dir, ptx, &log, d);
@@ -163,7 +196,7 @@ int toolchain_build_nvptx(const char *dir, const char *arch, const char *source,
                      arch);
   char ptx_arch[64];
   snprintf(ptx_arch, sizeof ptx_arch, "-arch=%s", arch);
-  const char *as_argv[] = {ptxas, ptx_arch, "-O3", "-o", cubin, ptx, NULL};
+  const char *as_argv[] = PTXAS_ARGV(ptxas, ptx_arch, ptx, cubin);
   rc = tool_run(dir, (char *const *)as_argv, &log);
   if (rc < 0) return dsl_error(d, (dsl_pos){0}, "target %s: cannot run '%s': %s", arch, ptxas, strerror(errno));
   if (rc == TOOL_NOT_FOUND)
@@ -172,5 +205,83 @@ int toolchain_build_nvptx(const char *dir, const char *arch, const char *source,
                      ptxas);
   if (rc)
     return dsl_error(d, (dsl_pos){0}, "target %s: '%s' failed building %s/%s:\n%s", arch, ptxas, dir, cubin, log.text);
+  return 0;
+}
+
+/* ---- the toolchain's identity, which the kernel cache keys on ---- */
+
+/* A line naming the file that a tool or linker name resolves to, with its
+ * size and modification time: a tool reinstalled or rebuilt in place is
+ * another tool. */
+static int describe_file(FILE *f, const char *role, const char *name) {
+  char found[PATH_MAX], real[PATH_MAX];
+  struct stat st;
+  if (find_on_path(name, found, sizeof found) || !realpath(found, real) || stat(real, &st)) return -1;
+  fprintf(f, "%s %s: %s, %lld bytes, modified %lld.%09ld\n", role, name, real, (long long)st.st_size,
+          (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+  return 0;
+}
+
+/* The tool's file, then what `TOOL --version` prints (kept in version). */
+static int describe_tool(FILE *f, const char *tool, tool_log *version) {
+  char *argv[] = {(char *)tool, "--version", NULL};
+  if (describe_file(f, "tool", tool) || tool_run(".", argv, version) != 0) return -1;
+  fputs(version->text, f);
+  return 0;
+}
+
+static void describe_argv(FILE *f, const char *const *argv) {
+  fputs("run", f);
+  for (int i = 0; argv[i]; i++) fprintf(f, " %s", argv[i]);
+  fputc('\n', f);
+}
+
+/* clang links an AMD code object with the ld.lld of its own folder (the
+ * InstalledDir its --version prints), else with the one on PATH. */
+static int describe_lld(FILE *f, const tool_log *clang_version) {
+  const char *dir = strstr(clang_version->text, "InstalledDir: ");
+  if (dir) {
+    dir += strlen("InstalledDir: ");
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%.*s/ld.lld", (int)strcspn(dir, "\r\n"), dir);
+    if (access(path, X_OK) == 0) return describe_file(f, "linker", path);
+  }
+  return describe_file(f, "linker", "ld.lld");
+}
+
+int toolchain_identity(const char *target, char **out_text) {
+  *out_text = NULL;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return -1;
+  tool_log version;
+  int rc;
+  if (strncmp(target, "gfx", 3) == 0) {
+    const char *clang = tool_from_env("DS4_CLANG", "clang-19");
+    const char *argv[] = AMDGPU_ARGV(clang, "--offload-arch=ARCH", "SOURCE", "OUT");
+    rc = describe_tool(f, clang, &version) || describe_lld(f, &version);
+    describe_argv(f, argv);
+  } else if (strncmp(target, "sm_", 3) == 0) {
+    const char *clang = tool_from_env("DS4_CLANG", "clang-19");
+    char ptxas[PATH_MAX];
+    const char *cc_argv[] = NVPTX_ARGV(clang, "--cuda-gpu-arch=ARCH", "SOURCE", "PTX");
+    const char *as_argv[] = PTXAS_ARGV(ptxas, "-arch=ARCH", "PTX", "CUBIN");
+    rc = describe_tool(f, clang, &version) || find_ptxas(ptxas, sizeof ptxas) || describe_tool(f, ptxas, &version);
+    describe_argv(f, cc_argv);
+    if (!rc) describe_argv(f, as_argv);
+  } else {
+    const char *cc = tool_from_env("DS4_CC", "cc");
+    const char *argv[HOST_NFLAGS + 5];
+    char *sources[] = {"SOURCES"};
+    host_argv(cc, sources, 1, "OUT", argv);
+    rc = describe_tool(f, cc, &version) || describe_file(f, "linker", "ld");
+    describe_argv(f, argv);
+  }
+  if (fclose(f) || rc) {
+    free(text);
+    return -1;
+  }
+  *out_text = text;
   return 0;
 }

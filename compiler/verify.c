@@ -85,24 +85,30 @@ static int replay_clocks(const ir_prog *p, vclocks *v, dsl_diag *d) {
 
 /* One access: an operand of an op, at arena bytes [lo, hi). */
 typedef struct vaccess {
-  int op, slot, tensor;
+  int op, slot, tensor, writes;
   int64_t lo, hi;
 } vaccess;
 
 static vaccess access_at(const ir_prog *p, const ir_accesses *acc, int k) {
-  vaccess a = {acc->ops[k], acc->slots[k], ir_operand_tensor(&p->ops[acc->ops[k]], acc->slots[k]), 0, 0};
+  const ir_op *op = &p->ops[acc->ops[k]];
+  vaccess a = {acc->ops[k], acc->slots[k], ir_operand_tensor(op, acc->slots[k]), ir_operand_writes(op, acc->slots[k]),
+               0, 0};
   int64_t off, len;
-  ir_operand_range(p, &p->ops[a.op], a.slot, &off, &len);
+  ir_operand_range(p, op, a.slot, &off, &len);
   a.lo = p->tensors[a.tensor].offset + off;
   a.hi = a.lo + len;
   return a;
 }
 
-static int race(const ir_prog *p, const vclocks *v, const vaccess *a, const vaccess *b, dsl_diag *d) {
-  int aw = ir_operand_writes(&p->ops[a->op], a->slot), bw = ir_operand_writes(&p->ops[b->op], b->slot);
-  if (a->op == b->op || (!aw && !bw) || a->lo >= b->hi || b->lo >= a->hi) return 0;
-  if (hb(p, v, a->op, b->op) || hb(p, v, b->op, a->op)) return 0;
-  const char *ea = aw ? "writes" : "reads", *eb = bw ? "writes" : "reads";
+/* Two accesses of different ops to overlapping bytes, one a write, that
+ * happens-before leaves unordered. */
+static int races(const ir_prog *p, const vclocks *v, const vaccess *a, const vaccess *b) {
+  if (a->op == b->op || (!a->writes && !b->writes) || a->lo >= b->hi || b->lo >= a->hi) return 0;
+  return !hb(p, v, a->op, b->op) && !hb(p, v, b->op, a->op);
+}
+
+static int race_error(const ir_prog *p, const vaccess *a, const vaccess *b, dsl_diag *d) {
+  const char *ea = a->writes ? "writes" : "reads", *eb = b->writes ? "writes" : "reads";
   const char *pa = p->ops[a->op].path, *pb = p->ops[b->op].path;
   if (a->tensor == b->tensor)
     return dsl_error(d, p->ops[b->op].pos, "verify: race on '%s': '%s' %s it and '%s' %s it with no happens-before order",
@@ -114,26 +120,60 @@ static int race(const ir_prog *p, const vclocks *v, const vaccess *a, const vacc
                    p->devices[p->tensors[a->tensor].device].name);
 }
 
+/* Two placed tensors share bytes of one arena. */
+static int tensors_overlap(const ir_tensor *x, const ir_tensor *y) {
+  return x->device >= 0 && x->device == y->device && x->offset < y->offset + y->bytes &&
+         y->offset < x->offset + x->bytes;
+}
+
+static int by_offset(const void *a, const void *b, void *ctx) {
+  const ir_tensor *t = ctx;
+  int x = *(const int *)a, y = *(const int *)b;
+  if (t[x].device != t[y].device) return t[x].device < t[y].device ? -1 : 1;
+  if (t[x].offset != t[y].offset) return t[x].offset < t[y].offset ? -1 : 1;
+  return x - y;
+}
+
+/* The first race in the order of (tensor a, tensor b >= a, access of a,
+ * access of b): the one reported, whatever order the pairs are met in. */
+typedef struct first_race {
+  int ta, tb, i, j; /* ta < 0: none */
+} first_race;
+
+static int earlier_pair(const first_race *r, int ta, int tb) {
+  return r->ta < 0 || ta < r->ta || (ta == r->ta && tb < r->tb);
+}
+
 /* Every pair of accesses to overlapping bytes of one arena, at least one
- * a write, must be ordered by happens-before. */
+ * a write, must be ordered by happens-before. The tensors sharing bytes
+ * are found by a sweep over them by offset, so tensors far apart are
+ * never compared. */
 static int check_races(const ir_prog *p, const vclocks *v, dsl_diag *d) {
   ir_accesses acc;
   ir_accesses_build(p, &acc);
-  int rc = 0;
-  for (int ta = 0; ta < p->ntensors && !rc; ta++) {
-    const ir_tensor *x = &p->tensors[ta];
-    for (int tb = ta; tb < p->ntensors && !rc; tb++) {
-      const ir_tensor *y = &p->tensors[tb];
-      if (x->device < 0 || x->device != y->device || x->offset >= y->offset + y->bytes ||
-          y->offset >= x->offset + x->bytes)
-        continue;
-      for (int i = acc.first[ta]; i < acc.first[ta + 1] && !rc; i++)
-        for (int j = acc.first[tb]; j < acc.first[tb + 1] && !rc; j++) {
-          vaccess a = access_at(p, &acc, i), b = access_at(p, &acc, j);
-          rc = race(p, v, &a, &b, d);
-        }
+  int n = p->ntensors, total = acc.first[n];
+  vaccess *all = ir_xrealloc(NULL, (size_t)(total ? total : 1) * sizeof *all);
+  for (int k = 0; k < total; k++) all[k] = access_at(p, &acc, k);
+  int *sorted = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *sorted);
+  for (int t = 0; t < n; t++) sorted[t] = t;
+  qsort_r(sorted, (size_t)n, sizeof *sorted, by_offset, p->tensors);
+  first_race r = {-1, -1, -1, -1};
+  for (int x = 0; x < n; x++) {
+    const ir_tensor *tx = &p->tensors[sorted[x]];
+    for (int y = x; y < n && tx->device >= 0; y++) {
+      const ir_tensor *ty = &p->tensors[sorted[y]];
+      if (y > x && (ty->device != tx->device || ty->offset >= tx->offset + tx->bytes)) break; /* and every later */
+      int ta = sorted[x] < sorted[y] ? sorted[x] : sorted[y], tb = sorted[x] ^ sorted[y] ^ ta;
+      if (!tensors_overlap(tx, ty) || !earlier_pair(&r, ta, tb)) continue;
+      int found = 0;
+      for (int i = acc.first[ta]; i < acc.first[ta + 1] && !found; i++)
+        for (int j = acc.first[tb]; j < acc.first[tb + 1] && !found; j++)
+          if ((found = races(p, v, &all[i], &all[j]))) r = (first_race){ta, tb, i, j};
     }
   }
+  int rc = r.ta >= 0 ? race_error(p, &all[r.i], &all[r.j], d) : 0;
+  free(sorted);
+  free(all);
   ir_accesses_free(&acc);
   return rc;
 }

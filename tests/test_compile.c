@@ -1,11 +1,13 @@
 /* test_compile.c - the compiler on the shipped model: a bundle has its
  * files, compiling twice gives byte-identical files, the plan decodes and
- * launches every op exactly once, and the IR dump names every pass. */
+ * launches every op exactly once, the IR dump names every pass, and the
+ * kernel cache gives the bytes a build gives. */
 #include <check.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "passes.h"
@@ -448,6 +450,160 @@ START_TEST(shared_layer_name_numbers_globally) {
 }
 END_TEST
 
+/* ---- the kernel cache ---- */
+
+/* Lines of the log that the DS4_CC wrapper of cache_fixture writes, other
+ * than `cc --version`: how many times the host compiler has built. */
+static int builds(const char *log) {
+  FILE *f = fopen(log, "r");
+  if (!f) return 0;
+  char line[8192];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) n += strstr(line, "--version") == NULL;
+  fclose(f);
+  return n;
+}
+
+/* A folder with a DS4_CC wrapper (named `name`) that logs each call to
+ * cc.log and runs cc. */
+static void write_wrapper(const char *dir, const char *name) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#!/bin/sh\necho \"$*\" >> %s/cc.log\nexec cc \"$@\"\n", dir);
+  ck_assert_int_eq(fclose(f), 0);
+  ck_assert_int_eq(chmod(path, 0755), 0);
+}
+
+static void compile_cached(const char *out, const char *cache) {
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-1dev.yaml", .out_dir = out,
+                    .cache_dir = cache};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+}
+
+/* The one entry of the cache folder, in path. */
+static int cache_entry(const char *cache, char *path, size_t n) {
+  DIR *dir = opendir(cache);
+  if (!dir) return 0;
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(dir)))
+    if (e->d_name[0] != '.') {
+      count++;
+      snprintf(path, n, "%s/%s", cache, e->d_name);
+    }
+  closedir(dir);
+  return count;
+}
+
+/* A second compile takes the host code object from the cache, with every
+ * byte of the bundle the same; a build without the cache agrees with it;
+ * an entry whose bytes were changed or cut short is never used but built
+ * and stored anew; another compiler (here: another path to it) misses. */
+START_TEST(kernel_cache_hits_and_repairs) {
+  char tmpl[] = "/tmp/ds4-kcache-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  char cache[600], log[600], out[700], ref[700], entry[1200], path[1400], other[1400];
+  snprintf(cache, sizeof cache, "%s/cache/ds4c", tmpl); /* made by the compile */
+  snprintf(log, sizeof log, "%s/cc.log", tmpl);
+  write_wrapper(tmpl, "cc.sh");
+  write_wrapper(tmpl, "cc2.sh");
+  snprintf(path, sizeof path, "%s/cc.sh", tmpl);
+  ck_assert_int_eq(setenv("DS4_CC", path, 1), 0);
+
+  snprintf(ref, sizeof ref, "%s/first", tmpl);
+  compile_cached(ref, cache);
+  ck_assert_int_eq(builds(log), 1);
+  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 1);
+
+  snprintf(out, sizeof out, "%s/second", tmpl);
+  compile_cached(out, cache);
+  ck_assert_int_eq(builds(log), 1); /* from the cache */
+  static const char *const files[] = {"kernels/host.so", "plan.ds4p", "plan.txt"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/%s", ref, files[i]);
+    snprintf(other, sizeof other, "%s/%s", out, files[i]);
+    assert_same_file(path, other);
+  }
+
+  snprintf(out, sizeof out, "%s/uncached", tmpl);
+  compile_cached(out, NULL);
+  ck_assert_int_eq(builds(log), 2);
+  snprintf(path, sizeof path, "%s/kernels/host.so", ref);
+  snprintf(other, sizeof other, "%s/kernels/host.so", out);
+  assert_same_file(path, other);
+
+  /* Corrupt the entry: its last byte flipped, then cut in half. */
+  for (int damage = 0; damage < 2; damage++) {
+    size_t n;
+    unsigned char *bytes = slurp(entry, &n);
+    ck_assert_ptr_nonnull(bytes);
+    if (damage == 0) bytes[n - 1] ^= 0x40;
+    FILE *f = fopen(entry, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(bytes, 1, damage == 0 ? n : n / 2, f), damage == 0 ? n : n / 2);
+    ck_assert_int_eq(fclose(f), 0);
+    free(bytes);
+    snprintf(out, sizeof out, "%s/repaired%d", tmpl, damage);
+    compile_cached(out, cache);
+    ck_assert_int_eq(builds(log), 3 + damage); /* rebuilt, not used */
+    snprintf(other, sizeof other, "%s/kernels/host.so", out);
+    assert_same_file(path, other);
+    compile_cached(out, cache);
+    ck_assert_int_eq(builds(log), 3 + damage); /* the entry was written anew */
+  }
+
+  snprintf(path, sizeof path, "%s/cc2.sh", tmpl);
+  ck_assert_int_eq(setenv("DS4_CC", path, 1), 0);
+  compile_cached(out, cache);
+  ck_assert_int_eq(builds(log), 5);
+  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 2);
+  unsetenv("DS4_CC");
+
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ds4c compile's cache folder: $DS4C_CACHE, else $XDG_CACHE_HOME/ds4c,
+ * else ~/.cache/ds4c; --no-cache uses none. */
+START_TEST(ds4c_finds_its_cache) {
+  const char *bin = getenv("DS4_BUILD_DIR");
+  ck_assert_msg(bin, "DS4_BUILD_DIR must name the build directory");
+  char tmpl[] = "/tmp/ds4-kcache-cli-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  static const struct {
+    const char *env, *flags, *cache; /* env: prefix of the command; cache: where the entry lands, "" for none */
+  } cases[] = {
+      {"DS4C_CACHE=%s/a XDG_CACHE_HOME=%s/x HOME=%s/h", "", "a"},
+      {"DS4C_CACHE= XDG_CACHE_HOME=%s/x HOME=%s/h", "", "x/ds4c"},
+      {"DS4C_CACHE= XDG_CACHE_HOME= HOME=%s/h", "", "h/.cache/ds4c"},
+      {"DS4C_CACHE=%s/n XDG_CACHE_HOME=%s/n HOME=%s/n", " --no-cache", ""},
+  };
+  for (int i = 0; i < 4; i++) {
+    char env[700], cmd[2400], entry[1200], where[700];
+    snprintf(env, sizeof env, cases[i].env, tmpl, tmpl, tmpl);
+    snprintf(cmd, sizeof cmd,
+             "env %s %s/ds4c compile models/tiny-moe.yaml schedules/tiny-1dev.yaml -o %s/out%d%s > /dev/null", env,
+             bin, tmpl, i, cases[i].flags);
+    ck_assert_msg(system(cmd) == 0, "%s", cmd);
+    if (*cases[i].cache) {
+      snprintf(where, sizeof where, "%s/%s", tmpl, cases[i].cache);
+      ck_assert_msg(cache_entry(where, entry, sizeof entry) == 1, "no entry in %s after %s", where, cmd);
+    } else {
+      snprintf(where, sizeof where, "%s/n", tmpl);
+      ck_assert_msg(access(where, F_OK) != 0, "%s made %s", cmd, where);
+    }
+  }
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("tiny-moe");
@@ -462,6 +618,8 @@ int main(void) {
   tcase_add_test(tc, state_hazards);
   tcase_add_test(tc, disjoint_rows_do_not_conflict);
   tcase_add_test(tc, shared_layer_name_numbers_globally);
+  tcase_add_test(tc, kernel_cache_hits_and_repairs);
+  tcase_add_test(tc, ds4c_finds_its_cache);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);
