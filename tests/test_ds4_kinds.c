@@ -155,7 +155,7 @@ static void *kops_build(kop *const *ops, int n)
     ck_assert_msg(kgen_host(&k->prog, &k->op, &k->kk, &d) == 0, "kgen_host: %s", d.msg);
     snprintf(names[i], sizeof names[i], "%s.c", k->kk.symbol);
     sources[i] = names[i];
-    char path[400];
+    char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
