@@ -17,7 +17,8 @@
 #include "templates.h"
 
 /* FFN rows whose activations a swiglu_ffn or moe_experts block keeps in
- * shared memory at once (8 KiB); larger F goes in chunks. */
+ * shared memory at once (8 KiB); larger F goes in chunks (a multiple of 8,
+ * so that every chunk of a w2 row starts 16-byte aligned). */
 #define KGEN_GPU_FFN_CHUNK 2048
 
 /* Per kind: threads per block, threads per dot-product group (0: the kind
@@ -40,9 +41,13 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_ATTENTION] = {256, 0, 0},
   [IR_OP_ADD] = {256, 0, 0},
   [IR_OP_TOPK_ROUTE] = {256, 0, 0},
-  [IR_OP_MOE_EXPERTS] = {256, 4, 1u << 2 | 1u << 3 | 1u << 4},
+  /* The FFNs: one block per token slot (and choice) streams a whole
+   * expert, a warp of 32 lanes per weight row; 16 warps with 8 loads of
+   * 16 bytes in flight per lane fit the registers (128 a thread on
+   * sm_90) without spilling, 32 would not. */
+  [IR_OP_MOE_EXPERTS] = {512, 32, 1u << 2 | 1u << 3 | 1u << 4},
   [IR_OP_MOE_COMBINE] = {256, 0, 0},
-  [IR_OP_SWIGLU_FFN] = {256, 4, 1u << 1 | 1u << 2 | 1u << 3},
+  [IR_OP_SWIGLU_FFN] = {512, 32, 1u << 1 | 1u << 2 | 1u << 3},
   [IR_OP_ARGMAX] = {1024, 0, 0}, /* a vocabulary per block */
   [IR_OP_SUM_PARTS] = {256, 0, 0},
   [IR_OP_RMSNORM_GROUPS] = {256, 0, 0},
@@ -109,15 +114,20 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_HASH_ROUTE: /* score, eid */
     return (uint64_t)kgen_spec_int(s, "TOPK") * 8;
   case IR_OP_MOE_EXPERTS:
-  case IR_OP_SWIGLU_FFN: { /* red, act */
-    int64_t f = kgen_spec_int(s, "F"), chunk = f < KGEN_GPU_FFN_CHUNK ? f : KGEN_GPU_FFN_CHUNK;
+  case IR_OP_SWIGLU_FFN: {
+    /* act, in whole 16-byte words; x staged as xs when its rows can be
+     * read 16 bytes at a time (H a multiple of 4) and it fits beside act. */
+    int64_t f = kgen_spec_int(s, "F"), h = kgen_spec_int(s, "H");
+    int64_t chunk = f < KGEN_GPU_FFN_CHUNK ? f : KGEN_GPU_FFN_CHUNK;
+    uint64_t act = (uint64_t)(chunk + 3) / 4 * 16;
+    int stage_x = h % 4 == 0 && act + (uint64_t)h * 4 <= KGEN_GPU_MAX_SHARED;
     kgen_gpu_define(b, undefs, "FCHUNK", "%" PRId64, chunk);
-    return nt * 4 + (uint64_t)chunk * 4;
+    kgen_gpu_define(b, undefs, "X_SHARED", "%d", stage_x);
+    return act + (stage_x ? (uint64_t)h * 4 : 0);
   }
   case IR_OP_ARGMAX: /* redv, redi */
     return nt * 8;
   case IR_OP_RMSNORM_GROUPS: /* red */
-  case IR_OP_GROUP_MATMUL:
     return nt * 4;
   case IR_OP_SINK_ATTENTION: {
     /* red, prob; with select 2, cand and keep (select 2's list of entries:

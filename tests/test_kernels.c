@@ -2,10 +2,11 @@
  * template, cc builds it into a .so, and its blocks run on random inputs for
  * several (pos, ntok) against a float64 implementation of docs/OPS.md written
  * here; plus dedupe, determinism, tie-breaking and error positions. The GPU
- * kernels cannot run here (no GPU): their tests build every kind for every
- * GPU target through emit_kernels_build and check the code objects, the
- * shared symbols, byte-identical rebuilds, the prelude's math against libm
- * and the toolchain's errors. */
+ * kernels' tests build every kind for every GPU target through
+ * emit_kernels_build and check the code objects, the shared symbols,
+ * byte-identical rebuilds, the prelude's math against libm and the
+ * toolchain's errors; with no GPU here, some kinds' GPU kernels also run
+ * on host threads (the compressor and indexer, the FFNs, group_matmul). */
 #include <check.h>
 #include <dlfcn.h>
 #include <float.h>
@@ -2884,47 +2885,46 @@ static void ref_select(const float *scores, int vis, int topk, int32_t *out)
 }
 
 /* ---- GPU kernels run on the host ----
- * A GPU kernel's source (kgen_gpu) compiled for the host by clang as C++,
- * its block's NTHREADS threads as pthreads and ds4_barrier a pthread
- * barrier: the prelude's math and the kernel's own code are the same IEEE
- * f32/f64 operations the GPU targets run (-ffp-contract=off), so this
- * gives the GPU kernel's bits, and its mapping of threads, shared memory
- * and barriers is exercised. ds4_block_sum is the prelude's tree, written
- * again below for the host (the prelude keeps it for the GPU targets). */
+ * A GPU kernel's source (kgen_gpu) compiled for the host by clang as C++
+ * with DS4_EMU defined, its block's NTHREADS threads as pthreads,
+ * ds4_barrier a pthread barrier and ds4_lane_down an exchange between the
+ * 32 threads of a warp, each step behind a barrier of the warp: the
+ * prelude's math, reductions and dot products and the kernel's own code
+ * are the same IEEE f32/f64 operations the GPU targets run
+ * (-ffp-contract=off), so this gives the GPU kernel's bits, and its
+ * mapping of threads, lanes, shared memory and barriers is exercised. */
 
 #define EMU_MAXTHREADS 1024
+#define EMU_WARP 32
 
 typedef void (*gpu_kernel_fn)(void *const *bufs, const int32_t *step);
 
+/* What the prelude expects from an emulator, declared before it. */
 static const char g_emu_head[] =
-    "struct ds4_emu_hooks { unsigned (*block)(void); int (*thread)(void); void (*barrier)(void); };\n"
+    "#define DS4_EMU 1\n"
+    "struct ds4_emu_hooks {\n"
+    "  unsigned (*block)(void);\n"
+    "  unsigned (*grid)(void);\n"
+    "  int (*thread)(void);\n"
+    "  void (*barrier)(void);\n"
+    "  float (*lane_down)(float, int);\n"
+    "};\n"
     "extern \"C\" { struct ds4_emu_hooks ds4_emu; }\n"
     "#define DS4_KERNEL extern \"C\"\n"
-    "#define DS4_SHARED static\n";
-
-static const char g_emu_tail[] =
-    "DS4_DEVICE uint32_t ds4_block(void) { return ds4_emu.block(); }\n"
-    "DS4_DEVICE int ds4_thread(void) { return ds4_emu.thread(); }\n"
-    "DS4_DEVICE void ds4_barrier(void) { ds4_emu.barrier(); }\n"
-    "template <int NT> DS4_DEVICE float ds4_block_sum(float *red, float v)\n"
-    "{\n"
-    "  int tid = ds4_thread();\n"
-    "  red[tid] = v;\n"
-    "  ds4_barrier();\n"
-    "  for (int s = NT / 2; s > 0; s /= 2) {\n"
-    "    if (tid < s)\n"
-    "      red[tid] = red[tid] + red[tid + s];\n"
-    "    ds4_barrier();\n"
-    "  }\n"
-    "  float total = red[0];\n"
-    "  ds4_barrier();\n"
-    "  return total;\n"
-    "}\n";
+    "#define DS4_SHARED static\n"
+    "#define DS4_EMU_FN static inline __attribute__((unused))\n"
+    "DS4_EMU_FN unsigned ds4_block(void) { return ds4_emu.block(); }\n"
+    "DS4_EMU_FN unsigned ds4_grid(void) { return ds4_emu.grid(); }\n"
+    "DS4_EMU_FN int ds4_thread(void) { return ds4_emu.thread(); }\n"
+    "DS4_EMU_FN void ds4_barrier(void) { ds4_emu.barrier(); }\n"
+    "DS4_EMU_FN float ds4_lane_down(float v, int s) { return ds4_emu.lane_down(v, s); }\n";
 
 typedef struct emu_hooks {
   unsigned (*block)(void);
+  unsigned (*grid)(void);
   int (*thread)(void);
   void (*barrier)(void);
+  float (*lane_down)(float, int);
 } emu_hooks;
 
 /* The threads of one block, kept between blocks and launches (test state
@@ -2933,19 +2933,26 @@ typedef struct emu_pool {
   int nthreads; /* 0: not started */
   pthread_t th[EMU_MAXTHREADS];
   pthread_barrier_t start, done, block_barrier;
+  pthread_barrier_t warp_barrier[EMU_MAXTHREADS / EMU_WARP];
+  float lane_value[2][EMU_MAXTHREADS]; /* ds4_lane_down's exchange, by parity */
   gpu_kernel_fn fn;
   void *const *bufs;
   const int32_t *step;
-  uint32_t block;
+  uint32_t block, grid;
   int quit;
 } emu_pool;
 
 static emu_pool g_emu;
-static _Thread_local int g_emu_tid;
+static _Thread_local int g_emu_tid, g_emu_parity;
 
 static unsigned emu_hook_block(void)
 {
   return g_emu.block;
+}
+
+static unsigned emu_hook_grid(void)
+{
+  return g_emu.grid;
 }
 
 static int emu_hook_thread(void)
@@ -2956,6 +2963,21 @@ static int emu_hook_thread(void)
 static void emu_hook_barrier(void)
 {
   pthread_barrier_wait(&g_emu.block_barrier);
+}
+
+/* Every lane of the warp publishes v, waits for the others, then reads
+ * lane + s's (its own past the warp's end: unspecified on a GPU). Calls
+ * alternate between two arrays: a lane can write the other one while the
+ * warp still reads this one, and cannot come back to this one before
+ * every lane has passed the next call's wait, having read. */
+static float emu_hook_lane_down(float v, int s)
+{
+  int tid = g_emu_tid, warp = tid / EMU_WARP;
+  float *values = g_emu.lane_value[g_emu_parity];
+  g_emu_parity ^= 1;
+  values[tid] = v;
+  pthread_barrier_wait(&g_emu.warp_barrier[warp]);
+  return tid % EMU_WARP + s < EMU_WARP ? values[tid + s] : v;
 }
 
 static void *emu_worker(void *arg)
@@ -2981,6 +3003,8 @@ static void emu_stop(void)
   pthread_barrier_destroy(&g_emu.start);
   pthread_barrier_destroy(&g_emu.done);
   pthread_barrier_destroy(&g_emu.block_barrier);
+  for (int w = 0; w < g_emu.nthreads / EMU_WARP; w++)
+    pthread_barrier_destroy(&g_emu.warp_barrier[w]);
   memset(&g_emu, 0, sizeof g_emu);
 }
 
@@ -2990,9 +3014,12 @@ static void emu_start(int nthreads)
     return;
   emu_stop();
   ck_assert_int_le(nthreads, EMU_MAXTHREADS);
+  ck_assert_int_eq(nthreads % EMU_WARP, 0);
   ck_assert_int_eq(pthread_barrier_init(&g_emu.start, NULL, (unsigned)nthreads + 1), 0);
   ck_assert_int_eq(pthread_barrier_init(&g_emu.done, NULL, (unsigned)nthreads + 1), 0);
   ck_assert_int_eq(pthread_barrier_init(&g_emu.block_barrier, NULL, (unsigned)nthreads), 0);
+  for (int w = 0; w < nthreads / EMU_WARP; w++)
+    ck_assert_int_eq(pthread_barrier_init(&g_emu.warp_barrier[w], NULL, EMU_WARP), 0);
   for (int i = 0; i < nthreads; i++)
     ck_assert_int_eq(pthread_create(&g_emu.th[i], NULL, emu_worker, (void *)(intptr_t)i), 0);
   g_emu.nthreads = nthreads;
@@ -3015,7 +3042,7 @@ static emu_built *emu_build(const kt *k)
   snprintf(so, sizeof so, "%s/%s.emu.so", g_dir, e->kk.symbol);
   FILE *f = fopen(src, "w");
   ck_assert_ptr_nonnull(f);
-  fprintf(f, "%s%s\n%s%s", g_emu_head, kgen_gpu_prelude(), g_emu_tail, e->kk.source);
+  fprintf(f, "%s%s\n%s", g_emu_head, kgen_gpu_prelude(), e->kk.source);
   ck_assert_int_eq(fclose(f), 0);
   const char *clang = getenv("DS4_CLANG");
   snprintf(cmd, sizeof cmd, "%s -x c++ -std=c++17 -O2 -ffp-contract=off -fPIC -shared -Wall -Werror -o %s %s",
@@ -3026,7 +3053,7 @@ static emu_built *emu_build(const kt *k)
   *(void **)&e->fn = dlsym(e->dl, e->kk.symbol);
   emu_hooks *hooks = dlsym(e->dl, "ds4_emu");
   ck_assert(e->fn && hooks);
-  *hooks = (emu_hooks){emu_hook_block, emu_hook_thread, emu_hook_barrier};
+  *hooks = (emu_hooks){emu_hook_block, emu_hook_grid, emu_hook_thread, emu_hook_barrier, emu_hook_lane_down};
   return e;
 }
 
@@ -3045,6 +3072,7 @@ static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, in
   g_emu.fn = e->fn;
   g_emu.bufs = bufs;
   g_emu.step = step;
+  g_emu.grid = e->kk.grid;
   for (uint32_t i = 0; i < e->kk.grid; i++) {
     g_emu.block = descending ? e->kk.grid - 1 - i : i;
     pthread_barrier_wait(&g_emu.start);
@@ -4368,6 +4396,190 @@ START_TEST(test_gpu_compress_index)
 }
 END_TEST
 
+/* ---- the FFN and grouped projection GPU kernels, run on the host ---- */
+
+/* Fresh inputs for op k: bf16 and f32 at random, i32 from idx (n values,
+ * repeated). */
+static void ffn_fill(const kt *k, bufs *bs, const int32_t *idx, int n)
+{
+  for (int i = 0; i < k->op.nin; i++) {
+    int64_t cnt = k->tensors[i].bytes / plan_dtype_size(k->tensors[i].dtype);
+    if (k->tensors[i].dtype == PLAN_BF16)
+      for (int64_t j = 0; j < cnt; j++)
+        ((uint16_t *)bs->b[i])[j] = bf16_of((float)rnd());
+    else if (k->tensors[i].dtype == PLAN_I32)
+      for (int64_t j = 0; j < cnt; j++)
+        ((int32_t *)bs->b[i])[j] = idx[j % n];
+    else
+      fill_f32(bs->b[i], cnt, 1.0);
+  }
+  for (int o = k->op.nin; o < bs->n; o++)
+    fill_garbage(bs->b[o], kt_elems(k, o));
+}
+
+/* ||gpu - host|| / ||host|| over n floats; every +0 of the host's (dead
+ * rows, other launches' and skipped expert slots) is +0 on the GPU too. */
+static double ffn_rel_err(const char *what, const float *gpu, const float *host, int64_t n)
+{
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t hb, gb;
+    memcpy(&hb, &host[i], 4);
+    memcpy(&gb, &gpu[i], 4);
+    ck_assert_msg(hb != 0 || gb == 0, "%s: element %lld is %g on the GPU, +0 on the host", what, (long long)i,
+                  (double)gpu[i]);
+    double d = (double)gpu[i] - host[i];
+    num += d * d;
+    den += (double)host[i] * host[i];
+  }
+  ck_assert_msg(den > 0.0, "%s: every output was zero", what);
+  return sqrt(num / den);
+}
+
+/* Op k's GPU kernel against its host kernel at each (pos, ntok) of steps:
+ * within REL_TOL, zeros exact, the same bytes in either block order, and
+ * the same bits again when every operand lies 4 bytes off its 16-byte
+ * alignment (no chunk is then loaded 16 bytes at a time, but the order of
+ * the sums is the same). i32 inputs come from idx. */
+static void ffn_gpu_case(const kt *k, const int32_t *idx, int nidx, const int (*steps)[2], int nsteps)
+{
+  chain_kernel host = {.op = *k}, dev = {.op = *k};
+  host.op.prog.tensors = host.op.tensors;
+  dev.op.prog.tensors = dev.op.tensors;
+  chain_build(&host, 0);
+  chain_build(&dev, 1);
+  int nin = k->op.nin, nbuf = k->prog.ntensors;
+  bufs bs;
+  bufs_alloc(&bs, k);
+  void *want[IR_MAXIO], *shifted[IR_MAXIO * 2];
+  for (int i = 0; i < nbuf; i++) {
+    size_t n = (size_t)k->tensors[i].bytes;
+    char *raw = malloc(n + 16); /* 16-byte aligned, as bufs_alloc's */
+    ck_assert_ptr_nonnull(raw);
+    shifted[i] = raw + 4;
+    if (i >= nin) {
+      want[i - nin] = malloc(n);
+      ck_assert_ptr_nonnull(want[i - nin]);
+    }
+  }
+  for (int s = 0; s < nsteps; s++) {
+    int pos = steps[s][0], ntok = steps[s][1];
+    ffn_fill(k, &bs, idx, nidx);
+    for (int i = 0; i < nbuf; i++)
+      memcpy(shifted[i], bs.b[i], (size_t)k->tensors[i].bytes);
+    chain_run(&host, &bs, pos, ntok);
+    for (int o = nin; o < nbuf; o++) {
+      memcpy(want[o - nin], bs.b[o], (size_t)k->tensors[o].bytes);
+      fill_garbage(bs.b[o], kt_elems(k, o));
+    }
+    chain_run(&dev, &bs, pos, ntok);
+    emu_run(dev.gpu, shifted, pos, ntok, 0);
+    for (int o = nin; o < nbuf; o++) {
+      int64_t n = kt_elems(k, o);
+      double err = ffn_rel_err(dev.gpu->kk.symbol, bs.b[o], want[o - nin], n);
+      ck_assert_msg(err <= REL_TOL, "%s: relative error %.3g against the host kernel (pos %d, ntok %d)",
+                    dev.gpu->kk.symbol, err, pos, ntok);
+      ck_assert_msg(memcmp(bs.b[o], shifted[o], (size_t)k->tensors[o].bytes) == 0,
+                    "%s: other bits with operands off 16-byte alignment (pos %d, ntok %d)", dev.gpu->kk.symbol,
+                    pos, ntok);
+    }
+  }
+  for (int i = 0; i < nbuf; i++) {
+    free((char *)shifted[i] - 4);
+    if (i >= nin)
+      free(want[i - nin]);
+  }
+  bufs_free(&bs);
+  chain_unbuild(&host);
+  chain_unbuild(&dev);
+}
+
+/* Every slot live, and two of four (each block's threads are host
+ * threads here, so the GPU cases keep to few steps). */
+static const int g_gpu_steps[][2] = {{0, 4}, {3, 2}};
+
+/* moe_experts over E = 5 experts, the launch holding those of rows (NULL:
+ * all), with weights of dtype wt and the clamp limit. */
+static void moe_gpu_case(int *rows, uint32_t wt, double limit)
+{
+  enum { T = 4, K = 3, E = 5, H = 24, F = 24 };
+  static const int32_t idx[T * K] = {0, 4, 2, 3, -1, 1, E, 2, 0, INT32_MIN, 4, 3};
+  int64_t held = 0;
+  for (int e = 0; e < E; e++)
+    held += !rows || rows[e] >= 0;
+  kt k;
+  kt_init(&k, IR_OP_MOE_EXPERTS);
+  k.op.fattr[0] = limit;
+  if (rows) {
+    k.op.expert_row = rows;
+    k.op.nexperts = E;
+  }
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+  kt_add(&k, 0, wt, 3, held, (int64_t)F, (int64_t)H);
+  kt_add(&k, 0, wt, 3, held, (int64_t)F, (int64_t)H);
+  kt_add(&k, 0, wt, 3, held, (int64_t)H, (int64_t)F);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+  ffn_gpu_case(&k, idx, T * K, g_gpu_steps, 2);
+}
+
+/* moe_experts, swiglu_ffn and group_matmul on the GPU (their kernels run
+ * on host threads) against the host kernels: every slot skipped or dead
+ * +0, the clamp, a split launch, f32 and bf16 weights, rows loaded 16
+ * bytes at a time and (off alignment, or not whole chunks) not, and ffn
+ * rows in two chunks. */
+START_TEST(test_gpu_ffn)
+{
+  static int split[5] = {1, -1, -1, 2, 0}; /* experts 4, 0, 3 in rows 0, 1, 2 */
+  moe_gpu_case(NULL, PLAN_F32, 0.0);
+  moe_gpu_case(split, PLAN_BF16, 2.0);
+
+  /* The shared expert: ffn rows 2048 and 52 (two chunks), bf16 gate and
+   * up, an f32 down projection; one live slot of two. */
+  static const int one[][2] = {{5, 1}};
+  kt k;
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  k.op.fattr[0] = 1.0;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)2, (int64_t)16);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)2100, (int64_t)16);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)2100, (int64_t)16);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)2100);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)2, (int64_t)16);
+  ffn_gpu_case(&k, NULL, 0, one, 1);
+  /* x too large to stage in shared memory beside the activations (48 KiB
+   * a block): read from global memory. */
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)1, (int64_t)12300);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8, (int64_t)12300);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8, (int64_t)12300);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)12300, (int64_t)8);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)1, (int64_t)12300);
+  kgen_kernel kk;
+  dsl_diag d = {0};
+  ck_assert_msg(kgen_gpu(&k.prog, &k.op, &kk, &d) == 0, "kgen_gpu: %s", d.msg);
+  ck_assert_ptr_nonnull(strstr(kk.source, "#define X_SHARED 0\n"));
+  ck_assert_uint_eq(kk.shared, 32); /* act alone */
+  kgen_kernel_free(&kk);
+  ffn_gpu_case(&k, NULL, 0, one, 1);
+
+  /* o_a: 3 groups of 7 columns (a partial tile of 8), rows of 10 f32 (not
+   * whole chunks) and of 16 bf16. */
+  static const struct {
+    int64_t kg;
+    uint32_t wt;
+  } oa[] = {{10, PLAN_F32}, {16, PLAN_BF16}};
+  for (size_t i = 0; i < sizeof oa / sizeof oa[0]; i++) {
+    kt_init(&k, IR_OP_GROUP_MATMUL);
+    k.op.iattr[0] = 3;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, 3 * oa[i].kg);
+    kt_add(&k, 0, oa[i].wt, 2, (int64_t)21, oa[i].kg);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)21);
+    ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  }
+  emu_stop();
+}
+END_TEST
+
 /* ---- errors ---- */
 
 static char g_last_error[2048]; /* of expect_build_error (test state only) */
@@ -4542,6 +4754,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_route_math);
   tcase_add_test(gpu, test_gpu_errors);
   tcase_add_test(gpu, test_gpu_compress_index);
+  tcase_add_test(gpu, test_gpu_ffn);
   suite_add_tcase(s, gpu);
   return s;
 }

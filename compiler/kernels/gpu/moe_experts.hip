@@ -5,14 +5,17 @@
  * +0, so the parts of a split expert op sum to the unsplit result bit for
  * bit. kgen_gpu puts in front the defines T, TOPK, E (rows held),
  * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, W1_BF16, W3_BF16, W2_BF16,
- * LANES, FCHUNK, GRID, NTHREADS, KERNEL_NAME, W1_T, W3_T and W2_T (each
- * float or ds4_bf16).
- * Grid: one block per (token slot, choice), T * TOPK; block b is slot
- * (b / TOPK, b mod TOPK). Threads: ds4_swiglu, groups of LANES threads per
- * row with strided ascending partial sums and a fixed pairwise tree, ffn
- * rows in chunks of FCHUNK; the order depends on H, F, LANES, FCHUNK and
- * NTHREADS only, never on which experts the launch holds. Dead rows and ids outside [0, NEXPERTS) give a zero
- * slot. */
+ * LANES, FCHUNK, X_SHARED, GRID, NTHREADS, KERNEL_NAME, W1_T, W3_T and
+ * W2_T (each float or ds4_bf16).
+ * Grid: the host's, one block per (token slot, choice), T * TOPK; block b
+ * is slot (b / TOPK, b mod TOPK). Threads: ds4_swiglu, one group of LANES
+ * lanes (a warp) per weight row, streaming it with 16-byte loads: the
+ * gate and up rows of a chunk of FCHUNK ffn rows give their activations
+ * in shared memory, then the down rows use them (x staged in shared
+ * memory when X_SHARED). The order depends on H, F, FCHUNK, LANES and
+ * the weights' dtypes only, never on which experts the launch holds. Dead
+ * rows, experts of other launches and ids outside [0, NEXPERTS) give a
+ * zero slot, written at once. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -20,8 +23,14 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
                     sizeof(W2_T) == (W2_BF16 ? 2 : 4),
                 "W1_T, W3_T and W2_T are the weights' dtypes");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
-  DS4_SHARED float red[NTHREADS];
-  DS4_SHARED float act[FCHUNK];
+  /* Whole 16-byte words, so that the arrays' bytes add up to what kgen_gpu
+   * reports in any layout. */
+  DS4_SHARED __attribute__((aligned(16))) float act[(FCHUNK + 3) / 4 * 4];
+#if X_SHARED
+  DS4_SHARED __attribute__((aligned(16))) float xs[H];
+#else
+  float *xs = nullptr; /* x is read from global memory */
+#endif
   const float *x = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
   const W1_T *w1 = (const W1_T *)bufs[2];
@@ -41,6 +50,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       out[c] = 0.0f;
     return;
   }
-  ds4_swiglu<LANES, NTHREADS, FCHUNK>(x + t * H, w1 + r * (F * H), w3 + r * (F * H), w2 + r * (H * F), out, H, F,
-                              act, red, SWIGLU_LIMIT);
+  int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
+  ds4_swiglu<NTHREADS, LANES, H, F, FCHUNK, X_SHARED ? DS4_X_SHARED : DS4_X_GLOBAL>(
+      x + t * H, xs, w1 + r * (F * H), w3 + r * (F * H), w2 + r * (H * F), out, act, SWIGLU_LIMIT, zero);
 }

@@ -11,10 +11,17 @@
  *   ds4_thread()     the thread index in the block, 0..NTHREADS-1
  *   ds4_barrier()    every thread of the block, shared memory visible
  *   DS4_SHARED       a block's shared memory (static, in the kernel body)
+ *   DS4_GLOBAL, DS4_LDS  address spaces: global and shared memory
+ *   ds4_lane_down(v, s)  lane i + s's v, within a warp or wavefront
  *   ds4_bf16         a bf16 weight element; ds4_f32 widens it (exactly)
  *   ds4_expf, ds4_sincosf, ds4_block_sum, ds4_group_sum, ds4_lane_dot,
- *                    ds4_lane_sum, ... (below; a kernel uses some of
- *                    them, hence `unused`)
+ *                    ds4_lane_sum, ds4_swiglu, ... (below; a kernel uses
+ *                    some of them, hence `unused`)
+ *
+ * Compiled for the host with DS4_EMU defined (tests/test_kernels.c runs
+ * GPU kernels on host threads), the block functions come from the
+ * emulator, which declares ds4_block, ds4_grid, ds4_thread, ds4_barrier
+ * and ds4_lane_down before this file, and the address spaces are plain.
  *
  * Math: NVPTX has no libcall for expf (and no device library is linked on
  * either target), so the math the kernels need is written here in plain
@@ -54,6 +61,21 @@ DS4_DEVICE void ds4_barrier(void)
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
+/* Lane i's v, read by lane i - s of the same warp or wavefront (lanes
+ * whose i is past the end read an unspecified value). Every lane of the
+ * warp or wavefront calls it. Here ds_bpermute, over the wavefront's 32
+ * or 64 lanes. */
+DS4_DEVICE float ds4_lane_down(float v, int s)
+{
+  int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane + s) << 2, __builtin_bit_cast(int, v)));
+}
+
+/* Global and shared memory, named so that loads through them are plain
+ * global and shared loads (global_load, ds_read) rather than flat ones. */
+#define DS4_GLOBAL __attribute__((address_space(1)))
+#define DS4_LDS __attribute__((address_space(3)))
+
 #elif defined(__NVPTX__)
 
 #define DS4_DEVICE static inline __attribute__((device, always_inline, unused))
@@ -69,11 +91,20 @@ DS4_DEVICE int ds4_thread(void) { return __nvvm_read_ptx_sreg_tid_x(); }
 /* bar.sync 0: waits for the whole block and orders its memory accesses. */
 DS4_DEVICE void ds4_barrier(void) { __syncthreads(); }
 
+/* As on AMDGPU; shfl.sync.down over the full warp. */
+DS4_DEVICE float ds4_lane_down(float v, int s) { return __nvvm_shfl_sync_down_f32(0xffffffffu, v, s, 0x1f); }
+
+/* ld.global and ld.shared rather than generic loads. */
+#define DS4_GLOBAL __attribute__((address_space(1)))
+#define DS4_LDS __attribute__((address_space(3)))
+
 #else
 
-/* Neither GPU: only the math below, compiled for the host by the tests
- * that check it against libm. */
+/* Neither GPU: the math below, compiled for the host by the tests that
+ * check it against libm; with DS4_EMU, the block functions too. */
 #define DS4_DEVICE static inline __attribute__((unused))
+#define DS4_GLOBAL
+#define DS4_LDS
 
 #endif
 
@@ -245,7 +276,7 @@ DS4_DEVICE void ds4_sincosf(float x, float *out_sin, float *out_cos)
   *out_cos = (float)cs;
 }
 
-#if defined(__AMDGCN__) || defined(__NVPTX__)
+#if defined(__AMDGCN__) || defined(__NVPTX__) || defined(DS4_EMU)
 
 /* ---- block cooperation: fixed-order reductions in shared memory ----
  * Every thread of the block calls these (they hold barriers); NT is the
@@ -328,23 +359,6 @@ DS4_DEVICE int ds4_block_argmax(float *redv, int32_t *redi, float v, int i)
 
 /* ---- dot products split over the lanes of a group ---- */
 
-/* Global memory, named so: plain global loads rather than generic ones
- * (NVPTX ld.global, AMDGPU global_load instead of flat_load). */
-#define DS4_GLOBAL __attribute__((address_space(1)))
-
-/* Lane i's v, read by lane i - s of the same warp or wavefront (lanes
- * whose i is past the end read an unspecified value). Every lane of the
- * warp or wavefront calls it. */
-DS4_DEVICE float ds4_lane_down(float v, int s)
-{
-#if defined(__NVPTX__)
-  return __nvvm_shfl_sync_down_f32(0xffffffffu, v, s, 0x1f);
-#else
-  int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
-  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane + s) << 2, __builtin_bit_cast(int, v)));
-#endif
-}
-
 /* The sum of v over a group of L consecutive lanes (L a power of two, at
  * most 32, so a group never spans two warps or wavefronts), in the
  * group's first lane (the others hold partial sums): ds4_group_sum's tree,
@@ -360,21 +374,29 @@ DS4_DEVICE float ds4_lane_sum(float v)
   return v;
 }
 
+/* Where the x row of ds4_lane_dot lies and when it is read: in global
+ * memory, loaded U chunks ahead with the weights (a matmul's activations,
+ * where a block has registers to spare); or in global or in the block's
+ * shared memory, read as each chunk is summed, which holds no registers
+ * while the weights are in flight (the FFNs' x and activations). */
+enum ds4_xspace { DS4_X_AHEAD, DS4_X_GLOBAL, DS4_X_SHARED };
+
 /* One lane's share of x . w over KK elements, for a group of L lanes: the
  * row is cut into chunks of 16 bytes of w (V = 16 / sizeof(W) elements,
  * the last one short when V does not divide KK); lane l sums chunks l,
  * l + L, l + 2L, ... in ascending order, each chunk's elements in
  * ascending order, into one f32. That order depends only on KK, L and W,
- * not on how the chunks are loaded: 16 bytes at a time, U chunks in
+ * not on how the chunks are loaded: 16 bytes at a time, U chunks of w in
  * flight before the first is used, when every chunk is whole and both
- * rows are 16-byte aligned; else one element at a time.
+ * rows are 16-byte aligned; else one element at a time; x from where XS
+ * says.
  * `zero` must be 0 at run time and unknown to the compilers (the caller
  * takes it from ds4_grid()): it is added to the chunk count, whose loads
  * are then guarded by a bound only known at run time. Under a constant
  * bound ptxas sinks each load next to its use to save registers, which
  * leaves one load in flight per lane and a GEMV far below memory
  * bandwidth; under run-time guards the U loads stay ahead of the sums. */
-template <int L, int64_t KK, typename W>
+template <int L, int64_t KK, typename W, ds4_xspace XS = DS4_X_AHEAD>
 DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero)
 {
   constexpr int V = 16 / (int)sizeof(W), U = 8;
@@ -384,20 +406,34 @@ DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero
   if (KK % V == 0 && addr % 16 == 0) {
     for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
       ds4_u32x4 wv[U];
-      ds4_f32x4 xv[U][V / 4];
+      ds4_f32x4 xv[XS == DS4_X_AHEAD ? U : 1][V / 4];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         int64_t c = c0 + (int64_t)u * L;
         if (c < nch) {
           wv[u] = *(const DS4_GLOBAL ds4_u32x4 *)(w + c * V);
-          for (int q = 0; q < V / 4; q++)
-            xv[u][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
+          if constexpr (XS == DS4_X_AHEAD)
+            for (int q = 0; q < V / 4; q++)
+              xv[u][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
         }
       }
 #pragma unroll
-      for (int u = 0; u < U; u++)
-        if (c0 + (int64_t)u * L < nch)
+      for (int u = 0; u < U; u++) {
+        int64_t c = c0 + (int64_t)u * L;
+        if (c >= nch)
+          continue;
+        if constexpr (XS == DS4_X_AHEAD) {
           acc = ds4_chunk_dot(acc, xv[u], wv[u], W{});
+        } else {
+          for (int q = 0; q < V / 4; q++) {
+            if constexpr (XS == DS4_X_SHARED)
+              xv[0][q] = *(const DS4_LDS ds4_f32x4 *)(x + c * V + 4 * q);
+            else
+              xv[0][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
+          }
+          acc = ds4_chunk_dot(acc, xv[0], wv[u], W{});
+        }
+      }
     }
     return acc;
   }
@@ -417,57 +453,77 @@ DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
   return acc;
 }
 
+/* ffn rows f0 .. f0 + FN - 1 of ds4_swiglu (below), one chunk: the gate
+ * and up rows into act, then the chunk's part of every output. A function
+ * per chunk length, so that each chunk's loops have constant bounds and
+ * the compilers do not merge the loads of a whole chunk's and a short
+ * last chunk's dots (which costs registers: spills). */
+template <int NT, int L, int64_t H, int64_t F, int64_t FN, ds4_xspace XS, typename W1, typename W3, typename W2>
+DS4_DEVICE void ds4_swiglu_chunk(const float *xr, const W1 *w1, const W3 *w3, const W2 *w2, float *out, float *act,
+                                 float limit, int64_t f0, int64_t zero)
+{
+  constexpr int NG = NT / L;
+  int tid = ds4_thread(), lane = tid % L, group = tid / L;
+  for (int64_t f = group; f < FN; f += NG) {
+    float g = ds4_lane_dot<L, H, W1, XS>(xr, w1 + (f0 + f) * H, lane, zero);
+    float u = ds4_lane_dot<L, H, W3, XS>(xr, w3 + (f0 + f) * H, lane, zero);
+    g = ds4_lane_sum<L>(g);
+    u = ds4_lane_sum<L>(u);
+    if (lane == 0)
+      act[f] = ds4_swiglu_act(g, u, limit);
+  }
+  ds4_barrier(); /* the chunk's act[] written */
+  for (int64_t c = group; c < H; c += NG) {
+    float acc = ds4_lane_dot<L, FN, W2, DS4_X_SHARED>(act, w2 + c * F + f0, lane, zero);
+    acc = ds4_lane_sum<L>(acc);
+    if (lane == 0)
+      out[c] = f0 == 0 ? acc : out[c] + acc; /* the same lane each chunk */
+  }
+}
+
 /* One SwiGLU expert on one token, the body of swiglu_ffn and moe_experts:
  * out[c] = sum_f ds4_swiglu_act(x . w1[f], x . w3[f], limit) * w2[c, f]
- * for c < h (limit 0: no clamp). Each weight is float or ds4_bf16 (widened
- * exactly by ds4_f32): the order below is the same for both.
- * The ffn rows go in chunks of FC (act, in shared memory, holds one
- * chunk's activations). The block works in NT / L groups of L consecutive
- * threads: in a chunk, group g takes rows g, g + NT / L, ... of w1 and w3,
- * then of w2; a lane l sums the products of its row at l, l + L, ... in
- * ascending order, and the group adds its lanes with ds4_group_sum. out[c]
- * is the first chunk's sum, plus each later chunk's in order (one chunk
- * when f <= FC). The order depends only on h, f, L, NT and FC, so every
+ * for c < H (limit 0: no clamp), each weight float or ds4_bf16 (widened
+ * exactly by ds4_f32), by a block of NT threads in groups of L lanes
+ * (L = 32: a warp, or half a wavefront of 64). With XS shared, the block
+ * first copies x into xs (H floats of shared memory) and reads it from
+ * there; with XS global, from global memory, as each chunk is summed
+ * (x too large for shared memory). The ffn rows go in chunks of FC (act, in shared memory, holds
+ * one chunk's activations; FC a multiple of 8 when F > FC, so that every
+ * chunk of a w2 row starts 16-byte aligned), each chunk in two phases:
+ *   1. gate and up: group q takes rows q, q + NT/L, ... of the chunk; a
+ *      row's g = x . w1[f] and u = x . w3[f] are each a ds4_lane_dot over
+ *      H and a ds4_lane_sum, and its lane 0 stores act[f];
+ *   2. down: group q takes outputs c = q, q + NT/L, ...: the dot of act
+ *      with the chunk's part of w2[c], the same way; out[c] is the first
+ *      chunk's sum, plus each later chunk's in order (one chunk when F <=
+ *      FC).
+ * Each weight row streams once with 16-byte loads, 8 per lane in flight.
+ * The order depends only on H, F, FC, L and the weights' dtypes, so every
  * launch that holds an expert computes its slot with the same bits. */
-template <int L, int NT, int FC, typename W1, typename W3, typename W2>
-DS4_DEVICE void ds4_swiglu(const float *x, const W1 *w1, const W3 *w3, const W2 *w2, float *out, int64_t h,
-                           int64_t f, float *act, float *red, float limit)
+template <int NT, int L, int64_t H, int64_t F, int64_t FC, ds4_xspace XS, typename W1, typename W3, typename W2>
+DS4_DEVICE void ds4_swiglu(const float *x, float *xs, const W1 *w1, const W3 *w3, const W2 *w2, float *out,
+                           float *act, float limit, int64_t zero)
 {
   static_assert(NT % L == 0, "a block is a whole number of groups");
-  const int ngroups = NT / L;
-  int tid = ds4_thread(), lane = tid & (L - 1), group = tid / L;
-  for (int64_t f0 = 0; f0 < f; f0 += FC) {
-    int64_t fn = f - f0 < FC ? f - f0 : FC;
-    for (int64_t r0 = 0; r0 < fn; r0 += ngroups) {
-      int64_t row = r0 + group;
-      float g = 0.0f, u = 0.0f;
-      if (row < fn) {
-        const W1 *w1r = w1 + (f0 + row) * h;
-        const W3 *w3r = w3 + (f0 + row) * h;
-        for (int64_t c = lane; c < h; c += L) {
-          g += x[c] * ds4_f32(w1r[c]);
-          u += x[c] * ds4_f32(w3r[c]);
-        }
-      }
-      g = ds4_group_sum<L>(red, g);
-      u = ds4_group_sum<L>(red, u);
-      if (row < fn && lane == 0)
-        act[row] = ds4_swiglu_act(g, u, limit);
-    }
-    ds4_barrier(); /* the chunk's act[] written */
-    for (int64_t c0 = 0; c0 < h; c0 += ngroups) {
-      int64_t c = c0 + group;
-      float acc = 0.0f;
-      if (c < h) {
-        const W2 *w2r = w2 + c * f + f0;
-        for (int64_t j = lane; j < fn; j += L)
-          acc += act[j] * ds4_f32(w2r[j]);
-      }
-      /* Its barriers also keep act[] until every thread has read it. */
-      acc = ds4_group_sum<L>(red, acc);
-      if (c < h && lane == 0)
-        out[c] = f0 == 0 ? acc : out[c] + acc; /* the same thread each chunk */
-    }
+  static_assert(F <= FC || FC % 8 == 0, "every chunk of w2's rows starts 16-byte aligned");
+  constexpr int64_t NFULL = F / FC, FTAIL = F % FC;
+  const float *xr = x;
+  if constexpr (XS == DS4_X_SHARED) {
+    for (int64_t c = ds4_thread(); c < H; c += NT)
+      xs[c] = x[c];
+    ds4_barrier();
+    xr = xs;
+  }
+  for (int64_t k = 0; k < NFULL; k++) {
+    if (k > 0)
+      ds4_barrier(); /* every group has read the last chunk's act[] */
+    ds4_swiglu_chunk<NT, L, H, F, FC, XS>(xr, w1, w3, w2, out, act, limit, k * FC, zero);
+  }
+  if constexpr (FTAIL > 0) {
+    if (NFULL > 0)
+      ds4_barrier();
+    ds4_swiglu_chunk<NT, L, H, F, FTAIL, XS>(xr, w1, w3, w2, out, act, limit, NFULL * FC, zero);
   }
 }
 
