@@ -154,3 +154,14 @@ rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int nto
   return rt_replay_step(bd, step);
 }
 
+rt_status prefill(rt_bundle *bd, const plan *p, const int32_t *prompt, int nprompt, int32_t *ids, int32_t *next,
+                  int *index, int32_t *out_last) {
+  for (int pos = 0; pos < nprompt; pos += (int)p->info.tokens) {
+    int ntok = nprompt - pos < (int)p->info.tokens ? nprompt - pos : (int)p->info.tokens;
+    memcpy(ids, prompt + pos, (size_t)ntok * sizeof *ids);
+    RT_TRY(step_once(bd, p, ids, pos, ntok, (*index)++));
+    RT_TRY(rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next));
+    *out_last = next[ntok - 1];
+  }
+  return NULL;
+}

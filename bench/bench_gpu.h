@@ -64,5 +64,10 @@ rt_status bench_copy(gpu *g, double *out_bps);
 
 /* Feeds ids (ntok live, zeros after) and replays one step. */
 rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int ntok, int index);
+/* Replays the prompt as prefill chunks of the plan's slots from step index
+ * *index on (advanced); *out_last is the greedy token after the prompt.
+ * ids and next hold the plan's token slots. */
+rt_status prefill(rt_bundle *bd, const plan *p, const int32_t *prompt, int nprompt, int32_t *ids, int32_t *next,
+                  int *index, int32_t *out_last);
 
 #endif

@@ -107,13 +107,7 @@ static rt_status run_bundle(const char *dir, const opts *o, result *r) {
                        p->info.max_seq, nprompt, o->warmup + o->steps);
   int index = 0;
   int32_t last = 0;
-  for (int pos = 0; pos < nprompt && !s; pos += (int)p->info.tokens) {
-    int ntok = nprompt - pos < (int)p->info.tokens ? nprompt - pos : (int)p->info.tokens;
-    memcpy(ids, prompt + pos, (size_t)ntok * sizeof *ids);
-    s = step_once(bd, p, ids, pos, ntok, index++);
-    if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
-    last = next[ntok - 1];
-  }
+  if (!s) s = prefill(bd, p, prompt, nprompt, ids, next, &index, &last);
   for (int i = 0; i < o->warmup + o->steps && !s; i++) {
     ids[0] = last;
     double t0 = now_ns();

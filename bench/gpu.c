@@ -374,13 +374,7 @@ static rt_status decode_steps(const char *dir, double q[3], const plan **out_pla
   int done = 0, index = 0;
   while (!s && done < STEP_WARMUP + STEP_RUNS) {
     int32_t last = 0;
-    for (int pos = 0; pos < nprompt && !s; pos += (int)p->info.tokens) {
-      int ntok = nprompt - pos < (int)p->info.tokens ? nprompt - pos : (int)p->info.tokens;
-      memcpy(ids, prompt + pos, (size_t)ntok * sizeof *ids);
-      s = step_once(bd, p, ids, pos, ntok, index++);
-      if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
-      last = next[ntok - 1];
-    }
+    s = prefill(bd, p, prompt, nprompt, ids, next, &index, &last);
     for (int pos = nprompt; pos < (int)p->info.max_seq && !s && done < STEP_WARMUP + STEP_RUNS; pos++) {
       ids[0] = last;
       double t0 = now_ns();
