@@ -80,7 +80,8 @@ static int64_t dim(const ir_prog *p, const ir_op *op, int i, int j) {
   return j < t->ndim ? t->dim[j] : -1;
 }
 
-/* moe_experts, swiglu_ffn: attr 0 is the clamp of DS4-MATH §3.3, 0 for none. */
+/* moe_experts, swiglu_ffn, swiglu_act: attr 0 is the clamp of DS4-MATH §3.3,
+ * 0 for none. */
 static int check_swiglu_limit(const ir_op *op, dsl_diag *d) {
   double limit = op->fattr[0];
   if (!(limit >= 0.0 && isfinite(limit)))
@@ -358,6 +359,13 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
       if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, H), d) ||
           expect_weight(p, op, 2, 2, DIMS(F, H), d) || expect_weight(p, op, 3, 2, DIMS(H, F), d) ||
           expect(p, op, 4, PLAN_F32, 2, DIMS(T, H), d))
+        return -1;
+      return check_swiglu_limit(op, d);
+    }
+    case IR_OP_SWIGLU_ACT: {
+      int64_t F = dim(p, op, 0, 1);
+      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect(p, op, 1, PLAN_F32, 2, DIMS(T, F), d) ||
+          expect(p, op, 2, PLAN_F32, 2, DIMS(T, F), d))
         return -1;
       return check_swiglu_limit(op, d);
     }

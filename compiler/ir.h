@@ -42,6 +42,7 @@ enum ir_opkind {
   IR_OP_COMPRESS_POOL,
   IR_OP_INDEX_SCORES,
   IR_OP_INDEX_SELECT,
+  IR_OP_SWIGLU_ACT,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };

@@ -19,6 +19,10 @@
  * for a decode GEMV to fill the GPU (kgen_gpu.c). */
 #define KGEN_MATMUL_TILE 8
 
+/* Elements per swiglu_act block: one per GPU thread (kgen_gpu.c gives the
+ * kind this many), so a warp's loads and stores are contiguous. */
+#define KGEN_ACT_TILE 256
+
 const char *ds4_template_find(const char *target, const char *kind)
 {
   for (int i = 0; i < ds4_ntemplates; i++)
@@ -151,6 +155,8 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           2, {{"heads", 0}, {"ratio", 0}}},
   [IR_OP_INDEX_SELECT] = {"index_select", 1, 1, {{"scores", 'f', "TN"}, {"sel", 'i', "TK"}},
                           2, {{"topk", 0}, {"ratio", 0}}},
+  [IR_OP_SWIGLU_ACT] = {"swiglu_act", 2, 1, {{"g", 'f', "TF"}, {"u", 'f', "TF"}, {"a", 'f', "TF"}},
+                        1, {{"swiglu_limit", 1}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -388,8 +394,8 @@ static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
-/* moe_experts, swiglu_ffn: SWIGLU_LIMIT, the clamp of DS4-MATH §3.3 (attr
- * 0; 0 for none). */
+/* moe_experts, swiglu_ffn, swiglu_act: SWIGLU_LIMIT, the clamp of DS4-MATH
+ * §3.3 (attr 0; 0 for none). */
 static int kgen_def_swiglu_limit(kgen_ctx *c, kgen_spec *s)
 {
   float f = 0.0f;
@@ -831,6 +837,18 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     if (kgen_def_swiglu_limit(c, s))
       return -1;
     break;
+  case IR_OP_SWIGLU_ACT: {
+    int64_t ntiles = (v['F'] + KGEN_ACT_TILE - 1) / KGEN_ACT_TILE;
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "F", v['F']);
+    kgen_def_int(s, "TILE", KGEN_ACT_TILE);
+    kgen_def_int(s, "NTILES", ntiles);
+    if (kgen_def_swiglu_limit(c, s))
+      return -1;
+    s->grid = (uint64_t)(T * ntiles);
+    s->grid_text = "token slot x tile of 256 elements";
+    break;
+  }
   case IR_OP_ARGMAX:
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "V", v['V']);

@@ -63,6 +63,7 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_COMPRESS_POOL] = {256, 0, 0},
   [IR_OP_INDEX_SCORES] = {256, 0, 0}, /* one thread per window: KGEN_INDEX_TILE (256) */
   [IR_OP_INDEX_SELECT] = {256, 0, 0},
+  [IR_OP_SWIGLU_ACT] = {256, 0, 0}, /* one thread per element: KGEN_ACT_TILE (256) */
 };
 
 const char *kgen_gpu_prelude(void)

@@ -44,6 +44,8 @@ static const char *const in_iscores[] = {"q", "weights", "keys"};
 static const char *const out_iscores[] = {"scores"};
 static const char *const in_iselect[] = {"scores"};
 static const char *const out_iselect[] = {"sel"};
+static const char *const in_act[] = {"g", "u"};
+static const char *const out_a[] = {"a"};
 
 const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_EMBED] = {"embed", 2, 1, in_embed, out_x, {{0}}, 0, 0},
@@ -107,6 +109,8 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                             {{"heads", IR_ATTR_INT, 1, 0}, {"ratio", IR_ATTR_INT, 1, 0}}, 2, 0},
     [IR_OP_INDEX_SELECT] = {"index_select", 1, 1, in_iselect, out_iselect,
                             {{"topk", IR_ATTR_INT, 1, 0}, {"ratio", IR_ATTR_INT, 1, 0}}, 2, 0},
+    /* swiglu_ffn's activation alone, on the outputs of two matmuls */
+    [IR_OP_SWIGLU_ACT] = {"swiglu_act", 2, 1, in_act, out_a, {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0},
 };
 

@@ -94,6 +94,9 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
     case IR_OP_WINDOW_WRITE:
     case IR_OP_COMPRESS_STORE: return 0;
     case IR_OP_SUM_PARTS: return ((double)op->iattr[0] - 1.0) * elems(out0);
+    /* Per element: the clamps, an exp, a division, two products and a
+     * sum (~8); its bytes (g and u read, a written) decide its time. */
+    case IR_OP_SWIGLU_ACT: return 8.0 * elems(out0);
     default: return 4.0 * elems(out0);
   }
 }

@@ -1309,6 +1309,117 @@ START_TEST(swiglu_ffn_clamp)
 }
 END_TEST
 
+/* §3.3's activation alone, by the reference's primitive: x = [g, u] through
+ * w1 = [1 0], w3 = [0 1] and w2 = [1; 0] (exact in float64). */
+static double ref_act(double g, double u)
+{
+  static const double w1[2] = {1.0, 0.0}, w3[2] = {0.0, 1.0}, w2[2] = {1.0, 0.0};
+  double x[2] = {g, u}, y[2];
+  ref_ds4_swiglu(x, w1, w3, w2, 2, 1, SWIGLU_LIMIT, y);
+  return y[0];
+}
+
+/* The shared expert as the schedules run it at full size: matmul (w1) and
+ * matmul (w3) into swiglu_act, then matmul (w2). The activation against
+ * the reference's clamp, the output against ref_ds4_swiglu, and bit for
+ * bit swiglu_ffn's (the host matmuls sum in swiglu_ffn's order). */
+START_TEST(swiglu_act_shared_expert)
+{
+  rng_seed(24);
+  enum { W = MOE_FFN * HIDDEN, ACTS = SLOTS * MOE_FFN };
+  kop up, act, down, ffn;
+  kop_init(&up, IR_OP_MATMUL); /* x.w1^T into g, then x.w3^T into u */
+  kop_operand(&up, IN, PLAN_F32, 2, SLOTS, HIDDEN);
+  kop_operand(&up, IN, PLAN_BF16, 2, MOE_FFN, HIDDEN);
+  kop_operand(&up, OUT, PLAN_F32, 2, SLOTS, MOE_FFN);
+  kop_init(&act, IR_OP_SWIGLU_ACT);
+  act.op.fattr[0] = SWIGLU_LIMIT;
+  for (int i = 0; i < 3; i++)
+    kop_operand(&act, i == 2 ? OUT : IN, PLAN_F32, 2, SLOTS, MOE_FFN);
+  kop_init(&down, IR_OP_MATMUL);
+  kop_operand(&down, IN, PLAN_F32, 2, SLOTS, MOE_FFN);
+  kop_operand(&down, IN, PLAN_BF16, 2, HIDDEN, MOE_FFN);
+  kop_operand(&down, OUT, PLAN_F32, 2, SLOTS, HIDDEN);
+  kop_init(&ffn, IR_OP_SWIGLU_FFN);
+  ffn.op.fattr[0] = SWIGLU_LIMIT;
+  kop_operand(&ffn, IN, PLAN_F32, 2, SLOTS, HIDDEN);
+  kop_operand(&ffn, IN, PLAN_BF16, 2, MOE_FFN, HIDDEN);
+  kop_operand(&ffn, IN, PLAN_BF16, 2, MOE_FFN, HIDDEN);
+  kop_operand(&ffn, IN, PLAN_BF16, 2, HIDDEN, MOE_FFN);
+  kop_operand(&ffn, OUT, PLAN_F32, 2, SLOTS, HIDDEN);
+  float *x = malloc(SLOTS * HIDDEN * 4), *g = malloc(ACTS * 4), *u = malloc(ACTS * 4), *a = malloc(ACTS * 4);
+  uint16_t *wb[3];
+  for (int i = 0; i < 3; i++) {
+    wb[i] = malloc(W * 2);
+    ck_assert_ptr_nonnull(wb[i]);
+    fill_bf16(wb[i], W, 1.0);
+  }
+  ck_assert(x && g && u && a);
+  up.buf[0] = x; /* w1 and g; w3 and u bound for the second run */
+  up.buf[1] = wb[0];
+  up.buf[2] = g;
+  act.buf[0] = g;
+  act.buf[1] = u;
+  act.buf[2] = a;
+  down.buf[0] = a;
+  down.buf[1] = wb[2];
+  ffn.buf[0] = x;
+  for (int i = 0; i < 3; i++)
+    ffn.buf[1 + i] = wb[i];
+  void *dl = kops_build((kop *[]){&up, &act, &down, &ffn}, 4);
+  double *w1 = widen_bf16(wb[0], W), *w3 = widen_bf16(wb[1], W), *w2 = widen_bf16(wb[2], W);
+  double ref_a[MOE_FFN], y[HIDDEN], worst_act = 0.0, worst = 0.0;
+  clamp_seen seen = {0};
+  for (int s = 0; s < NSTEPS; s++) {
+    int pos = g_steps[s][0], ntok = g_steps[s][1];
+    fill_live(x, HIDDEN, ntok, 4.0);
+    up.buf[1] = wb[0];
+    up.buf[2] = g;
+    kop_run(&up, pos, ntok);
+    up.buf[1] = wb[1];
+    up.buf[2] = u;
+    kop_run(&up, pos, ntok);
+    kop_run(&act, pos, ntok);
+    kop_run(&down, pos, ntok);
+    kop_run(&ffn, pos, ntok);
+    const float *chain = down.buf[2], *fused = ffn.buf[4];
+    ck_assert_msg(memcmp(chain, fused, SLOTS * HIDDEN * 4) == 0,
+                  "step at pos %d: matmuls around swiglu_act differ from swiglu_ffn", pos);
+    for (int t = 0; t < SLOTS; t++) {
+      if (t >= ntok) {
+        expect_zero("swiglu_act", pos, t, a + t * MOE_FFN, MOE_FFN);
+        continue;
+      }
+      for (int f = 0; f < MOE_FFN; f++)
+        ref_a[f] = ref_act(g[t * MOE_FFN + f], u[t * MOE_FFN + f]);
+      worst_act = fmax(worst_act, expect_row("swiglu_act", pos, t, a + t * MOE_FFN, ref_a, MOE_FFN));
+      double *xd = widen(x + t * HIDDEN, HIDDEN);
+      ref_ds4_swiglu(xd, w1, w3, w2, HIDDEN, MOE_FFN, SWIGLU_LIMIT, y);
+      count_clamps(xd, w1, w3, &seen);
+      worst = fmax(worst, expect_row("matmuls around swiglu_act", pos, t, chain + t * HIDDEN, y, HIDDEN));
+      free(xd);
+    }
+  }
+  expect_clamps(&seen);
+  report_worst("swiglu_act", worst_act);
+  report_worst("swiglu_act shared expert", worst);
+  free(w1);
+  free(w3);
+  free(w2);
+  for (int i = 0; i < 3; i++)
+    free(wb[i]);
+  free(x);
+  free(g);
+  free(u);
+  free(a);
+  kop_free(&up);
+  kop_free(&act);
+  kop_free(&down);
+  kop_free(&ffn);
+  dlclose(dl);
+}
+END_TEST
+
 /* y = Σ_j w_j · slot_j (§10.4). The reference weighs inside ref_ds4_step
  * with no primitive of its own: a float64 sum of the same values. */
 START_TEST(moe_combine_weighted)
@@ -1590,6 +1701,7 @@ static Suite *ds4_kinds_suite(void)
   tcase_add_test(tc, hash_route_table);
   tcase_add_test(tc, moe_experts_swiglu_clamp);
   tcase_add_test(tc, swiglu_ffn_clamp);
+  tcase_add_test(tc, swiglu_act_shared_expert);
   tcase_add_test(tc, moe_combine_weighted);
   tcase_add_test(tc, add_rows);
   tcase_add_test(tc, hc_pre_sinkhorn);

@@ -6,7 +6,8 @@
  * emit_kernels_build and check the code objects, the shared symbols,
  * byte-identical rebuilds, the prelude's math against libm and the
  * toolchain's errors; with no GPU here, some kinds' GPU kernels also run
- * on host threads (the compressor and indexer, the FFNs, group_matmul). */
+ * on host threads (the compressor and indexer, the FFNs, swiglu_act,
+ * group_matmul). */
 #include <check.h>
 #include <dlfcn.h>
 #include <float.h>
@@ -1458,6 +1459,83 @@ START_TEST(test_swiglu_ffn)
 }
 END_TEST
 
+/* ---- swiglu_act: swiglu_ffn's activation alone ---- */
+
+static void swiglu_act_op(kt *k, int64_t T, int64_t F, double limit)
+{
+  kt_init(k, IR_OP_SWIGLU_ACT);
+  k->op.fattr[0] = limit;
+  for (int i = 0; i < 3; i++)
+    kt_add(k, i == 2, PLAN_F32, 2, T, F);
+}
+
+/* Every element against float64 (a relative error, as it is elementwise),
+ * NaN inputs giving NaN, dead rows +0; returns the symbol (caller frees). */
+static char *swiglu_act_case(double limit)
+{
+  enum { T = 4, F = 300 }; /* two tiles of 256, the second partial */
+  int seen[3] = {0}, nans = 0;
+  kt k;
+  swiglu_act_op(&k, T, F, limit);
+  built b;
+  build(&k, &b);
+  ck_assert_uint_eq(b.kk.grid, T * 2);
+  bufs bs;
+  bufs_alloc(&bs, &k);
+  for (int s = 0; s < NSTEPS; s++) {
+    int ntok = g_steps[s][1];
+    float *g = bs.b[0], *u = bs.b[1], *a = bs.b[2];
+    fill_f32(g, T * F, 1.5);
+    fill_f32(u, T * F, 1.5);
+    g[7] = NAN; /* live in every step: the clamps keep a NaN */
+    u[F + 9] = NAN;
+    fill_garbage(a, T * F);
+    run_checked(&b, &k, &bs, g_steps[s][0], ntok);
+    for (int64_t i = 0; i < T * F; i++) {
+      if (i >= ntok * F) {
+        ck_assert_msg(a[i] == 0.0f && !signbit(a[i]), "swiglu_act: dead element %lld is %g", (long long)i,
+                      (double)a[i]);
+        continue;
+      }
+      if (isnan(g[i]) || isnan(u[i])) {
+        ck_assert_msg(isnan(a[i]), "swiglu_act: a NaN input gave %g at %lld", (double)a[i], (long long)i);
+        nans++;
+        continue;
+      }
+      double ref = ref_swiglu_act(g[i], u[i], limit, seen);
+      ck_assert_msg(fabs((double)a[i] - ref) <= REL_TOL * fabs(ref),
+                    "swiglu_act (limit %g): element %lld: got %.9g, float64 %.9g (g %g, u %g)", limit,
+                    (long long)i, (double)a[i], ref, (double)g[i], (double)u[i]);
+    }
+  }
+  ck_assert_int_gt(nans, NSTEPS);
+  if (limit > 0.0) /* |g|, |u| up to 1.5: every side of the clamp is hit */
+    ck_assert_msg(seen[0] && seen[1] && seen[2], "swiglu_act: clamp at %g not exercised", limit);
+  char *symbol = strdup(b.kk.symbol);
+  ck_assert_ptr_nonnull(symbol);
+  bufs_free(&bs);
+  unbuild(&b);
+  return symbol;
+}
+
+START_TEST(test_swiglu_act)
+{
+  char *plain = swiglu_act_case(0.0), *clamped = swiglu_act_case(0.5);
+  ck_assert_str_ne(plain, clamped);
+  free(plain);
+  free(clamped);
+  /* A kind of its own from the start: its limit is always a fact. */
+  kt k;
+  swiglu_act_op(&k, 4, 8, 0.0);
+  kgen_kernel kk;
+  dsl_diag d = {0};
+  ck_assert_int_eq(kgen_host(&k.prog, &k.op, &kk, &d), 0);
+  ck_assert_ptr_nonnull(strstr(kk.source, " *   attr swiglu_limit=0x0p+0f\n"));
+  ck_assert_ptr_nonnull(strstr(kk.source, "#define SWIGLU_LIMIT (0x0p+0f)\n"));
+  kgen_kernel_free(&kk);
+}
+END_TEST
+
 /* ---- bf16 weights: the f32 kernel's bits on the widened values ---- */
 
 /* A random i32 in [-1, bound]: token ids or expert choices, the first
@@ -2390,7 +2468,7 @@ START_TEST(test_templates)
                                       "sum_parts", "hc_pre", "hc_post", "hc_head", "score_route",
                                       "hash_route", "compress_store", "compress_pool", "index_scores",
                                       "index_select", "rmsnorm_groups", "window_write", "sink_attention",
-                                      "group_matmul"};
+                                      "group_matmul", "swiglu_act"};
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
     const char *t = ds4_template_find("host", kinds[i]);
     ck_assert_msg(t != NULL, "no host template for %s", kinds[i]);
@@ -3875,6 +3953,10 @@ static void mp_all_kinds(mprog *m)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)36);
     mp_take(m, &k);
   }
+  swiglu_act_op(&k, 4, 300, 10.0); /* a partial second tile, clamped */
+  mp_take(m, &k);
+  swiglu_act_op(&k, 4, 64, 0.0);
+  mp_take(m, &k);
 }
 
 static const char *const g_kinds[] = {"embed", "rmsnorm", "matmul", "rope", "cache_write", "attention",
@@ -3882,7 +3964,7 @@ static const char *const g_kinds[] = {"embed", "rmsnorm", "matmul", "rope", "cac
                                       "argmax", "sum_parts", "hc_pre", "hc_post", "hc_head", "score_route",
                                       "hash_route", "compress_store", "compress_pool", "index_scores",
                                       "index_select", "rmsnorm_groups", "window_write", "sink_attention",
-                                      "group_matmul"};
+                                      "group_matmul", "swiglu_act"};
 #define NKINDS ((int)(sizeof g_kinds / sizeof g_kinds[0]))
 
 START_TEST(test_gpu_templates)
@@ -4523,6 +4605,101 @@ static void moe_gpu_case(int *rows, uint32_t wt, double limit)
   ffn_gpu_case(&k, idx, T * K, g_gpu_steps, 2);
 }
 
+/* ---- swiglu_act against swiglu_ffn, and on the GPU ---- */
+
+/* swiglu_ffn whose weights pass g and u through unchanged: x[t] = [g[t],
+ * u[t]], w1 = [I 0], w3 = [0 I], w2 = [I; 0] (sums of one product by 1 and
+ * products by 0, exact), so y[t] = [act(g[t], u[t]), 0]: its activation. */
+static void identity_ffn_op(kt *k, int64_t T, int64_t F, double limit)
+{
+  kt_init(k, IR_OP_SWIGLU_FFN);
+  k->op.fattr[0] = limit;
+  kt_add(k, 0, PLAN_F32, 2, T, 2 * F);
+  kt_add(k, 0, PLAN_F32, 2, F, 2 * F);
+  kt_add(k, 0, PLAN_F32, 2, F, 2 * F);
+  kt_add(k, 0, PLAN_F32, 2, 2 * F, F);
+  kt_add(k, 1, PLAN_F32, 2, T, 2 * F);
+}
+
+static void identity_ffn_fill(bufs *ffn, const bufs *act, int64_t T, int64_t F)
+{
+  float *x = ffn->b[0], *w1 = ffn->b[1], *w3 = ffn->b[2], *w2 = ffn->b[3];
+  memset(w1, 0, (size_t)(F * 2 * F) * 4);
+  memset(w3, 0, (size_t)(F * 2 * F) * 4);
+  memset(w2, 0, (size_t)(2 * F * F) * 4);
+  for (int64_t f = 0; f < F; f++) {
+    w1[f * 2 * F + f] = 1.0f;
+    w3[f * 2 * F + F + f] = 1.0f;
+    w2[f * F + f] = 1.0f;
+  }
+  for (int64_t t = 0; t < T; t++) {
+    memcpy(x + t * 2 * F, (const float *)act->b[0] + t * F, (size_t)F * 4);
+    memcpy(x + t * 2 * F + F, (const float *)act->b[1] + t * F, (size_t)F * 4);
+  }
+}
+
+/* swiglu_act's bits are swiglu_ffn's activation's, on the host and (run
+ * on host threads) on the GPU: one prelude helper computes both. */
+static void act_is_ffn_case(int gpu, double limit)
+{
+  enum { T = 4, F = 40 };
+  chain_kernel act = {0}, ffn = {0};
+  swiglu_act_op(&act.op, T, F, limit);
+  identity_ffn_op(&ffn.op, T, F, limit);
+  chain_build(&act, gpu);
+  chain_build(&ffn, gpu);
+  bufs ba, bf;
+  bufs_alloc(&ba, &act.op);
+  bufs_alloc(&bf, &ffn.op);
+  for (int s = 0; s < 2; s++) {
+    int pos = g_gpu_steps[s][0], ntok = g_gpu_steps[s][1];
+    fill_f32(ba.b[0], T * F, 3.0 * limit + 2.0);
+    fill_f32(ba.b[1], T * F, 3.0 * limit + 2.0);
+    fill_garbage(ba.b[2], T * F);
+    identity_ffn_fill(&bf, &ba, T, F);
+    fill_garbage(bf.b[4], T * 2 * F);
+    chain_launch(&act, &ba, pos, ntok, 0);
+    chain_launch(&ffn, &bf, pos, ntok, 0);
+    const float *a = ba.b[2], *y = bf.b[4];
+    for (int64_t t = 0; t < T; t++) {
+      ck_assert_msg(memcmp(a + t * F, y + t * 2 * F, (size_t)F * 4) == 0,
+                    "swiglu_act (%s, limit %g): row %lld differs from swiglu_ffn's activation",
+                    gpu ? "GPU" : "host", limit, (long long)t);
+      for (int64_t f = F; f < 2 * F; f++)
+        ck_assert_msg(y[t * 2 * F + f] == 0.0f, "identity swiglu_ffn: y[%lld,%lld] is %g", (long long)t,
+                      (long long)f, (double)y[t * 2 * F + f]);
+    }
+  }
+  bufs_free(&ba);
+  bufs_free(&bf);
+  chain_unbuild(&act);
+  chain_unbuild(&ffn);
+}
+
+START_TEST(test_swiglu_act_is_ffn)
+{
+  act_is_ffn_case(0, 0.0);
+  act_is_ffn_case(0, 1.0);
+}
+END_TEST
+
+/* The GPU kernel (on host threads) against the host's: within REL_TOL (the
+ * prelude's exp is not libm's), zeros exact, the same bits off 16-byte
+ * alignment; and swiglu_ffn's activation's bits on the GPU too (a NaN is
+ * test_gpu_route_math's). */
+START_TEST(test_gpu_act)
+{
+  kt k;
+  swiglu_act_op(&k, 4, 300, 0.5);
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  swiglu_act_op(&k, 4, 40, 0.0);
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  act_is_ffn_case(1, 0.0);
+  act_is_ffn_case(1, 1.0);
+  emu_stop();
+}
+END_TEST
+
 /* moe_experts, swiglu_ffn and group_matmul on the GPU (their kernels run
  * on host threads) against the host kernels: every slot skipped or dead
  * +0, the clamp, a split launch, f32 and bf16 weights, rows loaded 16
@@ -4729,6 +4906,8 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_moe_split_is_exact);
   tcase_add_test(tc, test_moe_combine);
   tcase_add_test(tc, test_swiglu_ffn);
+  tcase_add_test(tc, test_swiglu_act);
+  tcase_add_test(tc, test_swiglu_act_is_ffn);
   tcase_add_test(tc, test_bf16_weights);
   tcase_add_test(tc, test_infer_weights);
   tcase_add_test(tc, test_argmax);
@@ -4755,6 +4934,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_errors);
   tcase_add_test(gpu, test_gpu_compress_index);
   tcase_add_test(gpu, test_gpu_ffn);
+  tcase_add_test(gpu, test_gpu_act);
   suite_add_tcase(s, gpu);
   return s;
 }
