@@ -90,12 +90,12 @@ void plan_text_write(const plan *pl, FILE *f) {
     fputc('\n', f);
   }
 
+  /* Code objects by path and target only: their SHA-256 (in plan.ds4p,
+   * and in `ds4c inspect`) depends on the toolchain's version, and the
+   * text is a review artefact of the descriptions and the compiler. */
   fprintf(f, "\n[code]\n");
-  for (uint32_t i = 0; i < pl->ncodeobjs; i++) {
-    char hex[65];
-    for (int j = 0; j < 32; j++) snprintf(hex + 2 * j, 3, "%02x", pl->codeobjs[i].sha256[j]);
-    fprintf(f, "%s target %s sha256 %s\n", S(pl, pl->codeobjs[i].path), S(pl, pl->codeobjs[i].target), hex);
-  }
+  for (uint32_t i = 0; i < pl->ncodeobjs; i++)
+    fprintf(f, "%s target %s\n", S(pl, pl->codeobjs[i].path), S(pl, pl->codeobjs[i].target));
   fprintf(f, "\n[kernels]\n");
   for (uint32_t i = 0; i < pl->nkernels; i++) {
     const plan_kernel *k = &pl->kernels[i];

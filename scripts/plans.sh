@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The committed review artefacts: out/<model>--<schedule>.plan.txt, the
+# canonical plan text of every shipped pair. A shipped pair is a model of
+# models/ and a schedule of schedules/ whose `model:` is that model or one
+# it extends. With no option, compiles every pair and writes its text;
+# with --check, compiles every pair into a scratch folder and fails (exit 1)
+# when a committed text is stale, missing or belongs to no shipped pair,
+# printing the command that refreshes them.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+ds4c="$root/build/ds4c"
+check=0
+
+usage() {
+  echo "usage: scripts/plans.sh [--check] [--ds4c PATH]" >&2
+  exit 64
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --check) check=1 ;;
+    --ds4c) [ $# -ge 2 ] || usage; ds4c="$2"; shift ;;
+    *) usage ;;
+  esac
+  shift
+done
+if [ ! -x "$ds4c" ]; then
+  echo "plans.sh: error: $ds4c is not an executable ds4c (build first, or pass --ds4c PATH)" >&2
+  exit 2
+fi
+
+# A YAML file's top-level scalar KEY, without quotes or comment.
+top_value() {
+  sed -n "s/^$1:[[:space:]]*\"\{0,1\}\([^\"#[:space:]]*\).*/\1/p" "$2" | head -n 1
+}
+
+# The models a model is: its own name, then every base along `extends:`.
+lineage() {
+  local file="$1"
+  while [ -n "$file" ]; do
+    top_value model "$file"
+    local base
+    base=$(top_value extends "$file")
+    file=${base:+$(dirname "$file")/$base}
+  done
+}
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+status=0
+declare -A shipped=()
+for model in "$root"/models/*.yaml; do
+  names=" $(lineage "$model" | tr '\n' ' ')"
+  mname=$(top_value model "$model")
+  for sched in "$root"/schedules/*.yaml; do
+    want=$(top_value model "$sched")
+    case "$names" in *" $want "*) ;; *) continue ;; esac
+    sname=$(basename "$sched" .yaml)
+    text="out/$mname--$sname.plan.txt"
+    shipped[$text]=1
+    if ! log=$("$ds4c" compile "$model" "$sched" -o "$scratch/bundle" 2>&1); then
+      echo "plans.sh: error: compiling ${model#"$root"/} with ${sched#"$root"/} failed:" >&2
+      echo "$log" >&2
+      exit 2
+    fi
+    if [ "$check" -eq 0 ]; then
+      cp "$scratch/bundle/plan.txt" "$root/$text"
+      echo "wrote $text"
+    elif [ ! -f "$root/$text" ]; then
+      echo "$text: missing"
+      status=1
+    elif ! cmp -s "$scratch/bundle/plan.txt" "$root/$text"; then
+      line=$({ cmp "$scratch/bundle/plan.txt" "$root/$text" 2>&1 || true; } | sed -n 's/.*line \([0-9]*\).*/\1/p')
+      echo "$text: stale (first difference at line ${line:-?})"
+      status=1
+    fi
+  done
+done
+for text in "$root"/out/*.plan.txt; do
+  [ -e "$text" ] || continue
+  rel="out/$(basename "$text")"
+  if [ -z "${shipped[$rel]:-}" ]; then
+    if [ "$check" -eq 0 ]; then
+      rm "$text"
+      echo "removed $rel (no shipped pair)"
+    else
+      echo "$rel: no shipped model and schedule pair gives it"
+      status=1
+    fi
+  fi
+done
+if [ "$status" -ne 0 ]; then
+  echo "plans.sh: the committed plan texts are out of date; refresh them with: scripts/plans.sh" >&2
+elif [ "$check" -eq 1 ]; then
+  echo "plans.sh: ${#shipped[@]} committed plan texts are current"
+fi
+exit "$status"
