@@ -289,6 +289,7 @@ static void unregister_host_arenas(rt_bundle *b, rt_dev *v) {
 static void bundle_free(rt_bundle *b) {
   if (!b) return;
   const plan *p = &b->p;
+  rt_watchdog_stop(b->watchdog);
   if (b->sub_ready) {
     pthread_mutex_lock(&b->sub_mu);
     b->sub_shutdown = 1;
@@ -304,7 +305,7 @@ static void bundle_free(rt_bundle *b) {
     for (uint32_t s = 0; s < p->nstreams; s++) {
       if (!b->streams[s]) continue;
       const rt_backend *be = b->devs[p->streams[s].device].be;
-      be->stream_sync(b->streams[s]);
+      rt_status_free(be->stream_sync(b->streams[s])); /* a failed step reported it already */
       be->stream_destroy(b->streams[s]);
     }
   }
@@ -756,6 +757,11 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
     rt_dev *v = &b->devs[d];
     v->owner = b;
     v->index = d;
+    atomic_init(&v->submitting, 0);
+    atomic_init(&v->waiting_record, PLAN_NONE);
+    const rt_fault *f = fault && fault->device == d ? fault : NULL;
+    v->die_at = f ? f->die_submitter : 0;
+    v->die_silently = f && f->die_silently;
     rt_status s = rt_backend_lookup(pd->backend, &v->be);
     if (s) return rt_status_wrap(s, "device %s", plan_str(p, pd->name));
     rt_device_options o = {
@@ -763,10 +769,11 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
         .ordinal = pd->ordinal,
         .threads = opts && opts->threads > 0 ? (uint32_t)opts->threads : pd->threads,
         .sync = &b->sync,
-        .fail_launch = fault && fault->device == d ? fault->fail_launch : 0,
+        .fail_launch = f ? f->fail_launch : 0,
+        .watchdog_ms = opts ? opts->watchdog_ms : 0,
     };
     if (o.threads == 0) o.threads = 1;
-    RT_TRY(v->be->device_open(&o, &v->dev));
+    RT_TRY(rt_fault_device_open(v->be, f, &o, &v->be, &v->dev));
     s = v->be->mem_alloc(v->dev, pd->arena_bytes, &v->arena);
     if (!s) s = v->be->mem_alloc(v->dev, 4 * sizeof(int32_t), (void **)&v->step_block);
     if (s) return rt_status_wrap(s, "device %s: arena of %llu bytes", plan_str(p, pd->name),
@@ -1058,6 +1065,7 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   RT_TRY(open_streams_events(b));
   RT_TRY(resolve_commands(b));
   RT_TRY(start_submitters(b));
+  if (opts && opts->watchdog_ms) RT_TRY(rt_watchdog_start(b, opts->watchdog_ms, &b->watchdog));
   return NULL;
 }
 

@@ -17,7 +17,7 @@ enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
     "              [--weights PATH] [--threads N] [--routing-stats FILE]\n"
-    "              [--dump-logits FILE] [--json]\n"
+    "              [--dump-logits FILE] [--watchdog MS] [--json]\n"
     "       ds4run --help\n"
     "\n"
     "Replays BUNDLE's plan: prefills the prompt (default: the plan's seeded\n"
@@ -32,6 +32,8 @@ static const char usage_text[] =
     "                  *.safetensors file of directory PATH (default: all\n"
     "                  from the seeded generator)\n"
     "  --threads N     threads per cpu device (default: the plan's)\n"
+    "  --watchdog MS   fail a step that makes no progress for MS milliseconds,\n"
+    "                  naming what waits for what (default: off)\n"
     "  --routing-stats FILE\n"
     "                  write how often each routing op chose each expert\n"
     "                  to FILE (YAML; ds4c's hot_experts reads it)\n"
@@ -51,6 +53,7 @@ typedef struct cli {
   uint64_t seed;
   const char *weights;
   int threads;
+  uint32_t watchdog_ms;
   int32_t *prompt;
   int nprompt;
   const char *routing_stats;
@@ -118,6 +121,10 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       if (parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 1000000, &v))
         return usage_error("--steps needs a count >= 0");
       c->steps = (int)v;
+    } else if (!strcmp(a, "--watchdog")) {
+      if (parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 86400000, &v))
+        return usage_error("--watchdog needs a time in milliseconds (0: off)");
+      c->watchdog_ms = (uint32_t)v;
     } else if (!strcmp(a, "--threads")) {
       if (parse_int(i + 1 < argc ? argv[++i] : NULL, 1, 4096, &v))
         return usage_error("--threads needs a count >= 1");
@@ -404,7 +411,8 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
 }
 
 static int run(cli *c) {
-  rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights};
+  rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights,
+                     .watchdog_ms = c->watchdog_ms};
   rt_bundle *b = NULL;
   step_hooks h = {0};
   rt_status s = c->routing_stats ? check_writable(c->routing_stats) : NULL;

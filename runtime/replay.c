@@ -14,11 +14,23 @@ static void flush_device(rt_bundle *b, rt_dev *v) {
   }
 }
 
+/* The commands the submitter submits in step gen: all of them, unless
+ * rt_fault.die_submitter makes it stop before one (each step counted in
+ * full), which costs one test per step. */
+static uint32_t submit_count(const rt_dev *v, uint64_t gen) {
+  if (!v->die_at) return v->ncmds;
+  uint64_t first = (gen - 1) * v->ncmds + 1;
+  if (v->die_at < first || v->die_at - first >= v->ncmds) return v->ncmds;
+  return (uint32_t)(v->die_at - first);
+}
+
 void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
   rt_dev *v = &b->devs[device];
   const rt_backend *be = v->be;
   rt_status s = NULL;
-  for (uint32_t i = 0; i < v->ncmds && !s; i++) {
+  uint32_t n = submit_count(v, gen), i;
+  atomic_store_explicit(&v->submitting, 1, memory_order_relaxed);
+  for (i = 0; i < n && !s; i++) {
     const rt_cmd *c = &v->cmds[i];
     /* Stop at the next command once any device failed: its executors skip
      * what is queued, so nothing more is worth enqueueing. */
@@ -44,7 +56,10 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
       if (c->after != PLAN_NONE &&
           atomic_load_explicit(&b->enqueued[c->after], memory_order_acquire) < gen) {
         flush_device(b, v);
-        if (rt_sync_wait(&b->sync, &b->enqueued[c->after], gen) != 0) break;
+        atomic_store_explicit(&v->waiting_record, c->after, memory_order_relaxed);
+        int reached = rt_sync_wait(&b->sync, &b->enqueued[c->after], gen) == 0;
+        atomic_store_explicit(&v->waiting_record, PLAN_NONE, memory_order_relaxed);
+        if (!reached) break;
       }
       s = be->event_wait(c->stream, c->event, gen);
       break;
@@ -53,8 +68,12 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
       break;
     }
   }
+  if (!s && i == n && n < v->ncmds && !v->die_silently && !rt_sync_poisoned(&b->sync))
+    s = rt_status_make("device %s: submitter exited before its command %u of %u (injected fault)",
+                       plan_str(&b->p, b->p.devices[device].name), n + 1, v->ncmds);
   if (s) rt_sync_poison(&b->sync, s);
   flush_device(b, v);
+  atomic_store_explicit(&v->submitting, 0, memory_order_release);
 }
 
 void *rt_submitter_main(void *arg) {
@@ -84,9 +103,11 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
    * synchronously without racing a kernel that reads it. */
   for (uint32_t d = 0; d < p->ndevices; d++) {
     rt_dev *v = &b->devs[d];
-    RT_TRY(v->be->copy_h2d(v->dev, v->step_block, block, sizeof block));
+    rt_status e = v->be->copy_h2d(v->dev, v->step_block, block, sizeof block);
+    if (e) return rt_status_wrap(e, "step %d (pos %d, %d tokens)", step[2], step[0], step[1]);
   }
   uint64_t gen = ++b->generation;
+  if (b->watchdog) rt_watchdog_arm(b->watchdog, gen);
   if (p->ndevices > 1) {
     pthread_mutex_lock(&b->sub_mu);
     b->sub_gen = gen;
@@ -104,6 +125,9 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
     rt_status e = b->devs[p->streams[s].device].be->stream_sync(b->streams[s]);
     if (e) rt_sync_poison(&b->sync, e);
   }
+  /* After the syncs, so that the watchdog's report of this step is in
+   * before the error is taken, and none can come after. */
+  if (b->watchdog) rt_watchdog_disarm(b->watchdog);
   rt_status err = rt_sync_take(&b->sync);
   if (err) err = rt_status_wrap(err, "step %d (pos %d, %d tokens)", step[2], step[0], step[1]);
   b->trace_valid = err == NULL;

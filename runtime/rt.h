@@ -15,6 +15,9 @@ typedef struct rt_options {
   int trace;            /* nonzero: time every launch and copy (rt_trace_last_step) */
   const char *weights;  /* a safetensors file, or a directory of them; NULL: every
                            weight from the seeded generator */
+  uint32_t watchdog_ms; /* 0: off; else a step that makes no progress for this long
+                           fails, naming what waits for what (docs/RUNTIME.md,
+                           "Faults and the watchdog") */
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;

@@ -65,7 +65,18 @@ typedef struct rt_dev {
   uint32_t nstreams;
   pthread_t submitter; /* devices 1..n-1; device 0 submits on the caller */
   int submitter_started;
+  /* rt_fault.die_submitter and die_silently (0: no such fault). */
+  uint64_t die_at;
+  int die_silently;
+  /* For the watchdog's report: whether the submitter is inside a step's
+   * commands, and the RECORD command whose enqueue it sleeps for
+   * (PLAN_NONE: none). Stored once per step and around a sleep, never per
+   * command. */
+  atomic_int submitting;
+  _Atomic uint32_t waiting_record;
 } rt_dev;
+
+typedef struct rt_watchdog rt_watchdog;
 
 struct rt_bundle {
   char *dir;
@@ -97,6 +108,8 @@ struct rt_bundle {
    * last step succeeded. */
   uint64_t *trace_start, *trace_end;
   int trace_valid;
+
+  rt_watchdog *watchdog; /* rt_options.watchdog_ms; NULL: off */
 
   /* Submitter threads of devices 1..n-1: woken per step. */
   pthread_mutex_t sub_mu;
@@ -148,5 +161,14 @@ rt_status rt_weight_stage(const rt_bundle *b, uint32_t t, uint64_t first, uint64
 /* replay.c: the body of a device's submitter for step generation gen. */
 void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen);
 void *rt_submitter_main(void *arg);
+
+/* watchdog.c (docs/RUNTIME.md, "Faults and the watchdog"): a thread that
+ * watches every step of bundle b between arm and disarm, and poisons one
+ * that makes no progress for bound_ms with a report of what waits for
+ * what. Stop joins it; stop(NULL) does nothing. */
+rt_status rt_watchdog_start(rt_bundle *b, uint32_t bound_ms, rt_watchdog **out_watchdog);
+void rt_watchdog_arm(rt_watchdog *w, uint64_t generation);
+void rt_watchdog_disarm(rt_watchdog *w);
+void rt_watchdog_stop(rt_watchdog *w);
 
 #endif

@@ -4,7 +4,8 @@
  * for libcuda.so.1 (tests/gpu/fake_cuda.c): memory, copies, streams,
  * events across streams, devices and backends, code objects, launches from
  * other threads, timestamps, host registration, injected and device
- * faults. */
+ * faults, the faults of rt_fault at the vtable boundary, and the
+ * watchdog's polled synchronisation and stream state. */
 #include <check.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -23,7 +24,8 @@
 static const char fake_ptx[] =
     ".version 8.0\n.target sm_90\n.address_size 64\n"
     ".visible .entry ds4_smoke(.param .u64 a, .param .u64 b)\n{ ret; }\n"
-    ".visible .entry fake_fault(.param .u64 a, .param .u64 b)\n{ ret; }\n";
+    ".visible .entry fake_fault(.param .u64 a, .param .u64 b)\n{ ret; }\n"
+    ".visible .entry fake_hang(.param .u64 a, .param .u64 b)\n{ ret; }\n";
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -200,22 +202,31 @@ typedef struct fx {
   rt_sync sync;
   rt_device *d;
   rt_module *m;
-  rt_kernel *smoke, *fault;
+  rt_kernel *smoke, *fault, *hang;
   rt_stream *a, *b;
 } fx;
 
-static void fx_open(fx *f, uint64_t fail_launch) {
+/* With fault (may be NULL), through rt_fault_device_open as a bundle
+ * opens its devices. */
+static void fx_open_with(fx *f, uint64_t fail_launch, uint32_t watchdog_ms, const rt_fault *fault) {
   use_fake(1);
-  f->be = &rt_cuda_backend;
   ck_assert_ptr_null(rt_sync_init(&f->sync));
-  rt_status s = open_dev(f->be, &f->sync, "gpu0", 0, fail_launch, &f->d);
+  rt_device_options o = {.name = "gpu0", .threads = 1, .sync = &f->sync,
+                         .fail_launch = fail_launch, .watchdog_ms = watchdog_ms};
+  rt_status s = rt_fault_device_open(&rt_cuda_backend, fault, &o, &f->be, &f->d);
   ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
   s = f->be->module_load(f->d, "fake.ptx", fake_ptx, sizeof fake_ptx - 1, &f->m);
   ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
   ck_assert_ptr_null(f->be->kernel_find(f->m, "ds4_smoke", &f->smoke));
   ck_assert_ptr_null(f->be->kernel_find(f->m, "fake_fault", &f->fault));
+  ck_assert_ptr_null(f->be->kernel_find(f->m, "fake_hang", &f->hang));
   ck_assert_ptr_null(f->be->stream_create(f->d, 64, &f->a));
   ck_assert_ptr_null(f->be->stream_create(f->d, 64, &f->b));
+}
+
+static void fx_open(fx *f, uint64_t fail_launch) {
+  fx_open_with(f, fail_launch, 0, NULL);
+  ck_assert_ptr_eq(f->be, &rt_cuda_backend);
 }
 
 static void fx_close(fx *f) {
@@ -655,6 +666,112 @@ START_TEST(fake_two_devices) {
 }
 END_TEST
 
+/* The stand-in's test hook for fake_hang kernels. */
+static void hang_gate(int open) {
+  void *h = dlopen(getenv("DS4_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  ck_assert_ptr_nonnull(h);
+  void (*gate)(int) = (void (*)(int))dlsym(h, "fake_cuda_hang_gate");
+  ck_assert_ptr_nonnull(gate);
+  gate(open);
+  dlclose(h);
+}
+
+/* With the watchdog on, stream_sync polls: work completes as before; the
+ * stream state names a foreign wait in progress, then shows the stream
+ * idle; a kernel that does not return is given up watchdog_ms after the
+ * step was poisoned, and the stream is usable once it has returned. */
+START_TEST(fake_watchdog_sync_and_state) {
+  fx f;
+  fx_open_with(&f, 0, 100, NULL);
+  float in[4] = {1, 2, 3, 4}, out[4];
+  smoke_args a;
+  smoke_args_make(&f, &a, in, 4, 10);
+  ck_assert_ptr_null(f.be->launch(f.a, f.smoke, 1, 4, a.bufs, a.step));
+  ck_assert_ptr_null(f.be->stream_sync(f.a));
+  ck_assert_ptr_null(f.be->copy_d2h(f.d, out, a.out, sizeof out));
+  for (int i = 0; i < 4; i++) ck_assert_float_eq(out[i], 2 * in[i] + 10);
+
+  foreign_event e = {.base = {.be = &rt_cpu_backend}};
+  atomic_init(&e.base.host_gen, 0);
+  ck_assert_ptr_null(f.be->event_wait(f.a, (rt_event *)&e, 7));
+  rt_stream_state st = {0};
+  for (int i = 0; i < 2000 && !st.waiting; i++) {
+    f.be->stream_state(f.a, &st);
+    usleep(1000);
+  }
+  ck_assert_ptr_eq(st.waiting, &e.base);
+  ck_assert_uint_eq(st.waiting_gen, 7);
+  ck_assert_int_eq(st.idle, 0);
+  ck_assert_int_eq(st.counted, 0);
+  atomic_store(&e.base.host_gen, 7);
+  rt_sync_notify(&f.sync);
+  ck_assert_ptr_null(f.be->stream_sync(f.a));
+  f.be->stream_state(f.a, &st);
+  ck_assert_ptr_null(st.waiting);
+  ck_assert_int_eq(st.idle, 1);
+
+  hang_gate(0);
+  ck_assert_ptr_null(f.be->launch(f.b, f.hang, 1, 4, a.bufs, a.step));
+  rt_sync_poison(&f.sync, rt_status_make("watchdog: no progress"));
+  uint64_t t0 = now_ns();
+  rt_status s = f.be->stream_sync(f.b);
+  uint64_t waited = now_ns() - t0;
+  ck_assert_str_eq(rt_status_msg(s), "cuda device gpu0: a stream is still busy 100 ms after its "
+                                     "step failed (a kernel that does not return?)");
+  rt_status_free(s);
+  ck_assert_uint_ge(waited, 100000000u);
+  ck_assert_uint_lt(waited, 2000000000u);
+  s = rt_sync_take(&f.sync);
+  ck_assert_str_eq(rt_status_msg(s), "watchdog: no progress");
+  rt_status_free(s);
+  hang_gate(1);
+  ck_assert_ptr_null(f.be->stream_sync(f.b));
+  smoke_args_free(&f, &a);
+  fx_close(&f);
+}
+END_TEST
+
+/* rt_fault at the vtable boundary works over a GPU backend as over the
+ * cpu one: the n-th copy fails, and from the n-th enqueue on the device
+ * is lost for every call that can fail, yet still closes. Without such
+ * faults the device is the backend's own. */
+START_TEST(fake_vtable_faults) {
+  fx f;
+  rt_fault fault = {.fail_copy = 2, .lose_device = 4};
+  fx_open_with(&f, 0, 0, &fault);
+  ck_assert_ptr_ne(f.be, &rt_cuda_backend);
+  float in[4] = {1, 2, 3, 4}, out[4];
+  smoke_args a;
+  smoke_args_make(&f, &a, in, 4, 0);
+  ck_assert_ptr_null(f.be->copy_async(f.a, a.out, a.in, sizeof in));
+  rt_status s = f.be->copy_async(f.a, a.out, a.in, sizeof in);
+  ck_assert_str_eq(rt_status_msg(s), "cuda device gpu0: copy_async 2 failed (injected fault)");
+  rt_status_free(s);
+  ck_assert_ptr_null(f.be->launch(f.a, f.smoke, 1, 4, a.bufs, a.step));
+  s = f.be->launch(f.a, f.smoke, 1, 4, a.bufs, a.step);
+  ck_assert_str_eq(rt_status_msg(s),
+                   "cuda device gpu0: launch: device lost (injected fault at enqueue 4)");
+  rt_status_free(s);
+  s = f.be->stream_sync(f.a);
+  ck_assert_str_eq(rt_status_msg(s),
+                   "cuda device gpu0: stream_sync: device lost (injected fault at enqueue 4)");
+  rt_status_free(s);
+  s = f.be->copy_d2h(f.d, out, a.out, sizeof out);
+  expect_contains(s, "cuda device gpu0: copy_d2h: device lost");
+  rt_status_free(s);
+  smoke_args_free(&f, &a);
+  fx_close(&f);
+  rt_device_options o = {.name = "gpu0", .threads = 1, .sync = &f.sync};
+  const rt_backend *be = NULL;
+  rt_device *d = NULL;
+  ck_assert_ptr_null(rt_sync_init(&f.sync));
+  ck_assert_ptr_null(rt_fault_device_open(&rt_cuda_backend, &(rt_fault){.fail_launch = 3}, &o, &be, &d));
+  ck_assert_ptr_eq(be, &rt_cuda_backend);
+  be->device_close(d);
+  rt_sync_destroy(&f.sync);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("gpu_backend");
   TCase *open = tcase_create("open");
@@ -679,6 +796,8 @@ int main(void) {
   tcase_add_test(fake, fake_injected_fault);
   tcase_add_test(fake, fake_device_fault);
   tcase_add_test(fake, fake_two_devices);
+  tcase_add_test(fake, fake_watchdog_sync_and_state);
+  tcase_add_test(fake, fake_vtable_faults);
   suite_add_tcase(s, fake);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

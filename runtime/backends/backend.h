@@ -68,7 +68,25 @@ typedef struct rt_device_options {
    * device (1-based, counted over the device's life) fails and poisons its
    * step instead of running. 0: never. */
   uint64_t fail_launch;
+  /* rt_options.watchdog_ms (0: off). GPU backends then synchronise a
+   * stream by polling it, and give up on one still busy this long after
+   * its step was poisoned (a kernel that never returns). */
+  uint32_t watchdog_ms;
 } rt_device_options;
+
+/* What a stream is doing, for the watchdog's report (stream_state): a
+ * snapshot, read from any thread while the stream runs, so already stale. */
+typedef struct rt_stream_state {
+  int counted;     /* the backend counts commands: queued and done mean something */
+  uint64_t queued; /* commands enqueued over the stream's life */
+  uint64_t done;   /* of those, finished (run, or skipped in a poisoned step) */
+  int idle;        /* everything enqueued has finished */
+  /* A host-side wait that holds the stream now: the event, and the
+   * generation it waits for; NULL when there is none (or the backend
+   * cannot tell). */
+  const rt_event_base *waiting;
+  uint64_t waiting_gen;
+} rt_stream_state;
 
 /* Every function that can fail returns a status naming the device and the
  * call. Enqueue functions (launch, copy_async, event_record, event_wait) only
@@ -146,6 +164,9 @@ typedef struct rt_backend {
    * freed. */
   rt_status (*host_register)(rt_device *d, void *ptr, size_t bytes);
   void (*host_unregister)(rt_device *d, void *ptr);
+  /* What the stream is doing now (see rt_stream_state); any thread, any
+   * time, never blocks. */
+  void (*stream_state)(rt_stream *s, rt_stream_state *out);
 } rt_backend;
 
 /* The backend for a plan_backend value, or an error for an unknown one.
@@ -156,14 +177,48 @@ const char *rt_backend_name(uint32_t which);
 /* The cpu backend (runtime/backends/cpu/cpu_backend.c). */
 extern const rt_backend rt_cpu_backend;
 
-/* Test hook: rt_bundle_open with a launch failure injected on one device
- * (see rt_device_options.fail_launch). Lives here rather than in rt.h
- * because only tests use it. */
+/* Test hook: faults injected into one device of a bundle opened with
+ * rt_bundle_open_faulty (docs/RUNTIME.md, "Faults and the watchdog").
+ * Every count is 1-based and counted over the device's life; 0 turns that
+ * fault off. Lives here rather than in rt.h because only tests use it;
+ * there is no global hook. */
 typedef struct rt_fault {
-  uint32_t device;      /* plan device index */
-  uint64_t fail_launch; /* 0: no fault */
+  uint32_t device; /* plan device index */
+  /* Inside the backend (rt_device_options.fail_launch): the N-th launch
+   * fails (cpu: when its executor reaches it; GPU: when it is enqueued). */
+  uint64_t fail_launch;
+  /* At the vtable boundary (rt_fault_device_open): the N-th call of the
+   * kind returns an error instead of reaching the backend. */
+  uint64_t fail_copy;   /* copy_async */
+  uint64_t fail_record; /* event_record */
+  uint64_t fail_wait;   /* event_wait */
+  /* The N-th event_record returns success but never reaches the backend:
+   * the record never happens, and its waiters stall (see the watchdog). */
+  uint64_t skip_record;
+  /* From the N-th enqueue (launch, copy_async, event_record, event_wait,
+   * timestamp) on, the device is lost: every call to it that can fail
+   * fails with "device lost". It still drains what it had queued and
+   * frees what it is asked to free, so the bundle closes cleanly. */
+  uint64_t lose_device;
+  /* In the replay (replay.c): the device's submitter stops before the N-th
+   * command it would submit (each replayed step counts all the device's
+   * commands) and poisons the step with an error; with die_silently it
+   * returns as if it had finished, as a runtime bug would, and only the
+   * watchdog ends a step that waits for the rest. */
+  uint64_t die_submitter;
+  int die_silently;
 } rt_fault;
 rt_status rt_bundle_open_faulty(const char *dir, const rt_options *opts, const rt_fault *fault,
                                 rt_bundle **out_bundle);
+
+/* Open a device of backend `be` (options o). With any of fault's
+ * vtable-boundary faults (fail_copy, fail_record, fail_wait, skip_record,
+ * lose_device) the device is wrapped: *out_be is the fault backend, which
+ * passes every call through to `be` and injects those faults; otherwise
+ * (fault NULL included) *out_be is `be` and the device is its own
+ * (runtime/backends/fault_backend.c). */
+rt_status rt_fault_device_open(const rt_backend *be, const rt_fault *fault,
+                               const rt_device_options *o, const rt_backend **out_be,
+                               rt_device **out_device);
 
 #endif

@@ -12,7 +12,8 @@
  *
  * Code is PTX text: a module holds the kernels its ".entry NAME(" lines
  * declare, among the few this file implements on the host (ds4_smoke, the
- * smoke kernel of gpu_smoke.c, and fake_fault, which faults).
+ * smoke kernel of gpu_smoke.c; fake_fault, which faults; fake_hang, which
+ * runs until the test opens its gate with fake_cuda_hang_gate).
  *
  * DS4_FAKE_CUDA_DEVICES: the number of devices (default 1; 0 makes cuInit
  * fail with CUDA_ERROR_NO_DEVICE). */
@@ -76,9 +77,23 @@ static void fake_smoke(void *const *bufs, const int32_t *step, uint32_t block, u
   }
 }
 
+/* A kernel that never returns by itself, as a hung GPU kernel: it blocks
+ * until the gate is open. */
+static pthread_mutex_t fake_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fake_gate_cv = PTHREAD_COND_INITIALIZER;
+static int fake_gate_open;
+
+static void fake_hang(void *const *bufs, const int32_t *step, uint32_t block, uint32_t threads) {
+  (void)bufs, (void)step, (void)block, (void)threads;
+  pthread_mutex_lock(&fake_gate_mu);
+  while (!fake_gate_open) pthread_cond_wait(&fake_gate_cv, &fake_gate_mu);
+  pthread_mutex_unlock(&fake_gate_mu);
+}
+
 static const struct fake_kernel fake_kernels[] = {
     {"ds4_smoke", fake_smoke},
     {"fake_fault", NULL},
+    {"fake_hang", fake_hang},
 };
 
 /* ---- the driver's state (global, as a driver's is) ---- */
@@ -436,6 +451,15 @@ CUresult cuStreamSynchronize(CUstream s) {
   return r;
 }
 
+CUresult cuStreamQuery(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  r = s->head || s->busy ? CUDA_ERROR_NOT_READY : s->ctx->error;
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
 /* Like the driver, destroying returns at once; the queued work still runs
  * (here: before the thread ends). */
 CUresult cuStreamDestroy_v2(CUstream s) {
@@ -622,6 +646,14 @@ CUresult cuMemHostUnregister(void *ptr) {
     }
   pthread_mutex_unlock(&fake_mu);
   return r;
+}
+
+/* Test hook: open (1) or close (0) the gate fake_hang kernels wait at. */
+void fake_cuda_hang_gate(int open) {
+  pthread_mutex_lock(&fake_gate_mu);
+  fake_gate_open = open;
+  pthread_cond_broadcast(&fake_gate_cv);
+  pthread_mutex_unlock(&fake_gate_mu);
 }
 
 /* Test hook: how many host ranges are registered now. */

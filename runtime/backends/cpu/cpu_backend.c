@@ -101,6 +101,10 @@ struct rt_stream {
   atomic_int syncers;
   atomic_int producer_waiting;
   atomic_int shutdown;
+  /* The event and generation the executor sleeps for, once a wait has
+   * outlasted its spin (stream_state); NULL otherwise. */
+  _Atomic(rt_event_base *) waiting;
+  _Atomic uint64_t waiting_gen;
   pthread_mutex_t mu;
   pthread_cond_t work_cv;  /* executor sleeps here */
   pthread_cond_t idle_cv;  /* syncers sleep here */
@@ -346,7 +350,10 @@ static void execute(rt_stream *s, const cpu_cmd *c) {
       if (rt_sync_poisoned(d->sync)) return;
       cpu_backoff(i);
     }
+    atomic_store_explicit(&s->waiting_gen, c->u.event.gen, memory_order_relaxed);
+    atomic_store_explicit(&s->waiting, c->u.event.ev, memory_order_release);
     rt_sync_wait(d->sync, g, c->u.event.gen);
+    atomic_store_explicit(&s->waiting, NULL, memory_order_relaxed);
     break;
   }
   case CPU_TIMESTAMP:
@@ -437,6 +444,8 @@ static rt_status cpu_stream_create(rt_device *d, uint32_t capacity_hint, rt_stre
   atomic_init(&s->syncers, 0);
   atomic_init(&s->producer_waiting, 0);
   atomic_init(&s->shutdown, 0);
+  atomic_init(&s->waiting, NULL);
+  atomic_init(&s->waiting_gen, 0);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
@@ -464,6 +473,18 @@ static rt_status cpu_stream_sync(rt_stream *s) {
   atomic_fetch_sub(&s->syncers, 1);
   pthread_mutex_unlock(&s->mu);
   return NULL;
+}
+
+/* The ring's counters are the stream's own progress; the watchdog reads
+ * them without disturbing the executor. */
+static void cpu_stream_state(rt_stream *s, rt_stream_state *out) {
+  uint64_t done = atomic_load_explicit(&s->head, memory_order_acquire);
+  uint64_t queued = atomic_load_explicit(&s->tail, memory_order_acquire);
+  const rt_event_base *ev = atomic_load_explicit(&s->waiting, memory_order_acquire);
+  *out = (rt_stream_state){.counted = 1, .queued = queued, .done = done, .idle = done == queued,
+                           .waiting = ev,
+                           .waiting_gen = ev ? atomic_load_explicit(&s->waiting_gen,
+                                                                    memory_order_relaxed) : 0};
 }
 
 static void cpu_stream_destroy(rt_stream *s) {
@@ -638,4 +659,5 @@ const rt_backend rt_cpu_backend = {
     .timestamp = cpu_timestamp,
     .stream_flush = cpu_stream_flush,
     .stream_sync = cpu_stream_sync,
+    .stream_state = cpu_stream_state,
 };

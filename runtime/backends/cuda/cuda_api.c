@@ -24,6 +24,7 @@ typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
 
 enum {
   CUDA_SUCCESS = 0,
+  CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
   CU_STREAM_NON_BLOCKING = 1,
   CU_EVENT_DEFAULT = 0,
@@ -56,6 +57,7 @@ enum {
   X(1, cuStreamCreate, "cuStreamCreate", NULL, (CUstream * out_stream, unsigned int flags))        \
   X(1, cuStreamDestroy, "cuStreamDestroy_v2", NULL, (CUstream s))                                  \
   X(1, cuStreamSynchronize, "cuStreamSynchronize", NULL, (CUstream s))                             \
+  X(1, cuStreamQuery, "cuStreamQuery", NULL, (CUstream s))                                         \
   X(1, cuStreamWaitEvent, "cuStreamWaitEvent", NULL, (CUstream s, CUevent e, unsigned int flags))  \
   X(1, cuStreamAddCallback, "cuStreamAddCallback", NULL,                                           \
     (CUstream s, CUstreamCallback fn, void *user, unsigned int flags))                             \
@@ -336,6 +338,12 @@ static rt_status cuda_stream_sync(gpu_driver *d, gpu_stream s) {
   return cu_check(d, d->fn.cuStreamSynchronize((CUstream)s), "cuStreamSynchronize");
 }
 
+static rt_status cuda_stream_query(gpu_driver *d, gpu_stream s, int *out_idle) {
+  CUresult r = d->fn.cuStreamQuery((CUstream)s);
+  *out_idle = r == CUDA_SUCCESS;
+  return r == CUDA_ERROR_NOT_READY ? NULL : cu_check(d, r, "cuStreamQuery");
+}
+
 static rt_status cuda_stream_wait_event(gpu_driver *d, gpu_stream s, gpu_event e) {
   return cu_check(d, d->fn.cuStreamWaitEvent((CUstream)s, (CUevent)e, 0), "cuStreamWaitEvent");
 }
@@ -451,6 +459,7 @@ const gpu_api gpu_cuda_api = {
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
+    .stream_query = cuda_stream_query,
     .stream_wait_event = cuda_stream_wait_event,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,

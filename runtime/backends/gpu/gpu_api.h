@@ -79,6 +79,9 @@ typedef struct gpu_api {
   rt_status (*stream_create)(gpu_driver *drv, gpu_stream *out_stream);
   void (*stream_destroy)(gpu_driver *drv, gpu_stream s);
   rt_status (*stream_sync)(gpu_driver *drv, gpu_stream s);
+  /* Without blocking: *out_idle is 1 when everything enqueued on s has
+   * run, 0 while some of it has not (not an error). */
+  rt_status (*stream_query)(gpu_driver *drv, gpu_stream s, int *out_idle);
   rt_status (*stream_wait_event)(gpu_driver *drv, gpu_stream s, gpu_event e);
 
   /* timing: the event can be measured with event_elapsed_ms (slower to

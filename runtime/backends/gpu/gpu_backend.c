@@ -3,7 +3,9 @@
  * streams, events its events, code objects its modules, and host work in
  * stream order (publishing an event to other backends, waiting for
  * theirs) runs as driver callbacks. Timestamps are timing events turned
- * into CLOCK_MONOTONIC nanoseconds at stream_sync. */
+ * into CLOCK_MONOTONIC nanoseconds at stream_sync. With the watchdog on,
+ * stream_sync polls, so that a stream that never finishes cannot hold the
+ * caller for good. */
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
@@ -24,6 +26,9 @@
 #define GPU_ANCHOR_WINDOW_NS 20000u
 #define GPU_ANCHOR_ATTEMPTS 4
 #define GPU_SLOTS_PER_CHUNK 64
+/* A polled stream_sync sleeps this long between queries once its spin is
+ * spent: short next to a step, long next to a query. */
+#define GPU_POLL_SLEEP_NS 20000
 
 typedef struct gpu_registration {
   void *ptr;
@@ -38,6 +43,7 @@ struct rt_device {
   rt_sync *sync;
   uint64_t fail_launch;
   _Atomic uint64_t launches; /* counted only when fail_launch is set */
+  uint64_t watchdog_ns;      /* rt_device_options.watchdog_ms; 0: off */
   /* A private stream for the synchronous copies, the zeroing of new memory
    * and the clock anchors. The legacy default stream would not do: the
    * runtime's streams are non-blocking, so they do not wait for it. */
@@ -61,6 +67,7 @@ struct rt_device {
 typedef struct gpu_host_slot {
   gpu_host_task task; /* first: the driver hands back &task */
   rt_device *dev;
+  rt_stream *stream;
   rt_event_base *event;
   uint64_t generation;
 } gpu_host_slot;
@@ -90,6 +97,10 @@ struct rt_stream {
   gpu_stamp *stamps;
   uint32_t nstamps, nevents, cap; /* pending, events created, allocated */
   int stamping;                   /* counted in dev->stamping */
+  /* The foreign event a host task of the stream sleeps for, and the
+   * generation (stream_state); set on the driver's callback thread. */
+  _Atomic(const rt_event_base *) waiting;
+  _Atomic uint64_t waiting_gen;
 };
 
 struct rt_event {
@@ -246,6 +257,7 @@ static rt_status gpu_device_open(const rt_backend *be, const gpu_api *api,
   d->sync = o->sync;
   d->fail_launch = o->fail_launch;
   atomic_init(&d->launches, 0);
+  d->watchdog_ns = (uint64_t)o->watchdog_ms * 1000000u;
   pthread_mutex_init(&d->clock_mu, NULL);
   pthread_mutex_init(&d->reg_mu, NULL);
   rt_status s = device_start(d, o->ordinal);
@@ -347,6 +359,8 @@ static rt_status gpu_stream_create(rt_device *d, uint32_t capacity_hint, rt_stre
   rt_stream *s = calloc(1, sizeof *s);
   if (!s) return out_of_memory(d, "a stream");
   s->dev = d;
+  atomic_init(&s->waiting, NULL);
+  atomic_init(&s->waiting_gen, 0);
   rt_status st = current(d);
   if (!st) st = d->api->stream_create(d->drv, &s->s);
   if (st) {
@@ -398,13 +412,41 @@ static rt_status gpu_stream_flush(rt_stream *s) {
   return NULL;
 }
 
+/* The watchdog's stream_sync: queries instead of one blocking call. A
+ * stream still busy watchdog_ns after its step was poisoned (by the
+ * watchdog's report, or another failure) is given up: it holds a kernel
+ * that does not return, which nothing but the driver can stop. */
+static rt_status stream_sync_polled(rt_stream *s) {
+  rt_device *d = s->dev;
+  uint64_t give_up = 0;
+  for (int i = 0;; i++) {
+    int idle = 0;
+    RT_TRY(d->api->stream_query(d->drv, s->s, &idle));
+    if (idle) return NULL;
+    if (rt_sync_poisoned(d->sync)) {
+      uint64_t now = monotonic_ns();
+      if (!give_up) give_up = now + d->watchdog_ns;
+      if (now >= give_up)
+        return rt_status_make("%s device %s: a stream is still busy %llu ms after its step failed "
+                              "(a kernel that does not return?)",
+                              d->api->name, d->name, (unsigned long long)(d->watchdog_ns / 1000000u));
+    }
+    if (i < GPU_SPIN) {
+      gpu_backoff(i);
+    } else {
+      struct timespec ts = {0, GPU_POLL_SLEEP_NS};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 /* A failure here is one the device met while running the stream (a kernel
  * fault, say): it is returned and also poisons the step, so that the
  * other devices' host-side waits of this step give up. */
 static rt_status gpu_stream_sync(rt_stream *s) {
   rt_device *d = s->dev;
   rt_status st = current(d);
-  if (!st) st = d->api->stream_sync(d->drv, s->s);
+  if (!st) st = d->watchdog_ns ? stream_sync_polled(s) : d->api->stream_sync(d->drv, s->s);
   if (st) {
     s->failed = 1;
     stamps_drop(s);
@@ -416,6 +458,23 @@ static rt_status gpu_stream_sync(rt_stream *s) {
     s->used = 0;
   }
   return stamps_resolve(s);
+}
+
+/* The driver tells whether the stream is idle; what holds it, only a
+ * foreign wait's host task can tell (a failed query reads as busy: the
+ * sync reports the failure). Commands are not counted. */
+static void gpu_stream_state(rt_stream *s, rt_stream_state *out) {
+  rt_device *d = s->dev;
+  int idle = 0;
+  rt_status st = current(d);
+  if (!st) st = d->api->stream_query(d->drv, s->s, &idle);
+  if (st) idle = 0;
+  rt_status_free(st);
+  const rt_event_base *ev = atomic_load_explicit(&s->waiting, memory_order_acquire);
+  *out = (rt_stream_state){
+      .idle = idle,
+      .waiting = ev,
+      .waiting_gen = ev ? atomic_load_explicit(&s->waiting_gen, memory_order_relaxed) : 0};
 }
 
 /* ---- events ---- */
@@ -502,7 +561,11 @@ static void foreign_wait_run(gpu_host_task *t, rt_status err) {
     if (rt_sync_poisoned(sync)) return;
     gpu_backoff(i);
   }
+  rt_stream *s = slot->stream;
+  atomic_store_explicit(&s->waiting_gen, slot->generation, memory_order_relaxed);
+  atomic_store_explicit(&s->waiting, slot->event, memory_order_release);
   rt_sync_wait(sync, gen, slot->generation);
+  atomic_store_explicit(&s->waiting, NULL, memory_order_relaxed);
 }
 
 static rt_status gpu_event_wait(rt_stream *s, rt_event *e, uint64_t generation) {
@@ -518,6 +581,7 @@ static rt_status gpu_event_wait(rt_stream *s, rt_event *e, uint64_t generation) 
   RT_TRY(slot_take(s, &slot));
   slot->task.run = foreign_wait_run;
   slot->dev = d;
+  slot->stream = s;
   slot->event = base;
   slot->generation = generation;
   return d->api->host_task(d->drv, s->s, &slot->task);
@@ -696,6 +760,7 @@ static rt_status gpu_copy_async(rt_stream *s, void *dst, const void *src, size_t
       .stream_sync = gpu_stream_sync,           \
       .host_register = gpu_host_register,       \
       .host_unregister = gpu_host_unregister,   \
+      .stream_state = gpu_stream_state,         \
   }
 
 const rt_backend rt_cuda_backend = GPU_BACKEND("cuda", cuda_device_open);

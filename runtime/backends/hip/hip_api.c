@@ -20,6 +20,7 @@ typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void 
 
 enum {
   hipSuccess = 0,
+  hipErrorNotReady = 600,
   hipErrorHostMemoryAlreadyRegistered = 712,
   hipStreamNonBlocking = 1,
   hipEventDefault = 0,
@@ -47,6 +48,7 @@ enum {
   X(1, hipError_t, hipStreamCreateWithFlags, (hipStream_t * out_stream, unsigned int flags))       \
   X(1, hipError_t, hipStreamDestroy, (hipStream_t s))                                              \
   X(1, hipError_t, hipStreamSynchronize, (hipStream_t s))                                          \
+  X(1, hipError_t, hipStreamQuery, (hipStream_t s))                                                \
   X(1, hipError_t, hipStreamWaitEvent, (hipStream_t s, hipEvent_t e, unsigned int flags))          \
   X(1, hipError_t, hipStreamAddCallback,                                                           \
     (hipStream_t s, hipStreamCallback_t fn, void *user, unsigned int flags))                       \
@@ -268,6 +270,12 @@ static rt_status hip_stream_sync(gpu_driver *d, gpu_stream s) {
   return hip_check(d, d->fn.hipStreamSynchronize((hipStream_t)s), "hipStreamSynchronize");
 }
 
+static rt_status hip_stream_query(gpu_driver *d, gpu_stream s, int *out_idle) {
+  hipError_t e = d->fn.hipStreamQuery((hipStream_t)s);
+  *out_idle = e == hipSuccess;
+  return e == hipErrorNotReady ? NULL : hip_check(d, e, "hipStreamQuery");
+}
+
 static rt_status hip_stream_wait_event(gpu_driver *d, gpu_stream s, gpu_event e) {
   return hip_check(d, d->fn.hipStreamWaitEvent((hipStream_t)s, (hipEvent_t)e, 0),
                    "hipStreamWaitEvent");
@@ -373,6 +381,7 @@ const gpu_api gpu_hip_api = {
     .stream_create = hip_stream_create,
     .stream_destroy = hip_stream_destroy,
     .stream_sync = hip_stream_sync,
+    .stream_query = hip_stream_query,
     .stream_wait_event = hip_stream_wait_event,
     .event_create = hip_event_create,
     .event_destroy = hip_event_destroy,
