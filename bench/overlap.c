@@ -7,7 +7,9 @@
  * of the union of the [start, end] spans of its launches and copies, all
  * its streams together; the simultaneous-busy share is, summed over the
  * measured steps, the time during which at least two devices are busy at
- * once divided by the time during which at least one is. */
+ * once divided by the time during which at least one is. The runtime
+ * computes both (rt_overlap_step, runtime/trace_stats.c), as for
+ * ds4run --trace. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include "plan.h"
 #include "rt.h"
 #include "sha256.h"
+#include "trace.h"
 
 static void usage(FILE *f) {
   fprintf(f, "usage: overlap BUNDLE_A BUNDLE_B [--steps N] [--warmup W]\n"
@@ -38,38 +41,6 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Quantile q of n sorted values, interpolating between neighbours (q = 0.5
- * is the usual median). */
-static double quantile(const double *sorted, int n, double q) {
-  double at = q * (n - 1);
-  int lo = (int)at, hi = lo + 1 < n ? lo + 1 : lo;
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
-}
-
-/* A launch or copy of one step: [start, end) in trace nanoseconds. */
-typedef struct span {
-  uint64_t start, end;
-} span;
-
-/* A boundary of a device's busy interval, for the sweep over devices. */
-typedef struct edge {
-  uint64_t t;
-  int delta; /* +1 a device becomes busy, -1 it becomes idle */
-} edge;
-
-static int cmp_span(const void *a, const void *b) {
-  const span *x = a, *y = b;
-  return (x->start > y->start) - (x->start < y->start);
-}
-
-/* Idle before busy at equal times: intervals that only touch never count
- * as simultaneous. */
-static int cmp_edge(const void *a, const void *b) {
-  const edge *x = a, *y = b;
-  if (x->t != y->t) return (x->t > y->t) - (x->t < y->t);
-  return x->delta - y->delta;
-}
-
 typedef struct bench {
   const char *label, *dir;
   rt_bundle *b;
@@ -86,46 +57,22 @@ typedef struct bench {
   double *step_us;       /* [steps] wall time of rt_replay_step */
   double *busy_us;       /* [ndevices][steps] union of each device's spans */
   double both_ns, any_ns; /* pooled over measured steps (see trace_step) */
-  uint32_t *cmd_device;  /* [ncommands] device of a launch or copy, PLAN_NONE otherwise */
-  span *spans;           /* scratch: [ncommands] */
-  edge *edges;           /* scratch: [2 * ncommands] */
+  rt_overlap *ov;        /* busy time and overlap of a step (runtime/trace_stats.c) */
 } bench;
 
 /* The trace of the last step: per device, the union of its launch and copy
  * spans (busy time); over the devices, the time at least two are busy at
- * once (both_ns) and the time any is (any_ns). Devices' own spans merge
- * first, so two streams of one device never count as two devices. */
+ * once (both_ns) and the time any is (any_ns). */
 static rt_status trace_step(bench *x, int m, int nmeasured) {
   const plan *p = x->p;
   const uint64_t *start, *end;
   RT_TRY(rt_trace_last_step(x->b, &start, &end));
-  uint32_t nedges = 0;
-  for (uint32_t d = 0; d < p->ndevices; d++) {
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < p->ncommands; i++)
-      if (x->cmd_device[i] == d) x->spans[n++] = (span){start[i], end[i]};
-    qsort(x->spans, n, sizeof *x->spans, cmp_span);
-    uint64_t busy = 0;
-    for (uint32_t i = 0; i < n;) {
-      uint64_t s = x->spans[i].start, e = x->spans[i].end;
-      for (i++; i < n && x->spans[i].start <= e; i++)
-        if (x->spans[i].end > e) e = x->spans[i].end;
-      busy += e - s;
-      x->edges[nedges++] = (edge){s, +1};
-      x->edges[nedges++] = (edge){e, -1};
-    }
-    x->busy_us[(size_t)d * nmeasured + m] = 1e-3 * (double)busy;
-  }
-  qsort(x->edges, nedges, sizeof *x->edges, cmp_edge);
-  int busy_devices = 0;
-  for (uint32_t i = 0; i < nedges; i++) {
-    if (i > 0) {
-      double dt = (double)(x->edges[i].t - x->edges[i - 1].t);
-      if (busy_devices >= 1) x->any_ns += dt;
-      if (busy_devices >= 2) x->both_ns += dt;
-    }
-    busy_devices += x->edges[i].delta;
-  }
+  rt_step_busy sb;
+  rt_overlap_step(x->ov, start, end, &sb);
+  for (uint32_t d = 0; d < p->ndevices; d++)
+    x->busy_us[(size_t)d * nmeasured + m] = 1e-3 * (double)sb.busy_ns[d];
+  x->any_ns += (double)sb.any_ns;
+  x->both_ns += (double)sb.both_ns;
   return NULL;
 }
 
@@ -198,23 +145,14 @@ static rt_status bench_open(bench *x, const char *label, const char *dir, int nm
   for (uint32_t i = 0; i < p->ntensors; i++)
     if (p->tensors[i].role == PLAN_OUTPUT && p->tensors[i].bytes > outmax)
       outmax = (size_t)p->tensors[i].bytes;
-  uint32_t nc = p->ncommands ? p->ncommands : 1;
   x->ids = calloc(x->tokens, sizeof *x->ids);
   x->next = calloc(x->tokens, sizeof *x->next);
   x->out = malloc(outmax ? outmax : 1);
   x->step_us = malloc((size_t)nmeasured * sizeof *x->step_us);
   x->busy_us = malloc((size_t)nmeasured * p->ndevices * sizeof *x->busy_us);
-  x->cmd_device = malloc(nc * sizeof *x->cmd_device);
-  x->spans = malloc(nc * sizeof *x->spans);
-  x->edges = malloc(2 * (size_t)nc * sizeof *x->edges);
-  if (!x->ids || !x->next || !x->out || !x->step_us || !x->busy_us ||
-      !x->cmd_device || !x->spans || !x->edges)
+  if (!x->ids || !x->next || !x->out || !x->step_us || !x->busy_us)
     return rt_status_make("out of memory");
-  for (uint32_t i = 0; i < p->ncommands; i++) {
-    const plan_command *c = &p->commands[i];
-    int timed = c->kind == PLAN_CMD_LAUNCH || c->kind == PLAN_CMD_COPY;
-    x->cmd_device[i] = timed ? p->streams[c->stream].device : PLAN_NONE;
-  }
+  RT_TRY(rt_overlap_open(p, &x->ov));
   rt_sha256_init(&x->sha);
   return NULL;
 }
@@ -227,9 +165,7 @@ static void bench_close(bench *x) {
   free(x->generated);
   free(x->step_us);
   free(x->busy_us);
-  free(x->cmd_device);
-  free(x->spans);
-  free(x->edges);
+  rt_overlap_close(x->ov);
 }
 
 static void report(bench *x, int n) {
@@ -243,14 +179,14 @@ static void report(bench *x, int n) {
          x->label, x->dir, plan_str(p, p->info.model), plan_str(p, p->info.schedule), p->ndevices,
          p->ndevices == 1 ? "" : "s", launches, copies);
   qsort(x->step_us, (size_t)n, sizeof *x->step_us, cmp_double);
-  printf("  step time: median %.1f us, p10 %.1f us, p90 %.1f us\n", quantile(x->step_us, n, 0.5),
-         quantile(x->step_us, n, 0.1), quantile(x->step_us, n, 0.9));
+  printf("  step time: median %.1f us, p10 %.1f us, p90 %.1f us\n", rt_quantile(x->step_us, n, 0.5),
+         rt_quantile(x->step_us, n, 0.1), rt_quantile(x->step_us, n, 0.9));
   for (uint32_t d = 0; d < p->ndevices; d++) {
     double *busy = x->busy_us + (size_t)d * n, sum = 0;
     for (int i = 0; i < n; i++) sum += busy[i];
     qsort(busy, (size_t)n, sizeof *busy, cmp_double);
     printf("  device %s busy per step: median %.1f us, mean %.1f us\n",
-           plan_str(p, p->devices[d].name), quantile(busy, n, 0.5), sum / n);
+           plan_str(p, p->devices[d].name), rt_quantile(busy, n, 0.5), sum / n);
   }
   if (p->ndevices >= 2)
     printf("  simultaneous-busy share: %.1f %% (%.1f of %.1f us per step)\n",
@@ -400,7 +336,7 @@ int main(int argc, char **argv) {
     double med[2];
     for (int k = 0; k < 2; k++) {
       report(&x[k], nsteps);
-      med[k] = quantile(x[k].step_us, nsteps, 0.5);
+      med[k] = rt_quantile(x[k].step_us, nsteps, 0.5);
     }
     printf("B/A median step time: %.3f\n", med[1] / med[0]);
     if (outputs_identical(&x[0], &x[1]))

@@ -69,12 +69,12 @@ static void op_index_build(const ir_prog *p, int reads, op_index *x) {
   for (int i = 0; i < p->nops; i++)
     for (int j = 0; j < p->ops[i].nin + p->ops[i].nout; j++)
       if ((t = indexed_tensor(p, &p->ops[i], j, reads)) >= 0) x->ops[fill[t]++] = i;
-  free(fill);
+  ir_xfree(fill);
 }
 
 static void op_index_free(op_index *x) {
-  free(x->first);
-  free(x->ops);
+  ir_xfree(x->first);
+  ir_xfree(x->ops);
 }
 
 /* The position in t's list of its first op at or after op i. */
@@ -173,7 +173,7 @@ static int weight_replica(ir_prog *p, int w, int dev) {
   char *path = at_device(p->tensors[w].path, "", p->devices[dev].name);
   int r = ir_find_tensor(p, path);
   if (r >= 0) {
-    free(path);
+    ir_xfree(path);
     return r;
   }
   ir_tensor v = p->tensors[w];
@@ -358,7 +358,7 @@ static void insert_copies(copy_ctx *c) {
   for (int i = 0; i < p->nops; i++) first[i + 1] += first[i];
   memcpy(fill, first, ((size_t)p->nops + 1) * sizeof *fill);
   for (int k = 0; k < c->nreqs; k++) by_anchor[fill[c->reqs[k].anchor]++] = k;
-  free(fill);
+  ir_xfree(fill);
   for (int i = 0; i < p->nops; i++) {
     for (int side = 0; side < 2; side++) {
       if (side == 1) ops[n++] = p->ops[i];
@@ -380,10 +380,10 @@ static void insert_copies(copy_ctx *c) {
       for (int q = first_op; q < n; q++) ops[q].path = copy_path(p, &ops[q], side);
     }
   }
-  free(opener);
-  free(first);
-  free(by_anchor);
-  free(p->ops);
+  ir_xfree(opener);
+  ir_xfree(first);
+  ir_xfree(by_anchor);
+  ir_xfree(p->ops);
   p->ops = ops;
   p->nops = n;
   p->capops = cap;
@@ -396,6 +396,6 @@ int pass_copies(ir_prog *p, dsl_diag *d) {
   int rc = remote_writes(&c);
   if (!rc) rc = remote_reads(&c);
   if (!rc && c.nreqs) insert_copies(&c);
-  free(c.reqs);
+  ir_xfree(c.reqs);
   return rc ? -1 : 0;
 }

@@ -43,7 +43,7 @@ static void edge_set_fit(const ir_prog *p, edge_set *s) {
   if (2 * (p->nedges + 1) <= s->nslots) return;
   int n = s->nslots ? s->nslots : 1024;
   while (2 * (p->nedges + 1) > n) n *= 2;
-  free(s->slots);
+  ir_xfree(s->slots);
   s->slots = ir_xrealloc(NULL, (size_t)n * sizeof *s->slots);
   memset(s->slots, 0, (size_t)n * sizeof *s->slots);
   s->nslots = n;
@@ -93,7 +93,7 @@ static deps_access *collect_accesses(const ir_prog *p, int **out_first) {
       a->slot = j;
       ir_operand_range(p, &p->ops[i], j, &a->off, &a->len);
     }
-  free(fill);
+  ir_xfree(fill);
   *out_first = first;
   return acc;
 }
@@ -146,7 +146,7 @@ static int dataflow_edges(ir_prog *p, edge_set *es, const deps_access *acc, cons
         if (overlap(writes[q], a)) add_edge(p, es, writes[q]->op, a->op, t, PLAN_RAW);
     }
   }
-  free(writes);
+  ir_xfree(writes);
   return rc;
 }
 
@@ -184,15 +184,14 @@ static void edge_lists(const ir_prog *p, int by_from, int **out_first, int **out
   for (int u = 0; u < n; u++) first[u + 1] += first[u];
   memcpy(fill, first, ((size_t)n + 1) * sizeof *fill);
   for (int i = 0; i < p->nedges; i++) list[fill[by_from ? p->edges[i].from : p->edges[i].to]++] = i;
-  free(fill);
+  ir_xfree(fill);
   *out_first = first;
   *out_list = list;
 }
 
 /* Kahn's algorithm; what remains holds a cycle, which we walk to report. */
 static int check_acyclic(ir_prog *p, dsl_diag *d) {
-  int n = p->nops, *indeg = calloc((size_t)n + 1, sizeof *indeg), *queue = malloc(((size_t)n + 1) * sizeof *queue);
-  if (!indeg || !queue) abort();
+  int n = p->nops, *indeg = ir_xcalloc((size_t)n + 1, sizeof *indeg), *queue = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *queue);
   int *out_first, *out_edges;
   edge_lists(p, 1, &out_first, &out_edges);
   for (int i = 0; i < p->nedges; i++) indeg[p->edges[i].to]++;
@@ -204,15 +203,14 @@ static int check_acyclic(ir_prog *p, dsl_diag *d) {
     for (int k = out_first[u]; k < out_first[u + 1]; k++)
       if (--indeg[p->edges[out_edges[k]].to] == 0) queue[tail++] = p->edges[out_edges[k]].to;
   }
-  free(out_first);
-  free(out_edges);
+  ir_xfree(out_first);
+  ir_xfree(out_edges);
   int rc = 0;
   if (tail < n) {
     /* Walk predecessors inside the remainder until an op repeats; the
      * walk from that op's first visit on is the cycle, backwards. */
-    int *seen = calloc((size_t)n, sizeof *seen), *walk = malloc((size_t)(n + 1) * sizeof *walk);
+    int *seen = ir_xcalloc((size_t)n, sizeof *seen), *walk = ir_xrealloc(NULL, (size_t)(n + 1) * sizeof *walk);
     int u = -1, len = 0, *in_first, *in_edges;
-    if (!seen || !walk) abort();
     edge_lists(p, 0, &in_first, &in_edges);
     for (int i = 0; i < n && u < 0; i++)
       if (indeg[i]) u = i;
@@ -233,13 +231,13 @@ static int check_acyclic(ir_prog *p, dsl_diag *d) {
     size_t m = strlen(chain);
     snprintf(chain + m, sizeof chain - m, "%s", p->ops[walk[len - 1]].path);
     rc = dsl_error(d, p->ops[u].pos, "dependency cycle: %s", chain);
-    free(in_first);
-    free(in_edges);
-    free(walk);
-    free(seen);
+    ir_xfree(in_first);
+    ir_xfree(in_edges);
+    ir_xfree(walk);
+    ir_xfree(seen);
   }
-  free(indeg);
-  free(queue);
+  ir_xfree(indeg);
+  ir_xfree(queue);
   return rc;
 }
 
@@ -249,8 +247,8 @@ int pass_deps(ir_prog *p, dsl_diag *d) {
   edge_set es = {NULL, 0};
   int rc = dataflow_edges(p, &es, acc, first, d);
   if (!rc) state_edges(p, &es, acc, first);
-  free(es.slots);
-  free(acc);
-  free(first);
+  ir_xfree(es.slots);
+  ir_xfree(acc);
+  ir_xfree(first);
   return rc ? -1 : check_acyclic(p, d);
 }

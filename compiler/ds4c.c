@@ -3,13 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "explain.h"
 #include "inspect.h"
 #include "pipeline.h"
 #include "plan.h"
+#include "plan_diff.h"
 
 static const char usage[] =
     "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target LIST] [--dump-after PASS|all] [--no-cache]\n"
     "       ds4c inspect BUNDLE [--json]\n"
+    "       ds4c diff A B\n"
+    "       ds4c explain BUNDLE [--json]\n"
     "\n"
     "Compiles a model and a schedule description into BUNDLE/: plan.ds4p (the\n"
     "binary launch plan), plan.txt (its canonical text, for review) and\n"
@@ -33,6 +37,22 @@ static const char usage[] =
     "LDS, scratch and kernarg bytes; NVIDIA: registers, shared, local and stack\n"
     "bytes; host: code bytes), the devices and their arenas, and the plan's\n"
     "launches, copies, records, waits, ops, edges and kernels.\n"
+    "\n"
+    "  --json             the same report as JSON, for scripts\n"
+    "\n"
+    "diff compares two plans for review, each a bundle folder, a plan.ds4p or a\n"
+    "plan.txt (out/*.plan.txt): kernels, dependency edges, copies, placement,\n"
+    "memory and params that changed, each by op path or name, then each\n"
+    "stream's order and its events (docs/REVIEW.md). Exit status: 0 identical,\n"
+    "1 order or hints only (only stream order and events changed), 2 edges,\n"
+    "kernels, copies, placement, memory or params changed, 3 an input is\n"
+    "unreadable or not a plan, 64 usage.\n"
+    "\n"
+    "explain replays BUNDLE's step under the costs the compiler predicted for\n"
+    "its ops (its cost model, not a measurement) and prints the predicted step\n"
+    "time, each device's busy time and share of it, and the critical path from\n"
+    "the last-finishing op back to the step's start: each op's predicted start,\n"
+    "finish and duration, its stream, and what it started after (docs/REVIEW.md).\n"
     "\n"
     "  --json             the same report as JSON, for scripts\n";
 
@@ -136,6 +156,43 @@ static int cmd_inspect(int argc, char **argv) {
   return 0;
 }
 
+static int cmd_explain(int argc, char **argv) {
+  const char *dir = NULL;
+  expl_format format = EXPL_TEXT;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) format = EXPL_JSON;
+    else if (argv[i][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
+      return bad_usage(msg);
+    } else if (!dir) dir = argv[i];
+    else return bad_usage("too many arguments");
+  }
+  if (!dir) return bad_usage("explain needs BUNDLE");
+  rt_status st = expl_report(dir, format, stdout);
+  if (st) {
+    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
+    rt_status_free(st);
+    return 1;
+  }
+  return 0;
+}
+
+static int cmd_diff(int argc, char **argv) {
+  const char *pos[2];
+  int npos = 0;
+  for (int i = 0; i < argc; i++) {
+    if (argv[i][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
+      return bad_usage(msg);
+    } else if (npos < 2) pos[npos++] = argv[i];
+    else return bad_usage("too many arguments");
+  }
+  if (npos != 2) return bad_usage("diff needs two plans, A and B");
+  return plan_diff(pos[0], pos[1], stdout, stderr);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
     fputs(usage, argc < 2 ? stderr : stdout);
@@ -143,6 +200,8 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "compile") == 0) return cmd_compile(argc - 2, argv + 2);
   if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+  if (strcmp(argv[1], "diff") == 0) return cmd_diff(argc - 2, argv + 2);
+  if (strcmp(argv[1], "explain") == 0) return cmd_explain(argc - 2, argv + 2);
   char msg[256];
   snprintf(msg, sizeof msg, "unknown command '%s'", argv[1]);
   return bad_usage(msg);

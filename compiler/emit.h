@@ -49,14 +49,20 @@ int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int nt
  * is built is stored (docs/GPU.md, "The kernel cache"). */
 int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
                               emit_kernels *out, dsl_diag *d);
+/* The same kernels and ops[i].kernel without writing or building anything:
+ * no code objects (ncodeobjs 0). The plan of a bundle less its code
+ * objects, for the compile fuzzer. */
+int emit_kernels_list(ir_prog *p, char *const *targets, int ntargets, emit_kernels *out, dsl_diag *d);
 void emit_kernels_free(emit_kernels *k);
 
-/* Build the in-memory plan of a scheduled, verified IR (plan_free). */
+/* Build the in-memory plan of a scheduled, verified IR (plan_free). When
+ * memory runs out it frees what it built and calls ir_out_of_memory. */
 void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out);
 
 /* The canonical text of a plan: sections in a fixed order, one command a
- * line per stream, events named by the op they follow. */
-void plan_text_write(const plan *pl, FILE *f);
+ * line per stream, events named by the op they follow. -1, before writing
+ * anything, when memory runs out. */
+int plan_text_write(const plan *pl, FILE *f);
 
 /* Run the system C compiler in DIR to build OUT from SOURCES with pinned
  * flags (same inputs, same bytes). */
@@ -75,7 +81,9 @@ int toolchain_build_nvptx(const char *dir, const char *arch, const char *source,
  * time, what each tool's --version prints, and the command lines, with
  * placeholders for the arch and the file names. The same for every target
  * of one family (host, AMD, NVIDIA). Returns 0, or -1 when a tool cannot
- * be found or run (then nothing is cached, and the build says why). */
+ * be found or run (then nothing is cached, and the build says why).
+ * *out_text is the compiler's memory (ir_xfree); running out of it calls
+ * ir_out_of_memory. */
 int toolchain_identity(const char *target, char **out_text);
 
 #endif

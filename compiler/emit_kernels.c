@@ -86,7 +86,7 @@ static void distinct_free(distinct *all, int n) {
     kgen_kernel_free(&all[j].host);
     kgen_kernel_free(&all[j].gpu);
   }
-  free(all);
+  ir_xfree(all);
 }
 
 /* What a GPU target cannot run. */
@@ -139,7 +139,7 @@ static int generate(ir_prog *p, int need_host, int need_gpu, distinct **out_all,
     for (int j = 0; j < n; j++)
       if (all[j].symbol == sym) p->ops[i].kernel = j;
   }
-  free(unsorted);
+  ir_xfree(unsorted);
   *out_all = all;
   *out_n = n;
   return 0;
@@ -182,28 +182,37 @@ typedef struct kernel_cache {
 } kernel_cache;
 
 static void cache_free(kernel_cache *c) {
-  for (int i = 0; i < TARGET_NFAMILIES; i++) free(c->identity[i]);
+  for (int i = 0; i < TARGET_NFAMILIES; i++) ir_xfree(c->identity[i]);
 }
 
 static void to_hex(const uint8_t h[32], char out[65]) {
   for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
 }
 
-/* The whole file, NUL-terminated (for parsing), in *out (free it). */
+/* The whole file, NUL-terminated (for parsing), in *out (ir_xfree it);
+ * -1 when it cannot be read. Running out of memory is no cache miss: it
+ * ends the compile (ir_out_of_memory). */
 static int read_whole(const char *path, char **out, size_t *out_len) {
   FILE *f = fopen(path, "rb");
-  if (!f) return -1;
+  if (!f) {
+    if (errno == ENOMEM) ir_out_of_memory();
+    return -1;
+  }
   struct stat st;
   if (fstat(fileno(f), &st) || st.st_size < 0) {
     fclose(f);
     return -1;
   }
   size_t n = (size_t)st.st_size;
-  char *buf = ir_xrealloc(NULL, n + 1);
+  char *buf = ir_try_realloc(NULL, n + 1);
+  if (!buf) {
+    fclose(f);
+    ir_out_of_memory();
+  }
   int bad = fread(buf, 1, n, f) != n || fgetc(f) != EOF;
   fclose(f);
   if (bad) {
-    free(buf);
+    ir_xfree(buf);
     return -1;
   }
   buf[n] = 0;
@@ -257,7 +266,7 @@ static int cache_key(kernel_cache *c, const code_build *b, char key[65]) {
     snprintf(line, sizeof line, "input %s %zu\n", b->inputs[i], n);
     rt_sha256_update(&h, line, strlen(line));
     rt_sha256_update(&h, bytes, n);
-    free(bytes);
+    ir_xfree(bytes);
   }
   uint8_t sum[32];
   rt_sha256_final(&h, sum);
@@ -324,7 +333,7 @@ static int cache_fetch(const kernel_cache *c, const char *key, const code_build 
     if (write_bytes(path, bytes[i], len[i]))
       rc = dsl_error(d, (dsl_pos){0}, "cannot write %s: %s", path, strerror(errno));
   }
-  free(buf);
+  ir_xfree(buf);
   return rc;
 }
 
@@ -355,7 +364,7 @@ static void cache_store(const kernel_cache *c, const char *key, const code_build
     snprintf(path, sizeof path, "%s/%s", c->dir, key);
     if (fclose(f) || bad || rename(tmp, path)) unlink(tmp);
   }
-  for (int i = 0; i < b->noutputs; i++) free(bytes[i]);
+  for (int i = 0; i < b->noutputs; i++) ir_xfree(bytes[i]);
 }
 
 static int run_toolchain(const code_build *b, dsl_diag *d) {
@@ -395,8 +404,8 @@ static int build_host(kernel_cache *c, const char *dir, const distinct *all, int
   snprintf(path, sizeof path, "%s/kernels", dir);
   code_build b = {path, "host", sources, n, {"host.so"}, 1};
   if (!rc) rc = build_code_object(c, &b, d);
-  for (int j = 0; j < n; j++) free(sources[j]);
-  free(sources);
+  for (int j = 0; j < n; j++) ir_xfree(sources[j]);
+  ir_xfree(sources);
   co->path = ir_strdup("kernels/host.so");
   snprintf(path, sizeof path, "%s/%s", dir, co->path);
   return rc ? -1 : hash_file(path, co->sha256, d);
@@ -448,8 +457,10 @@ int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int nt
   return emit_kernels_build_cached(p, dir, targets, ntargets, NULL, out, d);
 }
 
-int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
-                              emit_kernels *out, dsl_diag *d) {
+/* The targets' kernels, generated and sorted, and out's kernel table
+ * (out->codeobjs stays empty). */
+static int kernel_table(ir_prog *p, char *const *targets, int ntargets, emit_kernels *out, distinct **out_all,
+                        int *out_n, dsl_diag *d) {
   memset(out, 0, sizeof *out);
   if (check_targets(targets, ntargets, d)) return -1;
   int need_host = 0, need_gpu = 0;
@@ -459,16 +470,30 @@ int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets,
     else
       need_gpu = 1;
   }
-  distinct *all;
-  int n;
-  if (generate(p, need_host, need_gpu, &all, &n, d)) return -1;
-
+  if (generate(p, need_host, need_gpu, out_all, out_n, d)) return -1;
+  int n = *out_n;
   out->kernels = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *out->kernels);
   out->nkernels = n;
   for (int j = 0; j < n; j++) {
-    const kgen_kernel *k = &all[j].gpu;
+    const kgen_kernel *k = &(*out_all)[j].gpu;
     out->kernels[j] = (emit_kernel){ir_strdup(k->symbol), k->kind, k->grid, k->block, k->shared, k->nbufs};
   }
+  return 0;
+}
+
+int emit_kernels_list(ir_prog *p, char *const *targets, int ntargets, emit_kernels *out, dsl_diag *d) {
+  distinct *all;
+  int n;
+  if (kernel_table(p, targets, ntargets, out, &all, &n, d)) return -1;
+  distinct_free(all, n);
+  return 0;
+}
+
+int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
+                              emit_kernels *out, dsl_diag *d) {
+  distinct *all;
+  int n;
+  if (kernel_table(p, targets, ntargets, out, &all, &n, d)) return -1;
 
   char path[4096];
   snprintf(path, sizeof path, "%s/kernels", dir);
@@ -491,12 +516,12 @@ int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets,
 }
 
 void emit_kernels_free(emit_kernels *k) {
-  for (int j = 0; j < k->nkernels; j++) free(k->kernels[j].symbol);
-  free(k->kernels);
+  for (int j = 0; j < k->nkernels; j++) ir_xfree(k->kernels[j].symbol);
+  ir_xfree(k->kernels);
   for (int i = 0; i < k->ncodeobjs; i++) {
-    free(k->codeobjs[i].target);
-    free(k->codeobjs[i].path);
+    ir_xfree(k->codeobjs[i].target);
+    ir_xfree(k->codeobjs[i].path);
   }
-  free(k->codeobjs);
+  ir_xfree(k->codeobjs);
   memset(k, 0, sizeof *k);
 }

@@ -1,5 +1,8 @@
 /* emit_plan.c - the scheduled, verified IR as an in-memory plan, ready for
- * plan_write and plan_text_write. Strings are interned once each. */
+ * plan_write and plan_text_write. Strings are interned once each. The
+ * plan's arrays and strings belong to the runtime (plan_free), so they
+ * come from malloc, not ir_xrealloc: when memory runs out, what was built
+ * so far is freed here before the jump out of the compile. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,10 +21,26 @@ static uint32_t str_hash(const char *s) {
   return h;
 }
 
-static void strtab_grow(strtab *t) {
+/* emit_plan's work in progress. */
+typedef struct emitter {
+  plan *out;
+  strtab st;
+  int *index;
+} emitter;
+
+static _Noreturn void emit_oom(emitter *e) {
+  free(e->index);
+  free(e->st.slots);
+  free(e->st.bytes);
+  plan_free(e->out);
+  ir_out_of_memory();
+}
+
+static void strtab_grow(emitter *e) {
+  strtab *t = &e->st;
   uint32_t n = t->nslots ? 2 * t->nslots : 1024;
   uint32_t *slots = calloc(n, sizeof *slots);
-  if (!slots) abort();
+  if (!slots) emit_oom(e);
   for (uint32_t i = 0; i < t->nslots; i++)
     if (t->slots[i]) {
       uint32_t h = str_hash(t->bytes + t->slots[i] - 1) & (n - 1);
@@ -33,16 +52,20 @@ static void strtab_grow(strtab *t) {
   t->nslots = n;
 }
 
-static uint32_t intern(strtab *t, const char *s) {
+static uint32_t intern(emitter *e, const char *s) {
+  strtab *t = &e->st;
   if (!s) return PLAN_NONE;
-  if (2 * (t->used + 1) > t->nslots) strtab_grow(t);
+  if (2 * (t->used + 1) > t->nslots) strtab_grow(e);
   uint32_t h = str_hash(s) & (t->nslots - 1);
   for (; t->slots[h]; h = (h + 1) & (t->nslots - 1))
     if (strcmp(t->bytes + t->slots[h] - 1, s) == 0) return t->slots[h] - 1;
   uint32_t n = (uint32_t)strlen(s) + 1;
   while (t->len + n > t->cap) {
-    t->cap = t->cap ? 2 * t->cap : 4096;
-    t->bytes = ir_xrealloc(t->bytes, t->cap);
+    uint32_t cap = t->cap ? 2 * t->cap : 4096;
+    char *bytes = realloc(t->bytes, cap);
+    if (!bytes) emit_oom(e);
+    t->bytes = bytes;
+    t->cap = cap;
   }
   memcpy(t->bytes + t->len, s, n);
   t->slots[h] = t->len + 1;
@@ -51,14 +74,13 @@ static uint32_t intern(strtab *t, const char *s) {
   return t->len - n;
 }
 
-/* A zeroed array of the plan (at least one element, so never NULL); the
- * compiler treats exhausted memory as fatal, like ir_xrealloc. */
-static void *alloc_zeroed(int64_t count, size_t size) {
+/* A zeroed array of the plan (at least one element, so never NULL). */
+static void *alloc_zeroed(emitter *e, int64_t count, size_t size) {
   void *q = calloc(count > 0 ? (size_t)count : 1, size);
-  if (!q) ir_out_of_memory();
+  if (!q) emit_oom(e);
   return q;
 }
-#define ALLOC(ptr, count) ((ptr) = alloc_zeroed((count), sizeof *(ptr)))
+#define ALLOC(ptr, count) ((ptr) = alloc_zeroed(e, (count), sizeof *(ptr)))
 
 /* The bytes one operand covers. */
 static plan_arg arg_of(const ir_prog *p, const ir_op *op, int slot) {
@@ -68,11 +90,11 @@ static plan_arg arg_of(const ir_prog *p, const ir_op *op, int slot) {
 }
 
 void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
-  strtab st = {0};
   memset(out, 0, sizeof *out);
+  emitter em = {out, {0}, NULL}, *e = &em;
   plan_info *in = &out->info;
-  in->model = intern(&st, p->model_name);
-  in->schedule = intern(&st, p->sched_name);
+  in->model = intern(e, p->model_name);
+  in->schedule = intern(e, p->sched_name);
   in->tokens = (uint32_t)p->tokens;
   in->max_seq = (uint32_t)p->max_seq;
   in->prefill = (uint32_t)p->prefill;
@@ -84,20 +106,20 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
 
   ALLOC(out->params, p->nparams);
   for (int i = 0; i < p->nparams; i++)
-    out->params[i] = (plan_param){intern(&st, p->params[i].name), 0, p->params[i].value};
+    out->params[i] = (plan_param){intern(e, p->params[i].name), 0, p->params[i].value};
   out->nparams = (uint32_t)p->nparams;
 
   ALLOC(out->devices, p->ndevices);
   for (int i = 0; i < p->ndevices; i++) {
     const ir_device *dv = &p->devices[i];
-    out->devices[i] = (plan_device){intern(&st, dv->name), dv->backend, intern(&st, dv->arch), (uint32_t)dv->ordinal,
+    out->devices[i] = (plan_device){intern(e, dv->name), dv->backend, intern(e, dv->arch), (uint32_t)dv->ordinal,
                                     (uint32_t)dv->threads, 0, (uint64_t)dv->arena_bytes, (uint64_t)dv->memory};
   }
   out->ndevices = (uint32_t)p->ndevices;
 
   ALLOC(out->streams, p->nstreams);
   for (int i = 0; i < p->nstreams; i++)
-    out->streams[i] = (plan_stream){intern(&st, p->streams[i].name), (uint32_t)p->streams[i].device};
+    out->streams[i] = (plan_stream){intern(e, p->streams[i].name), (uint32_t)p->streams[i].device};
   out->nstreams = (uint32_t)p->nstreams;
 
   int64_t total_rows = 0;
@@ -109,8 +131,8 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   for (int i = 0; i < p->ntensors; i++) {
     const ir_tensor *t = &p->tensors[i];
     plan_tensor *pt = &out->tensors[i];
-    pt->name = intern(&st, t->path);
-    pt->checkpoint = intern(&st, t->checkpoint);
+    pt->name = intern(e, t->path);
+    pt->checkpoint = intern(e, t->checkpoint);
     pt->dtype = t->dtype;
     pt->role = t->role;
     pt->ndim = (uint32_t)t->ndim;
@@ -132,8 +154,8 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
 
   ALLOC(out->codeobjs, k->ncodeobjs);
   for (int j = 0; j < k->ncodeobjs; j++) {
-    out->codeobjs[j].path = intern(&st, k->codeobjs[j].path);
-    out->codeobjs[j].target = intern(&st, k->codeobjs[j].target);
+    out->codeobjs[j].path = intern(e, k->codeobjs[j].path);
+    out->codeobjs[j].target = intern(e, k->codeobjs[j].target);
     memcpy(out->codeobjs[j].sha256, k->codeobjs[j].sha256, 32);
   }
   out->ncodeobjs = (uint32_t)k->ncodeobjs;
@@ -141,23 +163,25 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   ALLOC(out->kernels, k->nkernels);
   for (int j = 0; j < k->nkernels; j++) {
     const emit_kernel *ek = &k->kernels[j];
-    out->kernels[j] = (plan_kernel){intern(&st, ek->symbol), intern(&st, ek->kind), ek->grid, ek->block, ek->shared,
+    out->kernels[j] = (plan_kernel){intern(e, ek->symbol), intern(e, ek->kind), ek->grid, ek->block, ek->shared,
                                     ek->nbufs};
   }
   out->nkernels = (uint32_t)k->nkernels;
 
   /* Ops are numbered in submission order so that plan indices read in the
    * order a reviewer reads the plan. */
-  int *index = malloc((size_t)p->nops * sizeof *index);
-  if (!index) abort();
+  int *index = e->index = malloc(((size_t)p->nops + 1) * sizeof *index);
+  if (!index) emit_oom(e);
   ALLOC(out->ops, p->nops);
+  ALLOC(out->costs, p->nops);
   for (int r = 0; r < p->nops; r++) {
     const ir_op *op = &p->ops[p->order[r]];
     index[p->order[r]] = r;
-    out->ops[r] = (plan_op){intern(&st, op->path), (uint32_t)op->stream,
+    out->ops[r] = (plan_op){intern(e, op->path), (uint32_t)op->stream,
                             op->kernel < 0 ? PLAN_NONE : (uint32_t)op->kernel, 0};
+    out->costs[r] = op->cost * 1e9; /* the order pass predicts seconds; the plan holds ns */
   }
-  out->nops = (uint32_t)p->nops;
+  out->nops = out->ncosts = (uint32_t)p->nops;
 
   ALLOC(out->edges, p->nedges);
   for (int i = 0; i < p->nedges; i++) {
@@ -195,8 +219,9 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   }
   out->ncommands = (uint32_t)p->ncmds;
   out->nargs = na;
+  if (!e->st.bytes && !(e->st.bytes = calloc(1, 1))) emit_oom(e);
   free(index);
-  free(st.slots);
-  out->strings = st.bytes ? st.bytes : calloc(1, 1);
-  out->strings_len = st.len ? st.len : 1;
+  free(e->st.slots);
+  out->strings = e->st.bytes;
+  out->strings_len = e->st.len ? e->st.len : 1;
 }

@@ -361,13 +361,44 @@ static int expand_instance(ir_prog *p, const dsl_layer *l, const dsl_block *b, i
   return 0;
 }
 
-/* Every entry's blocks, indices and name, before any instance is made. */
+/* What the instances of layer entry l add (its blocks checked). */
+typedef struct layer_cost {
+  int64_t instances, ops, tensors;
+} layer_cost;
+
+static void add_cost(const dsl_model *m, const dsl_layer *l, const layer_span *s, layer_cost *c) {
+  c->instances += s->count;
+  for (int j = 0; j < (l->nblocks ? l->nblocks : 1); j++) {
+    int64_t uses = l->nblocks ? s->count / l->nblocks + (j < s->count % l->nblocks) : s->count;
+    const dsl_block *b = find_block(m, layer_block(l, j)->text);
+    c->ops += uses * b->nops;
+    c->tensors += uses * b->ntensors;
+  }
+}
+
+static int over_limit(const dsl_layer *l, int64_t n, int64_t limit, const char *what, dsl_diag *d) {
+  if (n <= limit) return 0;
+  return dsl_error(d, l->repeat.text ? l->repeat.pos : l->pos,
+                   "the layers up to this one expand to %lld %s; the limit is %lld", (long long)n, what,
+                   (long long)limit);
+}
+
+/* Every entry's blocks, indices and name, and what they expand to, before
+ * any instance is made: at most p->max_ops instances and ops, and twice as
+ * many tensors (the globals too). */
 static int check_layers(ir_prog *p, layer_span *spans, dsl_diag *d) {
   const dsl_model *m = p->model;
+  layer_cost c = {0, 0, m->ntensors};
   for (int i = 0; i < m->nlayers; i++) {
-    if (check_layer_blocks(m, &m->layers[i], d)) return -1;
-    if (eval_span(p, &m->layers[i], &spans[i], d)) return -1;
+    const dsl_layer *l = &m->layers[i];
+    if (check_layer_blocks(m, l, d)) return -1;
+    if (eval_span(p, l, &spans[i], d)) return -1;
     if (check_layer_name(m, spans, i, d)) return -1;
+    add_cost(m, l, &spans[i], &c);
+    if (over_limit(l, c.instances, p->max_ops, "layer instances", d) ||
+        over_limit(l, c.ops, p->max_ops, "ops", d) ||
+        over_limit(l, c.tensors, 2 * (int64_t)p->max_ops, "tensors", d))
+      return -1;
   }
   return 0;
 }
@@ -397,7 +428,7 @@ int pass_expand(ir_prog *p, dsl_diag *d) {
   layer_span *spans = ir_xrealloc(NULL, (size_t)(m->nlayers ? m->nlayers : 1) * sizeof *spans);
   int rc = check_layers(p, spans, d);
   if (rc == 0) rc = expand_layers(p, spans, d);
-  free(spans);
+  ir_xfree(spans);
   if (rc) return -1;
   if (p->nops == 0) return dsl_error(d, m->name.pos, "model '%s' has no ops", m->name.text);
   return 0;

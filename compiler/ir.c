@@ -1,20 +1,130 @@
-/* ir.c - construction, lookup and the debug dump of the IR.
- * Growth goes through ir_xrealloc: the compiler treats exhaustion of memory
- * as fatal, with a message, since no partial result is ever written. */
+/* ir.c - construction, lookup and the debug dump of the IR, and the
+ * compiler's memory: tracked blocks and the jump out of a compile when
+ * memory runs out (see ir.h). */
 #include "ir.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The innermost tracker of this thread; NULL outside a compile. */
+static _Thread_local ir_mem *mem_current;
+
+void ir_mem_begin(ir_mem *m) {
+  memset(m->holds, 0, sizeof m->holds);
+  m->head.prev = m->head.next = &m->head;
+  m->outer = mem_current;
+  mem_current = m;
+}
+
+void ir_mem_end(ir_mem *m) {
+  ir_mem *outer = m->outer;
+  if (m->head.next != &m->head) {
+    ir_block *first = m->head.next, *last = m->head.prev;
+    if (outer) { /* splice the ring in after the outer head */
+      last->next = outer->head.next;
+      outer->head.next->prev = last;
+      outer->head.next = first;
+      first->prev = &outer->head;
+    } else {
+      for (ir_block *b = first, *next; b != &m->head; b = next) {
+        next = b->next;
+        b->prev = b->next = NULL;
+      }
+    }
+  }
+  mem_current = outer;
+  for (int i = 0; outer && i < IR_MEM_HOLDS; i++)
+    if (m->holds[i].obj) ir_mem_hold(m->holds[i].drop, m->holds[i].obj);
+}
+
+void ir_mem_unwind(ir_mem *m) {
+  for (int i = IR_MEM_HOLDS - 1; i >= 0; i--)
+    if (m->holds[i].obj) {
+      void *obj = m->holds[i].obj;
+      m->holds[i].obj = NULL;
+      m->holds[i].drop(obj);
+    }
+  for (ir_block *b = m->head.next, *next; b != &m->head; b = next) {
+    next = b->next;
+    free(b);
+  }
+  m->head.prev = m->head.next = &m->head;
+  mem_current = m->outer;
+}
+
+void ir_mem_hold(void (*drop)(void *), void *obj) {
+  ir_mem *m = mem_current;
+  if (!m || !obj) return;
+  for (int i = 0; i < IR_MEM_HOLDS; i++)
+    if (!m->holds[i].obj) {
+      m->holds[i].drop = drop;
+      m->holds[i].obj = obj;
+      return;
+    }
+  abort(); /* more holds than IR_MEM_HOLDS: a compiler bug, not a condition */
+}
+
+void ir_mem_unhold(void *obj) {
+  ir_mem *m = mem_current;
+  for (int i = 0; m && obj && i < IR_MEM_HOLDS; i++)
+    if (m->holds[i].obj == obj) m->holds[i].obj = NULL;
+}
+
 void ir_out_of_memory(void) {
+  if (mem_current) longjmp(mem_current->oom, 1);
   fputs("ds4c: error: out of memory\n", stderr);
   abort();
 }
 
+void *ir_try_realloc(void *ptr, size_t n) {
+  if (n > SIZE_MAX - sizeof(ir_block)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  ir_block *old = ptr ? (ir_block *)ptr - 1 : NULL;
+  ir_block *b = realloc(old, sizeof *b + (n ? n : 1));
+  if (!b) return NULL;
+  if (!old) {
+    ir_mem *m = mem_current;
+    if (m) {
+      b->prev = &m->head;
+      b->next = m->head.next;
+      m->head.next->prev = b;
+      m->head.next = b;
+    } else {
+      b->prev = b->next = NULL;
+    }
+  } else if (b->prev) { /* moved: its neighbours point at the old address */
+    b->prev->next = b;
+    b->next->prev = b;
+  }
+  return b + 1;
+}
+
 void *ir_xrealloc(void *ptr, size_t n) {
-  void *q = realloc(ptr, n ? n : 1);
+  void *q = ir_try_realloc(ptr, n);
   if (!q) ir_out_of_memory();
   return q;
+}
+
+void *ir_xcalloc(size_t n, size_t size) {
+  size_t bytes;
+  if (__builtin_mul_overflow(n, size, &bytes)) ir_out_of_memory();
+  void *q = ir_xrealloc(NULL, bytes);
+  memset(q, 0, bytes ? bytes : 1);
+  return q;
+}
+
+void ir_xfree(void *ptr) {
+  if (!ptr) return;
+  ir_block *b = (ir_block *)ptr - 1;
+  if (b->prev) {
+    b->prev->next = b->next;
+    b->next->prev = b->prev;
+  }
+  free(b);
 }
 
 char *ir_strdup(const char *s) {
@@ -31,38 +141,39 @@ ir_prog *ir_prog_new(const dsl_model *m, const dsl_schedule *s) {
   p->sched = s;
   p->ids_tensor = p->next_tensor = -1;
   p->weight_seed = 1;
+  p->max_ops = IR_MAX_OPS;
   return p;
 }
 
 void ir_prog_free(ir_prog *p) {
   if (!p) return;
-  free(p->model_name);
-  free(p->sched_name);
-  for (int i = 0; i < p->nparams; i++) free(p->params[i].name);
-  free(p->params);
+  ir_xfree(p->model_name);
+  ir_xfree(p->sched_name);
+  for (int i = 0; i < p->nparams; i++) ir_xfree(p->params[i].name);
+  ir_xfree(p->params);
   for (int i = 0; i < p->ntensors; i++) {
-    free(p->tensors[i].path);
-    free(p->tensors[i].checkpoint);
-    free(p->tensors[i].rows);
+    ir_xfree(p->tensors[i].path);
+    ir_xfree(p->tensors[i].checkpoint);
+    ir_xfree(p->tensors[i].rows);
   }
-  free(p->tensors);
-  free(p->tensor_slots);
+  ir_xfree(p->tensors);
+  ir_xfree(p->tensor_slots);
   for (int i = 0; i < p->nops; i++) {
-    free(p->ops[i].path);
-    free(p->ops[i].expert_row);
+    ir_xfree(p->ops[i].path);
+    ir_xfree(p->ops[i].expert_row);
   }
-  free(p->ops);
-  free(p->edges);
+  ir_xfree(p->ops);
+  ir_xfree(p->edges);
   for (int i = 0; i < p->ndevices; i++) {
-    free(p->devices[i].name);
-    free(p->devices[i].arch);
+    ir_xfree(p->devices[i].name);
+    ir_xfree(p->devices[i].arch);
   }
-  free(p->devices);
-  for (int i = 0; i < p->nstreams; i++) free(p->streams[i].name);
-  free(p->streams);
-  free(p->order);
-  free(p->cmds);
-  free(p);
+  ir_xfree(p->devices);
+  for (int i = 0; i < p->nstreams; i++) ir_xfree(p->streams[i].name);
+  ir_xfree(p->streams);
+  ir_xfree(p->order);
+  ir_xfree(p->cmds);
+  ir_xfree(p);
 }
 
 #define IR_GROW(arr, n, cap)                                      \
@@ -93,7 +204,7 @@ static void index_put(int *slots, int nslots, const ir_tensor *tensors, int t) {
 static void index_add(ir_prog *p, int t) {
   if (2 * (p->nindexed + 1) > p->ntensor_slots) {
     int n = p->ntensor_slots ? 2 * p->ntensor_slots : 256;
-    free(p->tensor_slots);
+    ir_xfree(p->tensor_slots);
     p->tensor_slots = ir_xrealloc(NULL, (size_t)n * sizeof *p->tensor_slots);
     memset(p->tensor_slots, 0, (size_t)n * sizeof *p->tensor_slots);
     p->ntensor_slots = n;

@@ -5,6 +5,8 @@
 #ifndef DS4_IR_H
 #define DS4_IR_H
 
+#include <setjmp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -14,6 +16,11 @@
 #define IR_MAXDIM PLAN_MAXDIM
 #define IR_MAXIO 8
 #define IR_MAXATTR 12 /* a compile-time bound: rope has 9 */
+/* The most ops (and layer instances) a model may expand to, and half the
+ * tensors. Several passes take time and memory quadratic in them (memplan
+ * and verify compare pairs): 16384 ops plan in about 4 s, eight times the
+ * full DeepSeek-V4-Flash's ops. */
+#define IR_MAX_OPS 16384
 
 enum ir_opkind {
   IR_OP_EMBED,
@@ -147,6 +154,7 @@ typedef struct ir_prog {
   int tokens, max_seq, prefill, decode;
   int ids_tensor, next_tensor;
   uint64_t weight_seed;
+  int max_ops; /* expand's bound: IR_MAX_OPS, or less (ds4c_options) */
 } ir_prog;
 
 /* ---- op kinds ---- */
@@ -202,7 +210,71 @@ void ir_print(const ir_prog *p, FILE *f); /* the debug dump after a pass */
 char *ir_strdup(const char *s);
 /* Path globs: '*' matches any run of characters, dots included; '?' one. */
 int ir_glob_match(const char *glob, const char *path);
-void *ir_xrealloc(void *ptr, size_t n); /* aborts only on allocation failure */
-_Noreturn void ir_out_of_memory(void);  /* the message, then abort */
+
+/* ---- memory ----
+ * Every block the compiler allocates (the IR, the passes' scratch arrays,
+ * the kernel sources, the emitted tables) comes from ir_xrealloc and goes
+ * back through ir_xfree, never free() (the sanitizer builds catch one
+ * that does: the pointer is not where malloc's block starts). When memory
+ * runs out, ir_xrealloc does not return: it longjmps to the entry of the
+ * compile under way (ds4c_build, ds4c_compile), which frees every block
+ * allocated since it began, lets go of what it holds (ir_mem_hold: the
+ * descriptions, a routing statistics file), removes its staging folder
+ * (ds4c_compile) and returns the error "out of memory".
+ *
+ * Why a jump rather than returning the error: the passes allocate in over
+ * a hundred places, most of them deep inside helpers (ir_add_op, an index
+ * being built, a path formatted) whose callers have no error path of
+ * their own, and a failure half-way through a pass leaves the IR in a
+ * state no free function could walk safely (arrays being rebuilt, paths
+ * moved from one array to another). Tracking each block in a list of its
+ * compile frees exactly what exists, whatever the state, and keeps the
+ * passes as simple as they are. Code that holds something untracked
+ * while it allocates releases it before it calls ir_out_of_memory itself:
+ * an open FILE (ir_try_realloc returns NULL instead of jumping), the plan
+ * emit_plan builds for the runtime with malloc. kgen returns its own "out
+ * of memory" error, as it always did.
+ *
+ * Each block carries a small header linking it into the list of the
+ * innermost ir_mem of its thread. Outside any (a test calling a pass, a
+ * benchmark), blocks are untracked and exhaustion prints the message and
+ * aborts, as the compiler always did. */
+typedef struct ir_block {
+  _Alignas(max_align_t) struct ir_block *prev; /* NULL: not tracked */
+  struct ir_block *next;
+} ir_block;
+
+#define IR_MEM_HOLDS 8
+
+typedef struct ir_mem {
+  jmp_buf oom;   /* set by the entry (setjmp) before anything is allocated */
+  ir_block head; /* the ring of tracked blocks */
+  struct ir_mem *outer;
+  struct {
+    void (*drop)(void *);
+    void *obj;
+  } holds[IR_MEM_HOLDS];
+} ir_mem;
+
+/* Make m the thread's innermost tracker. */
+void ir_mem_begin(ir_mem *m);
+/* m ends: the blocks and holds it still has pass to the tracker it was
+ * begun inside, or stop being tracked when there is none (a result handed
+ * to the caller, freed later with ir_xfree as usual). */
+void ir_mem_end(ir_mem *m);
+/* After the jump to m->oom: drop every hold (last first), free every
+ * block still tracked, and end m. */
+void ir_mem_unwind(ir_mem *m);
+/* Until ir_mem_unhold(obj), an unwind of the innermost tracker calls
+ * drop(obj): for memory it does not track, such as the descriptions. Does
+ * nothing outside a tracker. At most IR_MEM_HOLDS at once. */
+void ir_mem_hold(void (*drop)(void *), void *obj);
+void ir_mem_unhold(void *obj);
+
+void *ir_xrealloc(void *ptr, size_t n);          /* never NULL; see above */
+void *ir_xcalloc(size_t n, size_t size);         /* zeroed; never NULL */
+void *ir_try_realloc(void *ptr, size_t n);       /* NULL (ptr untouched) when memory runs out */
+void ir_xfree(void *ptr);
+_Noreturn void ir_out_of_memory(void); /* the jump; outside a tracker, the message, then abort */
 
 #endif

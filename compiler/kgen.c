@@ -184,7 +184,7 @@ void kgen_printf(kgen_buf *b, const char *fmt, ...)
     size_t cap = b->cap ? b->cap : 1024;
     while (b->len + (size_t)n + 1 > cap)
       cap *= 2;
-    char *s = realloc(b->s, cap);
+    char *s = ir_try_realloc(b->s, cap);
     if (!s) {
       b->oom = 1;
       return;
@@ -998,7 +998,7 @@ int kgen_spec_build(const ir_prog *p, const ir_op *op, const char *target, kgen_
   kgen_buf canon = {0};
   kgen_canonical(&c, &canon);
   if (canon.oom) {
-    free(canon.s);
+    ir_xfree(canon.s);
     return kgen_oom(s, target, d);
   }
   snprintf(s->symbol, sizeof s->symbol, "ds4k_%s_%016" PRIx64, s->kind, kgen_fnv1a(canon.s, canon.len));
@@ -1008,7 +1008,7 @@ int kgen_spec_build(const ir_prog *p, const ir_op *op, const char *target, kgen_
 
 void kgen_spec_free(kgen_spec *s)
 {
-  free(s->canonical);
+  ir_xfree(s->canonical);
   s->canonical = NULL;
 }
 
@@ -1082,10 +1082,10 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
 int kgen_finish(const kgen_spec *s, kgen_buf *src, const char *target, char **out_symbol, char **out_source,
                 dsl_diag *d)
 {
-  char *symbol = malloc(strlen(s->symbol) + 1);
+  char *symbol = ir_try_realloc(NULL, strlen(s->symbol) + 1);
   if (src->oom || !symbol) {
-    free(src->s);
-    free(symbol);
+    ir_xfree(src->s);
+    ir_xfree(symbol);
     *src = (kgen_buf){0};
     return kgen_oom(s, target, d);
   }

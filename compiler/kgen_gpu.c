@@ -179,8 +179,8 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   if (defs.oom || undefs.oom)
     src.oom = 1;
   int rc = kgen_finish(&s, &src, "GPU", &out->symbol, &out->source, d);
-  free(defs.s);
-  free(undefs.s);
+  ir_xfree(defs.s);
+  ir_xfree(undefs.s);
   if (!rc) {
     out->kind = s.kind;
     out->grid = (uint32_t)s.grid;

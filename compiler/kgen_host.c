@@ -40,7 +40,7 @@ void kgen_kernel_free(kgen_kernel *k)
 {
   if (!k)
     return;
-  free(k->symbol);
-  free(k->source);
+  ir_xfree(k->symbol);
+  ir_xfree(k->source);
   memset(k, 0, sizeof *k);
 }

@@ -29,13 +29,13 @@ void ir_accesses_build(const ir_prog *p, ir_accesses *a) {
       a->ops[k] = i;
       a->slots[k] = j;
     }
-  free(fill);
+  ir_xfree(fill);
 }
 
 void ir_accesses_free(ir_accesses *a) {
-  free(a->first);
-  free(a->ops);
-  free(a->slots);
+  ir_xfree(a->first);
+  ir_xfree(a->ops);
+  ir_xfree(a->slots);
 }
 
 /* reach: bit v of row u is set when a path of dependency edges leads
@@ -59,7 +59,7 @@ static void reach_build(const ir_prog *p, mp_reach *r) {
   for (int u = 0; u < n; u++) first[u + 1] += first[u];
   memcpy(fill, first, ((size_t)n + 1) * sizeof *fill);
   for (int i = 0; i < p->nedges; i++) succ[fill[p->edges[i].from]++] = p->edges[i].to;
-  free(fill);
+  ir_xfree(fill);
   /* The submission order is topological: fill rows from its end. */
   for (int k = n - 1; k >= 0; k--) {
     int u = p->order[k];
@@ -71,8 +71,8 @@ static void reach_build(const ir_prog *p, mp_reach *r) {
       for (size_t w = 0; w < r->words; w++) row[w] |= vrow[w];
     }
   }
-  free(first);
-  free(succ);
+  ir_xfree(first);
+  ir_xfree(succ);
 }
 
 /* after: for each activation t, the ops that every access to t reaches
@@ -178,7 +178,7 @@ int pass_memplan(ir_prog *p, dsl_diag *d) {
   ir_accesses_build(p, &acc);
   reach_build(p, &reach);
   after_build(p, &reach, &acc, &r);
-  free(reach.bits);
+  ir_xfree(reach.bits);
   int *list = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *list);
   int *placed = ir_xrealloc(NULL, (size_t)(p->ntensors ? p->ntensors : 1) * sizeof *placed);
   int rc = 0;
@@ -191,10 +191,10 @@ int pass_memplan(ir_prog *p, dsl_diag *d) {
       rc = dsl_error(d, p->devices[dev].pos, "device '%s' needs an arena of %lld bytes but has %lld",
                      p->devices[dev].name, (long long)end, (long long)p->devices[dev].memory);
   }
-  free(list);
-  free(placed);
-  free(r.row);
-  free(r.bits);
+  ir_xfree(list);
+  ir_xfree(placed);
+  ir_xfree(r.row);
+  ir_xfree(r.bits);
   ir_accesses_free(&acc);
   return rc ? -1 : 0;
 }

@@ -213,7 +213,7 @@ static void successors(const ir_prog *p, int **out_first, int **out_succ) {
   fill = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *fill);
   for (int i = 0; i < n; i++) fill[i] = first[i];
   for (int i = 0; i < p->nedges; i++) succ[fill[p->edges[i].from]++] = p->edges[i].to;
-  free(fill);
+  ir_xfree(fill);
   *out_first = first;
   *out_succ = succ;
 }
@@ -228,7 +228,7 @@ static void predecessors(const ir_prog *p, int **out_first, int **out_pred) {
   for (int i = 0; i < n; i++) first[i + 1] += first[i];
   memcpy(fill, first, ((size_t)n + 1) * sizeof *fill);
   for (int i = 0; i < p->nedges; i++) pred[fill[p->edges[i].to]++] = p->edges[i].from;
-  free(fill);
+  ir_xfree(fill);
   *out_first = first;
   *out_pred = pred;
 }
@@ -255,8 +255,8 @@ static void upward_ranks(const ir_prog *p, const int *sfirst, const int *succ, d
       if (rank[succ[j]] > longest) longest = rank[succ[j]];
     rank[u] = p->ops[u].cost + longest;
   }
-  free(npred);
-  free(topo);
+  ir_xfree(npred);
+  ir_xfree(topo);
 }
 
 /* Does candidate a go before b: submit_first, then priority, then the
@@ -309,7 +309,7 @@ int pass_order(ir_prog *p, dsl_diag *d) {
   int n = p->nops, *sfirst, *succ, *pfirst, *pred;
   order_hint *h = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *h);
   if (read_hints(p, h, d)) {
-    free(h);
+    ir_xfree(h);
     return -1;
   }
   double *rank = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *rank);
@@ -364,18 +364,18 @@ int pass_order(ir_prog *p, dsl_diag *d) {
       if (--waiting[v] == 0) heap_push(h[v].first ? &ready : &pending, v);
     }
   }
-  free(pending.ops);
-  free(ready.ops);
-  free(h);
-  free(rank);
-  free(issued_at);
-  free(finish);
-  free(resolved);
-  free(stream_free);
-  free(waiting);
-  free(sfirst);
-  free(succ);
-  free(pfirst);
-  free(pred);
+  ir_xfree(pending.ops);
+  ir_xfree(ready.ops);
+  ir_xfree(h);
+  ir_xfree(rank);
+  ir_xfree(issued_at);
+  ir_xfree(finish);
+  ir_xfree(resolved);
+  ir_xfree(stream_free);
+  ir_xfree(waiting);
+  ir_xfree(sfirst);
+  ir_xfree(succ);
+  ir_xfree(pfirst);
+  ir_xfree(pred);
   return 0;
 }

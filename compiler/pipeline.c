@@ -1,12 +1,16 @@
 /* pipeline.c - the whole compiler in order, the way a reader expects:
  *   expand -> infer -> place -> copies -> deps -> order -> sync -> memplan
  *   -> verify -> emit kernels, plan and text.
- * The IR can be dumped after any pass by name. */
+ * The IR can be dumped after any pass by name. ds4c_build and ds4c_compile
+ * are where a compile that runs out of memory lands (ir.h): each tracks
+ * the blocks allocated under it and turns the jump into the error "out of
+ * memory" with nothing left allocated or written. */
 #define _XOPEN_SOURCE 700
 #include "pipeline.h"
 
 #include <errno.h>
 #include <ftw.h>
+#include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -37,8 +41,10 @@ void ds4c_prog_free(ir_prog *p) {
   ir_prog_free(p);
 }
 
-int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
-  *out_prog = NULL;
+static void drop_model(void *m) { dsl_model_free(m); }
+static void drop_schedule(void *s) { dsl_schedule_free(s); }
+
+static int build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
   if (o->dump_after && strcmp(o->dump_after, "all") != 0) {
     int known = 0;
     for (int i = 0; i < NPASSES; i++) known |= strcmp(passes[i].name, o->dump_after) == 0;
@@ -51,9 +57,16 @@ int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
     dsl_model_free(m);
     return -1;
   }
+  /* The descriptions are not the compiler's memory: freed by hand when
+   * memory runs out, until the program owns them. */
+  ir_mem_hold(drop_model, m);
+  ir_mem_hold(drop_schedule, s);
   ir_prog *p = ir_prog_new(m, s);
+  if (o->max_ops > 0 && o->max_ops < p->max_ops) p->max_ops = o->max_ops;
   for (int i = 0; i < NPASSES; i++) {
     if (passes[i].run(p, d)) {
+      ir_mem_unhold(m);
+      ir_mem_unhold(s);
       ds4c_prog_free(p);
       return -1;
     }
@@ -63,8 +76,30 @@ int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
       ir_print(p, f);
     }
   }
+  ir_mem_unhold(m);
+  ir_mem_unhold(s);
   *out_prog = p;
   return 0;
+}
+
+/* setjmp's caller: every object it changes after setjmp lives outside its
+ * frame, as the jump requires. */
+static int build_tracked(ir_mem *mem, const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
+  if (setjmp(mem->oom)) {
+    ir_mem_unwind(mem);
+    *out_prog = NULL;
+    return dsl_error(d, (dsl_pos){0}, "out of memory");
+  }
+  int rc = build(o, out_prog, d);
+  ir_mem_end(mem);
+  return rc;
+}
+
+int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
+  *out_prog = NULL;
+  ir_mem mem;
+  ir_mem_begin(&mem);
+  return build_tracked(&mem, o, out_prog, d);
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -77,7 +112,10 @@ static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEP
 static int write_text(const plan *pl, const char *path, dsl_diag *d) {
   FILE *f = fopen(path, "w");
   if (!f) return dsl_error(d, (dsl_pos){0}, "cannot write %s: %s", path, strerror(errno));
-  plan_text_write(pl, f);
+  if (plan_text_write(pl, f)) {
+    fclose(f);
+    return dsl_error(d, (dsl_pos){0}, "cannot write %s: out of memory", path);
+  }
   if (fclose(f)) return dsl_error(d, (dsl_pos){0}, "cannot write %s: %s", path, strerror(errno));
   return 0;
 }
@@ -91,7 +129,7 @@ typedef struct target_list {
 } target_list;
 
 static void targets_free(target_list *t) {
-  for (int i = 0; i < t->n; i++) free(t->names[i]);
+  for (int i = 0; i < t->n; i++) ir_xfree(t->names[i]);
   t->n = 0;
 }
 
@@ -188,23 +226,34 @@ static int make_parents(const char *path, dsl_diag *d) {
   return 0;
 }
 
+/* A compile under way: what its jump out needs to undo. */
+typedef struct compile_state {
+  ir_mem mem;
+  char stage[4096]; /* the staging folder's path; "" until it is known */
+} compile_state;
+
 /* Build in DIR.tmp-PID, then swap it into place: an error never leaves
  * a half-written bundle at DIR, and an earlier bundle stays until the new
  * one is complete. */
-int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
+static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
   ir_prog *p;
   if (ds4c_build(o, &p, d)) return -1;
-  char stage[4096], old[4096];
+  char old[4096];
   if (strlen(o->out_dir) > 4000) {
     ds4c_prog_free(p);
     return dsl_error(d, (dsl_pos){0}, "output path is longer than 4000 bytes: %.60s...", o->out_dir);
   }
-  snprintf(stage, sizeof stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
+  ir_mem_hold(drop_model, (void *)p->model);
+  ir_mem_hold(drop_schedule, (void *)p->sched);
+  char *stage = c->stage;
+  snprintf(stage, sizeof c->stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
   snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
   remove_tree(stage);
   int rc = make_parents(o->out_dir, d);
   if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
   if (!rc) rc = emit_bundle(p, stage, o, d);
+  ir_mem_unhold((void *)p->model);
+  ir_mem_unhold((void *)p->sched);
   ds4c_prog_free(p);
   if (!rc) {
     struct stat sb;
@@ -220,4 +269,22 @@ int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
   }
   if (rc) remove_tree(stage);
   return rc ? -1 : 0;
+}
+
+static int compile_tracked(compile_state *c, const ds4c_options *o, dsl_diag *d) {
+  if (setjmp(c->mem.oom)) {
+    ir_mem_unwind(&c->mem);
+    if (c->stage[0]) remove_tree(c->stage);
+    return dsl_error(d, (dsl_pos){0}, "out of memory");
+  }
+  int rc = compile(c, o, d);
+  ir_mem_end(&c->mem);
+  return rc;
+}
+
+int ds4c_compile(const ds4c_options *o, dsl_diag *d) {
+  compile_state c;
+  c.stage[0] = 0;
+  ir_mem_begin(&c.mem);
+  return compile_tracked(&c, o, d);
 }

@@ -13,9 +13,13 @@ typedef struct ds4c_options {
   const char *dump_after; /* a pass name, or "all"; NULL for none */
   FILE *dump;             /* where dumps go (stderr when NULL) */
   const char *cache_dir;  /* the kernel cache's folder; NULL: build every code object */
+  int max_ops;            /* a bound below IR_MAX_OPS on the model's ops (the compile
+                           * fuzzer's, for speed); 0: IR_MAX_OPS */
 } ds4c_options;
 
-/* Load, run every pass through verify; *out_prog owns the descriptions. */
+/* Load, run every pass through verify; *out_prog owns the descriptions.
+ * Both entries end a compile that runs out of memory with the error "out
+ * of memory" and nothing of it left allocated or written (ir.h). */
 int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d);
 void ds4c_prog_free(ir_prog *p); /* frees the descriptions too */
 

@@ -132,10 +132,10 @@ typedef struct place_rule {
 
 static void free_rules(place_rule *r, int n) {
   for (int i = 0; i < n; i++) {
-    free(r[i].glob);
-    free(r[i].experts);
+    ir_xfree(r[i].glob);
+    ir_xfree(r[i].experts);
   }
-  free(r);
+  ir_xfree(r);
 }
 
 /* "[a:b]" (a < b) or "[a,b,...]" after the op glob. */
@@ -251,9 +251,9 @@ typedef struct hot_ops {
 } hot_ops;
 
 static void hot_ops_free(hot_ops *o) {
-  free(o->moe);
-  free(o->first);
-  free(o->counts);
+  ir_xfree(o->moe);
+  ir_xfree(o->first);
+  ir_xfree(o->counts);
 }
 
 static int find_hot_ops(const ir_prog *p, const dsl_routing_stats *st, hot_ops *o, dsl_diag *d) {
@@ -307,7 +307,7 @@ static void choose_hot(const ir_prog *p, const hot_ops *o, int64_t budget, uint8
       budget -= c[i].bytes;
       hot[o->first[c[i].op] + c[i].expert] = 1;
     }
-  free(c);
+  ir_xfree(c);
 }
 
 /* Per op, "PATH[its hot experts] -> device" when it keeps any, then
@@ -323,12 +323,14 @@ static place_rule *hot_rules(const ir_prog *p, const hot_ops *o, const uint8_t *
     for (int e = 0; e < E; e++)
       if (hot[o->first[k] + e]) ex[nhot++] = e;
     if (nhot) r[n++] = (place_rule){ir_strdup(op->path), hot_stream, ex, nhot, &h->device, 0};
-    else free(ex);
+    else ir_xfree(ex);
     if (nhot < E) r[n++] = (place_rule){ir_strdup(op->path), cold_stream, NULL, -1, &h->cold, 0};
   }
   *out_n = n;
   return r;
 }
+
+static void drop_stats(void *st) { dsl_routing_stats_free(st); }
 
 /* The rules a schedule's hot_experts stands for, from its statistics
  * file, in the order of the moe_experts ops. */
@@ -346,6 +348,7 @@ static int hot_expert_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *
   if (access(path, R_OK) != 0)
     rc = dsl_error(d, h->stats.pos, "cannot read routing statistics '%s': %s", path, strerror(errno));
   if (!rc) rc = dsl_routing_stats_load(path, &st, d);
+  ir_mem_hold(drop_stats, st); /* not tracked; freed if memory runs out below */
   if (!rc) rc = check_stats(p, st, d);
   if (!rc) rc = find_hot_ops(p, st, &o, d);
   if (!rc) {
@@ -353,11 +356,12 @@ static int hot_expert_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *
     memset(hot, 0, (size_t)o.first[o.n] + 1);
     choose_hot(p, &o, budget, hot);
     *out = hot_rules(p, &o, hot, hot_stream, cold_stream, out_n);
-    free(hot);
+    ir_xfree(hot);
   }
   hot_ops_free(&o);
+  ir_mem_unhold(st);
   dsl_routing_stats_free(st);
-  free(path);
+  ir_xfree(path);
   return rc ? -1 : 0;
 }
 
@@ -372,7 +376,7 @@ static int resolve_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *d) 
   place_rule *r = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *r);
   memset(r, 0, (size_t)(n ? n : 1) * sizeof *r);
   if (nhot) memcpy(r, hot, (size_t)nhot * sizeof *r);
-  free(hot);
+  ir_xfree(hot);
   int rc = 0;
   for (int i = 0; i < s->nowners && !rc; i++) {
     place_rule *ri = &r[nhot + i];
@@ -507,8 +511,8 @@ static int split_experts(ir_prog *p, int i, const int *owner, int E, ir_op *out)
     part.expert_row = row;
     part.nexperts = E;
     out[g] = part;
-    free(sel);
-    free(ex);
+    ir_xfree(sel);
+    ir_xfree(ex);
   }
   ir_op merge = {0};
   merge.path = join(op.path, ".merge");
@@ -524,7 +528,7 @@ static int split_experts(ir_prog *p, int i, const int *owner, int E, ir_op *out)
   merge.device = p->streams[merge_stream].device;
   merge.kernel = -1;
   out[ng] = merge;
-  free(op.path);
+  ir_xfree(op.path);
   return ng + 1;
 }
 
@@ -542,13 +546,13 @@ static int place_ops(ir_prog *p, dsl_diag *d) {
     if (op->kind == IR_OP_MOE_EXPERTS) {
       int E = expert_count(p, op), *own = ir_xrealloc(NULL, (size_t)E * sizeof *own);
       if ((rc = assign_experts(p, op, r, nr, own, E, d))) {
-        free(own);
+        ir_xfree(own);
         break;
       }
       int one = 1;
       for (int e = 1; e < E; e++) one &= own[e] == own[0];
       op->stream = own[0];
-      if (one) free(own);
+      if (one) ir_xfree(own);
       else owners[i] = own, nsplit++;
     }
     for (int k = 0; k < nr && op->stream < 0; k++)
@@ -587,13 +591,13 @@ static int place_ops(ir_prog *p, dsl_diag *d) {
       }
       n += split_experts(p, i, owners[i], E, &ops[n]);
     }
-    free(p->ops);
+    ir_xfree(p->ops);
     p->ops = ops;
     p->nops = n;
     p->capops = cap;
   }
-  for (int i = 0; i < nowned; i++) free(owners[i]);
-  free(owners);
+  for (int i = 0; i < nowned; i++) ir_xfree(owners[i]);
+  ir_xfree(owners);
   free_rules(r, nr);
   return rc;
 }

@@ -50,8 +50,13 @@ static void arg_text(const plan *pl, const plan_arg *a, FILE *f) {
   if (a->offset != 0 || a->bytes != t->bytes) fprintf(f, "[+%" PRIu64 ":%" PRIu64 "]", a->offset, a->bytes);
 }
 
-void plan_text_write(const plan *pl, FILE *f) {
+int plan_text_write(const plan *pl, FILE *f) {
   static const char *hazard[] = {"raw", "war", "waw"};
+  /* The edges sorted by name, before a byte is written. */
+  plan_edge *edges = malloc((pl->nedges ? pl->nedges : 1) * sizeof *edges);
+  if (!edges) return -1;
+  memcpy(edges, pl->edges, pl->nedges * sizeof *edges);
+  qsort_r(edges, pl->nedges, sizeof *edges, cmp_edge, (void *)pl);
   fprintf(f, "# ds4 plan %d.%d: model %s, schedule %s\n", PLAN_VERSION_MAJOR, PLAN_VERSION_MINOR,
           S(pl, pl->info.model), S(pl, pl->info.schedule));
   fprintf(f, "step tokens %u max_seq %u prefill %u decode %u weight_seed %" PRIu64 "\n", pl->info.tokens,
@@ -104,10 +109,6 @@ void plan_text_write(const plan *pl, FILE *f) {
   }
 
   fprintf(f, "\n[edges]\n");
-  plan_edge *edges = malloc((pl->nedges ? pl->nedges : 1) * sizeof *edges);
-  if (!edges) abort();
-  memcpy(edges, pl->edges, pl->nedges * sizeof *edges);
-  qsort_r(edges, pl->nedges, sizeof *edges, cmp_edge, (void *)pl);
   for (uint32_t i = 0; i < pl->nedges; i++)
     fprintf(f, "%s -> %s %s %s\n", S(pl, pl->ops[edges[i].from].path), S(pl, pl->ops[edges[i].to].path),
             hazard[edges[i].hazard], S(pl, pl->tensors[edges[i].tensor].name));
@@ -153,4 +154,5 @@ void plan_text_write(const plan *pl, FILE *f) {
     }
   }
   fprintf(f, "\n[summary]\nlaunches %u copies %u records %u waits %u\n", launches, copies, records, waits);
+  return 0;
 }

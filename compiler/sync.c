@@ -18,23 +18,21 @@ static int by_rank_desc(const void *a, const void *b, void *ctx) {
 int pass_sync(ir_prog *p, dsl_diag *d) {
   (void)d;
   int n = p->nops, ns = p->nstreams;
-  int *vc = calloc((size_t)ns * (size_t)ns, sizeof *vc);  /* per stream */
-  int *after = calloc((size_t)n * (size_t)ns, sizeof *after); /* clock after each op */
-  int *seqs = calloc((size_t)ns, sizeof *seqs), *preds = malloc((size_t)(p->nedges + 1) * sizeof *preds);
-  int *wait_from = malloc((size_t)(p->nedges + 1) * sizeof *wait_from), *wait_first = calloc((size_t)n + 1, sizeof *wait_first);
-  int *event = malloc((size_t)n * sizeof *event), *record_cmd = malloc((size_t)n * sizeof *record_cmd);
-  if (!vc || !after || !seqs || !preds || !wait_from || !wait_first || !event || !record_cmd) abort();
+  int *vc = ir_xcalloc((size_t)ns * (size_t)ns, sizeof *vc);  /* per stream */
+  int *after = ir_xcalloc((size_t)n * (size_t)ns, sizeof *after); /* clock after each op */
+  int *seqs = ir_xcalloc((size_t)ns, sizeof *seqs), *preds = ir_xrealloc(NULL, (size_t)(p->nedges + 1) * sizeof *preds);
+  int *wait_from = ir_xrealloc(NULL, (size_t)(p->nedges + 1) * sizeof *wait_from), *wait_first = ir_xcalloc((size_t)n + 1, sizeof *wait_first);
+  int *event = ir_xrealloc(NULL, (size_t)n * sizeof *event), *record_cmd = ir_xrealloc(NULL, (size_t)n * sizeof *record_cmd);
   for (int i = 0; i < n; i++) event[i] = record_cmd[i] = -1;
   /* Each op's predecessors (CSR, in edge order): in_from[in_first[u] ..
    * in_first[u+1]). */
-  int *in_first = calloc((size_t)n + 1, sizeof *in_first), *in_from = malloc((size_t)(p->nedges + 1) * sizeof *in_from);
-  int *fill = malloc(((size_t)n + 1) * sizeof *fill);
-  if (!in_first || !in_from || !fill) abort();
+  int *in_first = ir_xcalloc((size_t)n + 1, sizeof *in_first), *in_from = ir_xrealloc(NULL, (size_t)(p->nedges + 1) * sizeof *in_from);
+  int *fill = ir_xrealloc(NULL, ((size_t)n + 1) * sizeof *fill);
   for (int i = 0; i < p->nedges; i++) in_first[p->edges[i].to + 1]++;
   for (int u = 0; u < n; u++) in_first[u + 1] += in_first[u];
   memcpy(fill, in_first, ((size_t)n + 1) * sizeof *fill);
   for (int i = 0; i < p->nedges; i++) in_from[fill[p->edges[i].to]++] = p->edges[i].from;
-  free(fill);
+  ir_xfree(fill);
 
   /* Pass 1: clocks and the waits that are really needed. Predecessors are
    * taken latest-submitted first, so a wait for a later producer can imply
@@ -61,8 +59,7 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
     memcpy(&after[(size_t)u * ns], cur, (size_t)ns * sizeof *cur);
   }
   /* wait ranges per op: wait_first[u] .. next op's first in order */
-  int *wait_end = malloc((size_t)n * sizeof *wait_end);
-  if (!wait_end) abort();
+  int *wait_end = ir_xrealloc(NULL, (size_t)n * sizeof *wait_end);
   for (int k = 0; k < n; k++) {
     int u = p->order[k];
     wait_end[u] = k + 1 < n ? wait_first[p->order[k + 1]] : nwaits;
@@ -86,16 +83,16 @@ int pass_sync(ir_prog *p, dsl_diag *d) {
       record_cmd[u] = ir_add_cmd(p, &(ir_cmd){IR_CMD_RECORD, s, -1, 0, event[u], -1});
     }
   }
-  free(in_first);
-  free(in_from);
-  free(vc);
-  free(after);
-  free(seqs);
-  free(preds);
-  free(wait_from);
-  free(wait_first);
-  free(wait_end);
-  free(event);
-  free(record_cmd);
+  ir_xfree(in_first);
+  ir_xfree(in_from);
+  ir_xfree(vc);
+  ir_xfree(after);
+  ir_xfree(seqs);
+  ir_xfree(preds);
+  ir_xfree(wait_from);
+  ir_xfree(wait_first);
+  ir_xfree(wait_end);
+  ir_xfree(event);
+  ir_xfree(record_cmd);
   return 0;
 }

@@ -254,7 +254,10 @@ int toolchain_identity(const char *target, char **out_text) {
   char *text = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
-  if (!f) return -1;
+  if (!f) {
+    if (errno == ENOMEM) ir_out_of_memory();
+    return -1;
+  }
   tool_log version;
   int rc;
   if (strncmp(target, "gfx", 3) == 0) {
@@ -278,10 +281,15 @@ int toolchain_identity(const char *target, char **out_text) {
     rc = describe_tool(f, cc, &version) || describe_file(f, "linker", "ld");
     describe_argv(f, argv);
   }
-  if (fclose(f) || rc) {
-    free(text);
-    return -1;
-  }
-  *out_text = text;
+  /* A memory stream fails only when its buffer cannot grow; the text is
+   * then short, or NULL after fclose. */
+  int bad = ferror(f);
+  if (fclose(f)) bad = 1;
+  char *copy = !rc && !bad && text ? ir_try_realloc(NULL, len + 1) : NULL;
+  if (copy) memcpy(copy, text, len + 1);
+  free(text);
+  if (rc) return -1;
+  if (!copy) ir_out_of_memory();
+  *out_text = copy;
   return 0;
 }

@@ -27,10 +27,9 @@ static int hb(const ir_prog *p, const vclocks *v, int a, int b) {
 
 static int replay_clocks(const ir_prog *p, vclocks *v, dsl_diag *d) {
   int ns = p->nstreams, ne = p->nevents;
-  int *cur = calloc((size_t)ns * ns, sizeof *cur), *snap = calloc((size_t)(ne ? ne : 1) * ns, sizeof *snap);
-  int *recorded = calloc((size_t)(ne ? ne : 1), sizeof *recorded), *count = calloc((size_t)ns, sizeof *count);
-  int *launched = calloc((size_t)p->nops, sizeof *launched);
-  if (!cur || !snap || !recorded || !count || !launched) abort();
+  int *cur = ir_xcalloc((size_t)ns * ns, sizeof *cur), *snap = ir_xcalloc((size_t)(ne ? ne : 1) * ns, sizeof *snap);
+  int *recorded = ir_xcalloc((size_t)(ne ? ne : 1), sizeof *recorded), *count = ir_xcalloc((size_t)ns, sizeof *count);
+  int *launched = ir_xcalloc((size_t)p->nops, sizeof *launched);
   int rc = 0;
   for (int i = 0; i < p->ncmds && !rc; i++) {
     const ir_cmd *c = &p->cmds[i];
@@ -75,11 +74,11 @@ static int replay_clocks(const ir_prog *p, vclocks *v, dsl_diag *d) {
   for (int i = 0; i < p->nops && !rc; i++)
     if (launched[i] != (p->ops[i].kind == IR_OP_COPY ? p->ops[i].nout : 1))
       rc = dsl_error(d, p->ops[i].pos, "verify: op '%s' is never submitted in full", p->ops[i].path);
-  free(cur);
-  free(snap);
-  free(recorded);
-  free(count);
-  free(launched);
+  ir_xfree(cur);
+  ir_xfree(snap);
+  ir_xfree(recorded);
+  ir_xfree(count);
+  ir_xfree(launched);
   return rc;
 }
 
@@ -172,8 +171,8 @@ static int check_races(const ir_prog *p, const vclocks *v, dsl_diag *d) {
     }
   }
   int rc = r.ta >= 0 ? race_error(p, &all[r.i], &all[r.j], d) : 0;
-  free(sorted);
-  free(all);
+  ir_xfree(sorted);
+  ir_xfree(all);
   ir_accesses_free(&acc);
   return rc;
 }
@@ -191,12 +190,11 @@ static int check_edges(const ir_prog *p, const vclocks *v, dsl_diag *d) {
 }
 
 int pass_verify(ir_prog *p, dsl_diag *d) {
-  vclocks v = {p->nstreams, calloc((size_t)p->nops * p->nstreams, sizeof(int)), calloc((size_t)p->nops, sizeof(int))};
-  if (!v.start || !v.seq) abort();
+  vclocks v = {p->nstreams, ir_xcalloc((size_t)p->nops * p->nstreams, sizeof(int)), ir_xcalloc((size_t)p->nops, sizeof(int))};
   int rc = replay_clocks(p, &v, d);
   if (!rc) rc = check_edges(p, &v, d);
   if (!rc) rc = check_races(p, &v, d);
-  free(v.start);
-  free(v.seq);
+  ir_xfree(v.start);
+  ir_xfree(v.seq);
   return rc ? -1 : 0;
 }

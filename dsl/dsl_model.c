@@ -244,24 +244,43 @@ static char *base_path(const char *path, const char *rel) {
   return s;
 }
 
+typedef struct param_ref {
+  const char *name;
+  int index;
+} param_ref;
+
+static int cmp_param_ref(const void *a, const void *b) {
+  return strcmp(((const param_ref *)a)->name, ((const param_ref *)b)->name);
+}
+
 /* Params merge by name: the extension's value replaces the base's in place
- * (so later base params see it), a new name goes after the base's. */
+ * (so later base params see it), a new name goes after the base's. The
+ * base's names are sorted once and searched, so that long lists of params
+ * on both sides cost n log n, not n * m. */
 static int merge_params(dsl_model *m, dsl_model *base, dsl_diag *d) {
   dsl_kv *all = dsl_calloc((size_t)(base->nparams + m->nparams) + 1, sizeof *all);
-  if (!all) return oom(d);
+  param_ref *sorted = dsl_calloc((size_t)base->nparams + 1, sizeof *sorted);
+  if (!all || !sorted) {
+    free(all);
+    free(sorted);
+    return oom(d);
+  }
   int n = base->nparams;
   if (n) memcpy(all, base->params, (size_t)n * sizeof *all);
+  for (int j = 0; j < n; j++) sorted[j] = (param_ref){all[j].key.text, j};
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_param_ref); /* the names differ: a mapping's keys */
   for (int i = 0; i < m->nparams; i++) {
-    int j = 0;
-    while (j < base->nparams && strcmp(all[j].key.text, m->params[i].key.text) != 0) j++;
-    if (j < base->nparams) {
-      free(all[j].value.text);
-      all[j].value = m->params[i].value;
+    param_ref key = {m->params[i].key.text, -1};
+    const param_ref *hit = bsearch(&key, sorted, (size_t)base->nparams, sizeof *sorted, cmp_param_ref);
+    if (hit) {
+      free(all[hit->index].value.text);
+      all[hit->index].value = m->params[i].value;
       free(m->params[i].key.text);
     } else {
       all[n++] = m->params[i];
     }
   }
+  free(sorted);
   free(base->params);
   free(m->params);
   base->params = NULL;

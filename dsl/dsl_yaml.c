@@ -118,13 +118,21 @@ static int check_duplicates(const dy_node *map, const dsl_source *src, dsl_diag 
                    f->pos.line, f->pos.col);
 }
 
+/* "PATH: error: ...": the whole file is at fault, no line of it. */
+static int too_big(dsl_diag *d, const char *path, unsigned long long len) {
+  if (!d || d->failed) return -1;
+  d->failed = 1;
+  snprintf(d->msg, sizeof d->msg, "%.400s: error: description is %llu bytes; the limit is %zu (16 MiB)", path,
+           len, DSL_MAX_FILE_BYTES);
+  return -1;
+}
+
 int dy_parse(const char *path, const char *text, size_t len, dsl_source **out_src,
              dy_node **out_root, dsl_diag *d) {
   *out_src = NULL;
   *out_root = NULL;
   if (!path) path = "<input>";
-  if (len > DSL_MAX_FILE_BYTES)
-    return dsl_error(d, no_pos, "%s: description is %zu bytes; the limit is 16 MiB", path, len);
+  if (len > DSL_MAX_FILE_BYTES) return too_big(d, path, len);
   dsl_source *src = dsl_calloc(1, sizeof *src);
   if (!src) return oom(NULL, d);
   src->path = dsl_strndup(path, strlen(path));
@@ -144,7 +152,7 @@ int dy_parse(const char *path, const char *text, size_t len, dsl_source **out_sr
 
   dy_node *root = NULL;
   dy_node *stack[DSL_MAX_DEPTH];
-  int depth = 0, ndocs = 0, done = 0, rc = 0;
+  int depth = 0, ndocs = 0, done = 0, rc = 0, nnodes = 0;
   while (!done && rc == 0) {
     yaml_event_t ev;
     if (!yaml_parser_parse(&y, &ev)) {
@@ -180,6 +188,11 @@ int dy_parse(const char *path, const char *text, size_t len, dsl_source **out_sr
         rc = dsl_error(d, at, "nesting is deeper than %d levels", DSL_MAX_DEPTH);
         break;
       }
+      if (++nnodes > DSL_MAX_NODES) {
+        rc = dsl_error(d, at, "more than %d YAML nodes (scalars, lists and mappings) in one description",
+                       DSL_MAX_NODES);
+        break;
+      }
       node = dsl_calloc(1, sizeof *node);
       if (!node) {
         rc = oom(src, d);
@@ -210,6 +223,12 @@ int dy_parse(const char *path, const char *text, size_t len, dsl_source **out_sr
         if (parent->kind == DY_MAP && parent->nitems % 2 == 0 && node->kind != DY_SCALAR) {
           rc = dsl_error(d, at, "mapping keys must be scalars, not a %s",
                          node->kind == DY_SEQ ? "list" : "mapping");
+          dy_free(node);
+          break;
+        }
+        if (parent->nitems == (parent->kind == DY_MAP ? 2 : 1) * DSL_MAX_ENTRIES) {
+          rc = dsl_error(d, at, "more than %d entries in one %s", DSL_MAX_ENTRIES,
+                         parent->kind == DY_MAP ? "mapping" : "list");
           dy_free(node);
           break;
         }
@@ -257,7 +276,10 @@ int dy_parse(const char *path, const char *text, size_t len, dsl_source **out_sr
 int dy_read_file(const char *path, char **out_text, size_t *out_len, dsl_diag *d) {
   *out_text = NULL;
   *out_len = 0;
-  int fd = open(path, O_RDONLY);
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+   * writer; it is refused below as not a regular file, which reads ignore
+   * the flag for. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK);
   if (fd < 0) return dsl_error(d, no_pos, "cannot open '%s': %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -269,10 +291,9 @@ int dy_read_file(const char *path, char **out_text, size_t *out_len, dsl_diag *d
     close(fd);
     return dsl_error(d, no_pos, "'%s' is not a regular file", path);
   }
-  if ((unsigned long long)st.st_size > DSL_MAX_FILE_BYTES) {
+  if ((unsigned long long)st.st_size > DSL_MAX_FILE_BYTES) { /* before reading a byte */
     close(fd);
-    return dsl_error(d, no_pos, "'%s' is %lld bytes; descriptions are limited to 16 MiB", path,
-                     (long long)st.st_size);
+    return too_big(d, path, (unsigned long long)st.st_size);
   }
   size_t len = (size_t)st.st_size;
   char *text = dsl_malloc(len + 1);

@@ -6,9 +6,17 @@
 
 #include "dsl.h"
 
-/* Limits on what a description may be; both are errors, never crashes. */
+/* Limits on what a description may be; each is an error, never a crash.
+ * The nodes (scalars, lists and mappings) bound the loader's memory, about
+ * 100 bytes a node: 16 MiB of "0," would otherwise take a gigabyte. The
+ * entries of one list or mapping bound the work of the checks that compare
+ * entries pairwise (duplicate params, layer names). The full
+ * DeepSeek-V4-Flash description has 6200 nodes and at most 82 entries in
+ * one collection. */
 #define DSL_MAX_FILE_BYTES ((size_t)16 << 20)
 #define DSL_MAX_DEPTH 64
+#define DSL_MAX_NODES (1 << 20)
+#define DSL_MAX_ENTRIES 16384
 
 typedef enum dy_kind { DY_SCALAR, DY_SEQ, DY_MAP } dy_kind;
 

@@ -9,15 +9,19 @@
 #include <unistd.h>
 
 #include "ds4run_check.h"
+#include "ds4run_compare.h"
 #include "rt.h"
 #include "sha256.h"
+#include "trace.h"
 
 enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 
 static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
     "              [--weights PATH] [--threads N] [--routing-stats FILE]\n"
-    "              [--dump-logits FILE] [--watchdog MS] [--json]\n"
+    "              [--dump-logits FILE] [--watchdog MS] [--trace FILE] [--json]\n"
+    "       ds4run compare A B [--steps N] [--warmup W] [--blocks K] [--prompt 1,2,3]\n"
+    "              [--seed S] [--threads N] [--json]\n"
     "       ds4run --help\n"
     "\n"
     "Replays BUNDLE's plan: prefills the prompt (default: the plan's seeded\n"
@@ -41,9 +45,18 @@ static const char usage_text[] =
     "                  write the logits of every token fed, prompt then\n"
     "                  decode, to FILE as raw little-endian float32 rows\n"
     "                  [tokens, vocab]; the ids fed are printed\n"
+    "  --trace FILE    time every launch and copy of every step and write them\n"
+    "                  to FILE as Chrome trace-event JSON (Perfetto,\n"
+    "                  chrome://tracing); print busy time and overlap per\n"
+    "                  device, copy durations and the last step's critical path\n"
     "  --json          print the results as one JSON object\n"
     "\n"
-    "Exit status: 0 ok, 1 error, 2 check failed, 64 usage.\n";
+    "Exit status: 0 ok, 1 error, 2 check failed, 64 usage.\n"
+    "\n"
+    "compare runs A and B (two bundles of one model) in W warm-ups each, then K\n"
+    "blocks of A B B A, each run a generation of N decode steps; it times every\n"
+    "decode step and checks that every run gives A's first run's outputs bit\n"
+    "for bit (default N 16, W 1, K 4; ds4run compare --help).\n";
 
 typedef struct cli {
   const char *bundle;
@@ -58,6 +71,7 @@ typedef struct cli {
   int nprompt;
   const char *routing_stats;
   const char *dump_logits;
+  const char *trace;
 } cli;
 
 static int usage_error(const char *fmt, ...) {
@@ -70,7 +84,7 @@ static int usage_error(const char *fmt, ...) {
   return EXIT_USAGE;
 }
 
-static int parse_int(const char *s, long long lo, long long hi, long long *out) {
+int ds4run_parse_int(const char *s, long long lo, long long hi, long long *out) {
   if (!s || !*s) return -1;
   char *end;
   errno = 0;
@@ -80,26 +94,42 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out) 
   return 0;
 }
 
-static int parse_prompt(const char *s, cli *c) {
+int ds4run_parse_ids(const char *s, int32_t **out_ids, int *out_n) {
   int n = 1;
   for (const char *q = s; *q; q++) n += *q == ',';
-  c->prompt = malloc((size_t)n * sizeof *c->prompt);
-  if (!c->prompt) return -1;
+  int32_t *ids = malloc((size_t)n * sizeof *ids);
   char *copy = strdup(s);
-  if (!copy) return -1;
+  if (!ids || !copy) {
+    free(ids);
+    free(copy);
+    return -1;
+  }
   int k = 0, bad = 0;
   char *save = NULL;
   for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     long long v;
-    if (parse_int(tok, 0, INT32_MAX, &v)) {
+    if (ds4run_parse_int(tok, 0, INT32_MAX, &v)) {
       bad = 1;
       break;
     }
-    c->prompt[k++] = (int32_t)v;
+    ids[k++] = (int32_t)v;
   }
   free(copy);
-  if (bad || k == 0 || k != n) return -1;
-  c->nprompt = k;
+  if (bad || k == 0 || k != n) {
+    free(ids);
+    return -1;
+  }
+  *out_ids = ids;
+  *out_n = k;
+  return 0;
+}
+
+int ds4run_parse_seed(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long u = s && *s && *s != '-' ? strtoull(s, &end, 0) : 0;
+  if (!s || !*s || *s == '-' || errno || *end || u == 0) return -1;
+  *out = u;
   return 0;
 }
 
@@ -118,25 +148,20 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
     } else if (!strcmp(a, "--json")) {
       c->json = 1;
     } else if (!strcmp(a, "--steps")) {
-      if (parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 1000000, &v))
+      if (ds4run_parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 1000000, &v))
         return usage_error("--steps needs a count >= 0");
       c->steps = (int)v;
     } else if (!strcmp(a, "--watchdog")) {
-      if (parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 86400000, &v))
+      if (ds4run_parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 86400000, &v))
         return usage_error("--watchdog needs a time in milliseconds (0: off)");
       c->watchdog_ms = (uint32_t)v;
     } else if (!strcmp(a, "--threads")) {
-      if (parse_int(i + 1 < argc ? argv[++i] : NULL, 1, 4096, &v))
+      if (ds4run_parse_int(i + 1 < argc ? argv[++i] : NULL, 1, 4096, &v))
         return usage_error("--threads needs a count >= 1");
       c->threads = (int)v;
     } else if (!strcmp(a, "--seed")) {
-      const char *s = i + 1 < argc ? argv[++i] : NULL;
-      char *end;
-      errno = 0;
-      unsigned long long u = s && *s && *s != '-' ? strtoull(s, &end, 0) : 0;
-      if (!s || !*s || *s == '-' || errno || *end || u == 0)
+      if (ds4run_parse_seed(i + 1 < argc ? argv[++i] : NULL, &c->seed))
         return usage_error("--seed needs a nonzero unsigned integer");
-      c->seed = u;
     } else if (!strcmp(a, "--weights")) {
       if (i + 1 >= argc || !*argv[i + 1] || c->weights)
         return usage_error("--weights needs one safetensors file or directory");
@@ -149,8 +174,12 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       if (i + 1 >= argc || !*argv[i + 1] || c->dump_logits)
         return usage_error("--dump-logits needs one output file");
       c->dump_logits = argv[++i];
+    } else if (!strcmp(a, "--trace")) {
+      if (i + 1 >= argc || !*argv[i + 1] || c->trace)
+        return usage_error("--trace needs one output file");
+      c->trace = argv[++i];
     } else if (!strcmp(a, "--prompt")) {
-      if (i + 1 >= argc || c->prompt || parse_prompt(argv[++i], c))
+      if (i + 1 >= argc || c->prompt || ds4run_parse_ids(argv[++i], &c->prompt, &c->nprompt))
         return usage_error("--prompt needs comma-separated token ids, e.g. --prompt 1,2,3");
     } else if (a[0] == '-' && a[1]) {
       return usage_error("unknown option %s", a);
@@ -207,9 +236,89 @@ static void print_weights_json(const rt_weights_info *w) {
          w->files, w->from_checkpoint, w->from_generator, (unsigned long long)w->seed);
 }
 
+/* "DEVICE.STREAM", as traces and plan.txt name a stream. */
+static void stream_name(const plan *p, uint32_t stream, char *out, size_t n) {
+  snprintf(out, n, "%s.%s", plan_str(p, p->devices[p->streams[stream].device].name),
+           plan_str(p, p->streams[stream].name));
+}
+
+/* --trace's metrics, after the rest (docs/RUNTIME.md, "Traces"). */
+static void print_trace_human(const cli *c, const plan *p, const rt_trace_summary *t) {
+  printf("trace:     %s: %d steps, %llu spans, %llu wait flows\n", c->trace, t->steps,
+         (unsigned long long)t->spans, (unsigned long long)t->flows);
+  for (uint32_t d = 0; d < p->ndevices; d++)
+    printf("busy:      device %s %.3f us, %.4f of the step spans (%.3f us)\n",
+           plan_str(p, p->devices[d].name), t->busy_us[d],
+           t->span_us > 0 ? t->busy_us[d] / t->span_us : 0.0, t->span_us);
+  printf("overlap:   %.3f us with two or more devices busy, of %.3f us with any busy: share %.4f\n",
+         t->both_us, t->any_us, t->share);
+  for (uint32_t g = 0; g < t->ncopies; g++) {
+    const rt_trace_copies *k = &t->copies[g];
+    char sn[512];
+    stream_name(p, k->stream, sn, sizeof sn);
+    printf("copies:    %s %s -> %s: %llu, total %.3f us, median %.3f us, max %.3f us\n", sn,
+           k->from < p->ndevices ? plan_str(p, p->devices[k->from].name) : "none",
+           k->to < p->ndevices ? plan_str(p, p->devices[k->to].name) : "none",
+           (unsigned long long)k->count, k->total_us, k->median_us, k->max_us);
+  }
+  printf("critical:  step %d (%s): %u ops, from %.3f to %.3f us of its %.3f us span\n", t->path_step,
+         t->path_decode ? "decode" : "prefill", t->npath, t->npath ? t->path[0].start_us : 0.0,
+         t->npath ? t->path[t->npath - 1].end_us : 0.0, t->path_span_us);
+  for (uint32_t i = 0; i < t->npath; i++) {
+    const plan_command *pc = &p->commands[t->path[i].command];
+    char sn[512];
+    stream_name(p, pc->stream, sn, sizeof sn);
+    printf("critical:  %10.3f %10.3f us  %-6s %s %s\n", t->path[i].start_us, t->path[i].end_us,
+           i == 0 ? "start" : t->path[i].via_wait ? "event" : "stream", sn,
+           plan_str(p, p->ops[pc->op].path));
+  }
+}
+
+static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary *t) {
+  printf(", \"trace\": {\"path\": ");
+  rt_json_string(stdout, c->trace);
+  printf(", \"steps\": %d, \"spans\": %llu, \"flows\": %llu, \"step_span_us\": %.3f, \"devices\": [",
+         t->steps, (unsigned long long)t->spans, (unsigned long long)t->flows, t->span_us);
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    printf("%s{\"name\": ", d ? ", " : "");
+    rt_json_string(stdout, plan_str(p, p->devices[d].name));
+    printf(", \"busy_us\": %.3f, \"busy_share\": %.6f}", t->busy_us[d],
+           t->span_us > 0 ? t->busy_us[d] / t->span_us : 0.0);
+  }
+  printf("], \"overlap\": {\"both_us\": %.3f, \"any_us\": %.3f, \"share\": %.6f}, \"copies\": [",
+         t->both_us, t->any_us, t->share);
+  for (uint32_t g = 0; g < t->ncopies; g++) {
+    const rt_trace_copies *k = &t->copies[g];
+    char sn[512];
+    stream_name(p, k->stream, sn, sizeof sn);
+    printf("%s{\"stream\": ", g ? ", " : "");
+    rt_json_string(stdout, sn);
+    printf(", \"from\": ");
+    rt_json_string(stdout, k->from < p->ndevices ? plan_str(p, p->devices[k->from].name) : "none");
+    printf(", \"to\": ");
+    rt_json_string(stdout, k->to < p->ndevices ? plan_str(p, p->devices[k->to].name) : "none");
+    printf(", \"count\": %llu, \"total_us\": %.3f, \"median_us\": %.3f, \"max_us\": %.3f}",
+           (unsigned long long)k->count, k->total_us, k->median_us, k->max_us);
+  }
+  printf("], \"critical_path\": {\"step\": %d, \"decode\": %s, \"span_us\": %.3f, \"ops\": [",
+         t->path_step, t->path_decode ? "true" : "false", t->path_span_us);
+  for (uint32_t i = 0; i < t->npath; i++) {
+    const plan_command *pc = &p->commands[t->path[i].command];
+    char sn[512];
+    stream_name(p, pc->stream, sn, sizeof sn);
+    printf("%s{\"op\": ", i ? ", " : "");
+    rt_json_string(stdout, plan_str(p, p->ops[pc->op].path));
+    printf(", \"stream\": ");
+    rt_json_string(stdout, sn);
+    printf(", \"start_us\": %.3f, \"end_us\": %.3f, \"via\": %s}", t->path[i].start_us,
+           t->path[i].end_us, i == 0 ? "null" : t->path[i].via_wait ? "\"event\"" : "\"stream\"");
+  }
+  printf("]}}");
+}
+
 static void print_human(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
                         int nprefill, int nprompt, const ds4run_check_result *chk,
-                        const rt_routing_stats *stats) {
+                        const rt_routing_stats *stats, const rt_trace_summary *trace) {
   printf("bundle:    %s\n", c->bundle);
   printf("model:     %s   schedule: %s\n", plan_str(p, p->info.model), plan_str(p, p->info.schedule));
   for (uint32_t d = 0; d < p->ndevices; d++) {
@@ -241,11 +350,12 @@ static void print_human(const cli *c, const plan *p, const rt_weights_info *w, c
   char hex[65];
   rt_hex(r->outputs_sha256, 32, hex);
   printf("outputs sha256: %s\n", hex);
+  if (trace) print_trace_human(c, p, trace);
 }
 
 static void print_json(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
                        int nprefill, int nprompt, const ds4run_check_result *chk,
-                       const rt_routing_stats *stats) {
+                       const rt_routing_stats *stats, const rt_trace_summary *trace) {
   printf("{\"bundle\": ");
   json_string(c->bundle);
   printf(", \"model\": ");
@@ -281,6 +391,7 @@ static void print_json(const cli *c, const plan *p, const rt_weights_info *w, co
     json_string(c->routing_stats);
     printf(", \"routes\": %u}", rt_routing_stats_routes(stats));
   }
+  if (trace) print_trace_json(c, p, trace);
   char hex[65];
   rt_hex(r->outputs_sha256, 32, hex);
   printf(", \"outputs_sha256\": \"%s\"}\n", hex);
@@ -348,12 +459,13 @@ static rt_status dump_close(logits_dump *d, const char *path, int ok) {
   return s;
 }
 
-/* What runs after every step: the check, the routing counts and the logits
- * dump, each when asked for. */
+/* What runs after every step: the check, the routing counts, the logits
+ * dump and the trace, each when asked for. */
 typedef struct step_hooks {
   ds4run_check *chk;
   rt_routing_stats *stats;
   logits_dump *dump;
+  rt_trace_writer *trace;
 } step_hooks;
 
 static rt_status after_step(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
@@ -361,11 +473,13 @@ static rt_status after_step(void *ctx, rt_bundle *b, const int32_t step[4], cons
   if (h->chk) RT_TRY(ds4run_check_hook(h->chk, b, step, ids));
   if (h->stats) RT_TRY(rt_routing_stats_hook(h->stats, b, step, ids));
   if (h->dump) RT_TRY(dump_hook(h->dump, b, step, ids));
+  if (h->trace) RT_TRY(rt_trace_writer_hook(h->trace, b, step, ids));
   return NULL;
 }
 
-/* A statistics file that cannot be written fails before the run, not
- * after it: the same temporary file rt_routing_stats_write makes. */
+/* A statistics or trace file that cannot be written fails before the run,
+ * not after it: the same temporary file rt_routing_stats_write and
+ * rt_trace_writer_open make. */
 static rt_status check_writable(const char *path) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -381,6 +495,8 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
   rt_report r;
   rt_status s = rt_generate(b, c->prompt, c->nprompt, c->steps, after_step, h, &r);
   if (!s && h->stats) s = rt_routing_stats_write(h->stats, c->routing_stats);
+  const rt_trace_summary *trace = NULL;
+  if (!s && h->trace) s = rt_trace_writer_finish(h->trace, &trace);
   if (h->dump && !s && !c->json) { /* the ids a reference run must be fed */
     printf("logits:    %d rows x %u float32 written to %s; ids fed:", h->dump->nids, h->dump->vocab,
            c->dump_logits);
@@ -402,9 +518,9 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
   rt_weights_info w;
   rt_bundle_weights(b, &w);
   if (c->json)
-    print_json(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats);
+    print_json(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
   else
-    print_human(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats);
+    print_human(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
   fflush(stdout);
   free(r.generated);
   return h->chk && !res.passed ? EXIT_CHECK : 0;
@@ -412,16 +528,19 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
 
 static int run(cli *c) {
   rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights,
-                     .watchdog_ms = c->watchdog_ms};
+                     .watchdog_ms = c->watchdog_ms, .trace = c->trace != NULL};
   rt_bundle *b = NULL;
   step_hooks h = {0};
   rt_status s = c->routing_stats ? check_writable(c->routing_stats) : NULL;
+  if (!s && c->trace) s = check_writable(c->trace);
   if (!s) s = rt_bundle_open(c->bundle, &opts, &b);
   if (!s && c->dump_logits) s = dump_open(b, c->dump_logits, &h.dump);
   if (!s && !c->prompt) s = rt_default_prompt(rt_bundle_plan(b), &c->prompt, &c->nprompt);
   if (!s && c->check) s = ds4run_check_open(b, &h.chk);
   if (!s && c->routing_stats) s = rt_routing_stats_open(b, &h.stats);
+  if (!s && c->trace) s = rt_trace_writer_open(b, c->trace, c->bundle, c->nprompt, &h.trace);
   int rc = s ? fail(s) : generate_and_print(c, b, &h);
+  rt_trace_writer_close(h.trace);
   rt_routing_stats_close(h.stats);
   ds4run_check_close(h.chk);
   rt_status_free(dump_close(h.dump, c->dump_logits, 0));
@@ -430,6 +549,7 @@ static int run(cli *c) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "compare")) return ds4run_compare_main(argc - 1, argv + 1);
   cli c = {0};
   int help;
   int rc = parse_args(argc, argv, &c, &help);

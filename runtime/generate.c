@@ -70,6 +70,7 @@ static rt_status run_step(gen_state *g, int32_t pos, int32_t ntok) {
   double dt = now_seconds() - t0;
   g->times[g->ntimes++] = dt;
   g->r->seconds_total += dt;
+  g->r->last_step_seconds = dt;
   g->r->steps++;
   g->r->tokens += ntok;
   if (g->hook) RT_TRY(g->hook(g->ctx, g->b, step, g->ids));

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -102,6 +103,7 @@ static const field_desc arg_fields[] = {
     FD(plan_arg, bytes, F_U64),
 };
 static const field_desc row_fields[] = {{0, F_U32}};
+static const field_desc cost_fields[] = {{0, F_F64}};
 
 typedef struct section_desc {
   const char *name;           /* plural, for section-level messages */
@@ -109,6 +111,7 @@ typedef struct section_desc {
   size_t nfields;
   size_t struct_size;         /* in memory */
   uint64_t record_bytes;      /* in the file */
+  uint16_t since_minor;       /* the minor version of PLAN_VERSION_MAJOR that added it */
 } section_desc;
 
 #define SD(nm, f, T, rb) {nm, f, sizeof f / sizeof f[0], sizeof(T), rb}
@@ -128,6 +131,7 @@ static const section_desc sections[PLAN_NSECTIONS + 1] = {
     [PLAN_SEC_COMMANDS] = SD("commands", command_fields, plan_command, 32),
     [PLAN_SEC_ARGS] = SD("args", arg_fields, plan_arg, 24),
     [PLAN_SEC_ROWS] = SD("rows", row_fields, uint32_t, 4),
+    [PLAN_SEC_COSTS] = {"costs", cost_fields, 1, sizeof(double), 8, 1},
 };
 
 /* The in-memory array and count behind a section. A switch rather than
@@ -147,6 +151,7 @@ static const void *sec_array(const plan *p, uint32_t id, uint32_t *count) {
   case PLAN_SEC_COMMANDS: *count = p->ncommands; return p->commands;
   case PLAN_SEC_ARGS: *count = p->nargs; return p->args;
   case PLAN_SEC_ROWS: *count = p->nrows; return p->rows;
+  case PLAN_SEC_COSTS: *count = p->ncosts; return p->costs;
   }
   *count = 0;
   return NULL;
@@ -167,6 +172,7 @@ static void sec_set(plan *p, uint32_t id, void *arr, uint32_t count) {
   case PLAN_SEC_COMMANDS: p->commands = arr; p->ncommands = count; break;
   case PLAN_SEC_ARGS: p->args = arr; p->nargs = count; break;
   case PLAN_SEC_ROWS: p->rows = arr; p->nrows = count; break;
+  case PLAN_SEC_COSTS: p->costs = arr; p->ncosts = count; break;
   }
 }
 
@@ -607,6 +613,16 @@ static rt_status plan_check(const char *name, const plan *p) {
     if (o->kernel != PLAN_NONE)
       RT_TRY(check_idx(name, where, "kernel", o->kernel, p->nkernels, "kernels"));
   }
+  /* Costs are all or nothing: one prediction per op, or none at all (a
+   * plan that no cost model wrote). */
+  if (p->ncosts != 0 && p->ncosts != p->nops)
+    return rt_status_make("%s: costs: %" PRIu32 " records for %" PRIu32
+                          " ops (one per op, or none)",
+                          name, p->ncosts, p->nops);
+  for (uint32_t i = 0; i < p->ncosts; i++)
+    if (!isfinite(p->costs[i]) || p->costs[i] < 0)
+      return rt_status_make("%s: cost %" PRIu32 ": %g ns (must be finite and >= 0)", name, i,
+                            p->costs[i]);
   for (uint32_t i = 0; i < p->nedges; i++) {
     const plan_edge *e = &p->edges[i];
     snprintf(where, sizeof where, "edge %" PRIu32, i);
@@ -649,7 +665,9 @@ rt_status plan_encode(const plan *p, uint8_t **out_bytes, size_t *out_len) {
     off += (uint64_t)n * sections[id].record_bytes;
   }
   uint64_t total = align_up(off);
-  if (total > SIZE_MAX) return rt_status_make("plan: %" PRIu64 " bytes do not fit in memory", total);
+  if (total > PLAN_MAX_BYTES)
+    return rt_status_make("plan: the plan is %" PRIu64 " bytes; the limit is %" PRIu64 " (1 GiB)", total,
+                          PLAN_MAX_BYTES);
 
   uint8_t *buf = calloc(1, (size_t)total); /* zeroed: padding is deterministic */
   if (!buf) return rt_status_make("plan: out of memory encoding %" PRIu64 " bytes", total);
@@ -731,10 +749,14 @@ void plan_free(plan *p) {
   free(p->commands);
   free(p->args);
   free(p->rows);
+  free(p->costs);
   memset(p, 0, sizeof *p);
 }
 
 static rt_status decode_into(const char *name, const uint8_t *bytes, size_t len, plan *p) {
+  if (len > PLAN_MAX_BYTES)
+    return rt_status_make("%s: the plan is %zu bytes; the limit is %" PRIu64 " (1 GiB)", name, len,
+                          PLAN_MAX_BYTES);
   if (len < PLAN_HEADER_BYTES)
     return rt_status_make("%s: file too short for a plan header (%zu bytes, need %u)", name, len,
                           PLAN_HEADER_BYTES);
@@ -762,7 +784,8 @@ static rt_status decode_into(const char *name, const uint8_t *bytes, size_t len,
     return rt_status_make("%s: section table (%" PRIu32 " sections) runs past the end of the file",
                           name, nsec);
   /* A newer minor version may add sections this reader does not know; it
-   * skips those. Within our own minor an unknown id is damage. */
+   * skips those. Within our own minor an unknown id is damage, and so is
+   * a section that came after the file's minor. */
   bool newer_minor = minor > PLAN_VERSION_MINOR;
   const uint8_t *found[PLAN_NSECTIONS + 1] = {0};
   uint32_t counts[PLAN_NSECTIONS + 1] = {0};
@@ -771,7 +794,7 @@ static rt_status decode_into(const char *name, const uint8_t *bytes, size_t len,
     const uint8_t *t = bytes + PLAN_HEADER_BYTES + (size_t)s * PLAN_SECTION_BYTES;
     uint32_t id = get_u32(t), count = get_u32(t + 4);
     uint64_t off = get_u64(t + 8), size = get_u64(t + 16);
-    bool known = id >= 1 && id <= PLAN_NSECTIONS;
+    bool known = id >= 1 && id <= PLAN_NSECTIONS && minor >= sections[id].since_minor;
     const char *sname = known ? sections[id].name : "unknown";
     if (!known && !newer_minor)
       return rt_status_make("%s: section %" PRIu32 ": unknown section id %" PRIu32, name, s, id);
@@ -795,7 +818,7 @@ static rt_status decode_into(const char *name, const uint8_t *bytes, size_t len,
     counts[id] = count;
   }
   for (uint32_t id = 1; id <= PLAN_NSECTIONS; id++)
-    if (!found[id])
+    if (!found[id] && minor >= sections[id].since_minor)
       return rt_status_make("%s: required %s section is missing", name, sections[id].name);
   if (counts[PLAN_SEC_INFO] != 1)
     return rt_status_make("%s: info section holds %" PRIu32 " records, expected 1", name,
@@ -854,6 +877,12 @@ rt_status plan_read(const char *path, plan *out) {
   if (!S_ISREG(sb.st_mode)) {
     close(fd);
     return rt_status_make("%s: not a regular file", path);
+  }
+  /* Refused before anything is allocated or read. */
+  if ((uint64_t)sb.st_size > PLAN_MAX_BYTES) {
+    close(fd);
+    return rt_status_make("%s: the plan is %lld bytes; the limit is %" PRIu64 " (1 GiB)", path,
+                          (long long)sb.st_size, PLAN_MAX_BYTES);
   }
   size_t len = (size_t)sb.st_size;
   uint8_t *buf = malloc(len ? len : 1);

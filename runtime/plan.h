@@ -17,9 +17,13 @@
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
 #define PLAN_VERSION_MAJOR 3
-#define PLAN_VERSION_MINOR 0
+#define PLAN_VERSION_MINOR 1
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
+/* The largest plan file: plan_encode refuses to make a bigger one and
+ * plan_read and plan_decode to read one (the full DeepSeek-V4-Flash plan
+ * is about 1 MB). */
+#define PLAN_MAX_BYTES ((uint64_t)1 << 30)
 
 typedef struct plan_header {
   char magic[8];
@@ -44,7 +48,8 @@ enum plan_section_id {
   PLAN_SEC_COMMANDS,    /* all commands in global submission order */
   PLAN_SEC_ARGS,        /* plan_arg: the byte ranges launches and copies touch */
   PLAN_SEC_ROWS,        /* u32 source rows of weight views (plan_tensor.rows) */
-  PLAN_NSECTIONS = PLAN_SEC_ROWS
+  PLAN_SEC_COSTS,       /* since 3.1: f64 predicted nanoseconds per op (plan.costs) */
+  PLAN_NSECTIONS = PLAN_SEC_COSTS
 };
 
 typedef struct plan_section {
@@ -184,6 +189,11 @@ typedef struct plan {
   plan_command *commands; uint32_t ncommands;
   plan_arg *args;         uint32_t nargs;
   uint32_t *rows;         uint32_t nrows;
+  /* costs[i]: op i's predicted time in nanoseconds under the compiler's
+   * cost model (finite, >= 0), for review (ds4c explain); the runtime
+   * never reads them. ncosts is nops, or 0 when the plan holds no
+   * predictions (a 3.0 file, a plan no cost model wrote). */
+  double *costs;          uint32_t ncosts;
 } plan;
 
 /* Serialize to a file, atomically (temporary file, then rename). */

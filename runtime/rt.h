@@ -86,6 +86,7 @@ typedef struct rt_report {
   int steps, tokens;        /* steps replayed, live tokens processed */
   double seconds_total;     /* wall time of rt_replay_step calls */
   double seconds_median;    /* median step time */
+  double last_step_seconds; /* the latest step's rt_replay_step wall time (a hook reads it) */
   uint8_t outputs_sha256[32];
   int32_t *generated;       /* ndecode + 1 tokens (caller frees) */
   int ngenerated;

@@ -7,8 +7,9 @@ build=${1:-build}
 
 # clang-19, lld-19 and llvm-19 build the AMD and NVIDIA code objects (and
 # llvm-readelf-19 inspects them); libamdhip64-dev lets the hip backend's
-# error paths be tested on a machine without a GPU.
-packages="build-essential cmake ninja-build pkg-config libyaml-dev check libsubunit-dev clang-19 lld-19 llvm-19 libamdhip64-dev python3"
+# error paths be tested on a machine without a GPU; libclang-rt-19-dev is
+# clang-19's libFuzzer runtime (scripts/fuzz.sh).
+packages="build-essential cmake ninja-build pkg-config libyaml-dev check libsubunit-dev clang-19 lld-19 llvm-19 libclang-rt-19-dev libamdhip64-dev python3"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

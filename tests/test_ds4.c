@@ -98,6 +98,26 @@ static const char *on_cpu(const char *sched, const char *name, char *path, size_
   return path;
 }
 
+/* A two-GPU schedule of ds4-flash-slice (schedules/ds4-flash-2gpu*.yaml)
+ * for ds4-flash-mini on two cpu devices: its hot range, experts 0-127 of
+ * the slice's 256, becomes experts 0-3 of the mini's 8. */
+static const char *two_gpu_on_cpu(const char *sched, const char *name, char *path, size_t n) {
+  char *text = slurp(sched);
+  char *a = replace_all(text, "backend: cuda, arch: sm_90, ordinal: 0,", "backend: cpu, arch: host, ordinal: 0, threads: 1,");
+  char *b = replace_all(a, "backend: cuda, arch: sm_90, ordinal: 1,", "backend: cpu, arch: host, ordinal: 1, threads: 1,");
+  char *c = replace_all(b, "model: ds4-flash-slice", "model: deepseek-v4-flash");
+  char *d = replace_all(c, "experts[0:128]", "experts[0:4]");
+  ck_assert_msg(strcmp(d, c) && strcmp(c, b) && strcmp(b, a) && strcmp(a, text), "%s: not rewritten", sched);
+  snprintf(path, n, "%s/%s.yaml", tmpdir, name);
+  write_text(path, d);
+  free(text);
+  free(a);
+  free(b);
+  free(c);
+  free(d);
+  return path;
+}
+
 typedef struct run_result {
   uint8_t sha[32];
   int32_t tokens[64];
@@ -158,7 +178,9 @@ END_TEST
 
 /* Every shipped schedule of ds4-flash-mini gives the same bits: the cpu
  * one, the H200 ones moved onto a cpu device (four streams, early resolve),
- * and a hot/cold pair of cpu devices with experts 4-7 on the cold one. */
+ * a hot/cold pair of cpu devices with experts 4-7 on the cold one, and the
+ * two-GPU schedules of the slice (copies on the source stream, and the
+ * cold owner submitted second) moved onto two cpu devices. */
 START_TEST(every_schedule_gives_the_same_bits) {
   make_tmpdir();
   char hotcold[700];
@@ -175,15 +197,17 @@ START_TEST(every_schedule_gives_the_same_bits) {
              "owners:\n  - \"layers.*.ffn.experts[0:4] -> hot.main\"\n  - \"layers.*.ffn.experts -> cold.main\"\n"
              "  - \"* -> hot.main\"\n"
              "copies: {stream: copy}\nstep: {prefill: 10, decode: 1}\n");
-  char h200[700], early[700];
+  char h200[700], early[700], two[700], cold2[700];
   const char *scheds[][2] = {
       {"schedules/ds4-flash-cpu.yaml", "cpu"},
       {on_cpu("schedules/ds4-flash-h200.yaml", "h200-cpu", h200, sizeof h200), "h200"},
       {on_cpu("schedules/ds4-flash-decode-early.yaml", "early-cpu", early, sizeof early), "early"},
       {hotcold, "hotcold"},
+      {two_gpu_on_cpu("schedules/ds4-flash-2gpu.yaml", "2gpu-cpu", two, sizeof two), "2gpu"},
+      {two_gpu_on_cpu("schedules/ds4-flash-2gpu-cold-second.yaml", "cold2-cpu", cold2, sizeof cold2), "cold2"},
   };
   run_result first;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < (int)(sizeof scheds / sizeof scheds[0]); i++) {
     const char *b = compile("models/ds4-flash-mini.yaml", scheds[i][0], scheds[i][1], NULL);
     run_result r;
     run(b, 16, 0, &r);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dsl.h"
@@ -712,7 +713,7 @@ START_TEST(test_limits) {
   dsl_model *m;
   ck_assert_int_ne(dsl_model_parse("big.yaml", big, n, &m, &d), 0);
   ck_assert_ptr_null(m);
-  ck_assert_str_eq(d.msg, "error: big.yaml: description is 16777217 bytes; the limit is 16 MiB");
+  ck_assert_str_eq(d.msg, "big.yaml: error: description is 16777217 bytes; the limit is 16777216 (16 MiB)");
   free(big);
 
   char path[] = "/tmp/test_dsl_bigXXXXXX";
@@ -724,7 +725,9 @@ START_TEST(test_limits) {
   dsl_schedule *s;
   ck_assert_int_ne(dsl_schedule_load(path, &s, &d2), 0);
   ck_assert_ptr_null(s);
-  ck_assert_ptr_nonnull(strstr(d2.msg, "is 16777217 bytes; descriptions are limited to 16 MiB"));
+  char want[256];
+  snprintf(want, sizeof want, "%s: error: description is 16777217 bytes; the limit is 16777216 (16 MiB)", path);
+  ck_assert_str_eq(d2.msg, want);
   unlink(path);
 
   dsl_diag d3 = {0};
@@ -733,6 +736,17 @@ START_TEST(test_limits) {
   dsl_diag d4 = {0};
   ck_assert_int_ne(dsl_model_load("tests/cases", &m, &d4), 0);
   ck_assert_str_eq(d4.msg, "error: 'tests/cases' is not a regular file");
+  /* A FIFO (say, an extends: naming one) is refused without waiting for a writer. */
+  char fifo[] = "/tmp/test_dsl_fifoXXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(fifo));
+  char fifo_path[sizeof fifo + 8];
+  snprintf(fifo_path, sizeof fifo_path, "%s/f.yaml", fifo);
+  ck_assert_int_eq(mkfifo(fifo_path, 0600), 0);
+  dsl_diag df = {0};
+  ck_assert_int_ne(dsl_model_load(fifo_path, &m, &df), 0);
+  ck_assert_ptr_nonnull(strstr(df.msg, "is not a regular file"));
+  unlink(fifo_path);
+  rmdir(fifo);
 
   /* exactly the deepest nesting allowed loads (as a structure error) */
   char deep[300];
@@ -745,6 +759,67 @@ START_TEST(test_limits) {
   dsl_diag d5 = {0};
   ck_assert_int_ne(dsl_model_parse("deep.yaml", deep, (size_t)k, &m, &d5), 0);
   ck_assert_ptr_nonnull(strstr(d5.msg, "the value of 'n' in 'params' must be a scalar, not a list"));
+}
+END_TEST
+
+/* "model: t\nparams: {p0: 0, p1: 0, ...}" with n params: its length. */
+static size_t many_params(char *buf, int n) {
+  size_t k = (size_t)sprintf(buf, "model: t\nparams: {");
+  for (int i = 0; i < n; i++) k += (size_t)sprintf(buf + k, "%sp%d: 0", i ? ", " : "", i);
+  k += (size_t)sprintf(buf + k, "}\nblocks: []\nlayers: []\n");
+  return k;
+}
+
+/* DSL_MAX_ENTRIES in one list or mapping, DSL_MAX_NODES in a description. */
+START_TEST(test_entry_and_node_limits) {
+  char *buf = malloc((size_t)DSL_MAX_ENTRIES * 16 + 4096);
+  ck_assert_ptr_nonnull(buf);
+  dsl_model *m;
+  dsl_diag d = {0};
+  size_t n = many_params(buf, DSL_MAX_ENTRIES); /* exactly the limit: loads */
+  ck_assert_msg(dsl_model_parse("many.yaml", buf, n, &m, &d) == 0, "%s", d.msg);
+  ck_assert_int_eq(m->nparams, DSL_MAX_ENTRIES);
+  dsl_model_free(m);
+  n = many_params(buf, DSL_MAX_ENTRIES + 1);
+  dsl_diag d2 = {0};
+  ck_assert_int_ne(dsl_model_parse("many.yaml", buf, n, &m, &d2), 0);
+  ck_assert_ptr_null(m);
+  /* at the first key past the limit: "p16384" */
+  ck_assert_ptr_nonnull(strstr(d2.msg, "many.yaml:2:"));
+  ck_assert_ptr_nonnull(strstr(d2.msg, ": error: more than 16384 entries in one mapping\n"));
+  int col = 0;
+  ck_assert_int_eq(sscanf(d2.msg, "many.yaml:2:%d:", &col), 1);
+  ck_assert(strncmp(strstr(buf, "\n") + col, "p16384:", 7) == 0);
+
+  size_t k = (size_t)sprintf(buf, "model: t\nparams: {n: [");
+  for (int i = 0; i <= DSL_MAX_ENTRIES; i++) k += (size_t)sprintf(buf + k, "%s0", i ? "," : "");
+  k += (size_t)sprintf(buf + k, "]}\n");
+  dsl_diag d3 = {0};
+  ck_assert_int_ne(dsl_model_parse("list.yaml", buf, k, &m, &d3), 0);
+  ck_assert_ptr_nonnull(strstr(d3.msg, "list.yaml:2:32782: error: more than 16384 entries in one list\n"));
+  free(buf);
+
+  /* 65 lists of 16384 scalars: more nodes than DSL_MAX_NODES */
+  size_t cap = 65 * ((size_t)DSL_MAX_ENTRIES * 2 + 4) + 256;
+  buf = malloc(cap);
+  ck_assert_ptr_nonnull(buf);
+  k = (size_t)sprintf(buf, "model: t\nparams: {n: [");
+  for (int l = 0; l < 65; l++) {
+    k += (size_t)sprintf(buf + k, "%s[", l ? "," : "");
+    for (int i = 0; i < DSL_MAX_ENTRIES; i++) {
+      buf[k++] = i ? ',' : ' ';
+      buf[k++] = '0';
+    }
+    buf[k++] = ']';
+  }
+  k += (size_t)sprintf(buf + k, "]}\n");
+  ck_assert_uint_le(k, cap);
+  dsl_diag d4 = {0};
+  ck_assert_int_ne(dsl_model_parse("nodes.yaml", buf, k, &m, &d4), 0);
+  ck_assert_ptr_null(m);
+  ck_assert_ptr_nonnull(
+      strstr(d4.msg, ": error: more than 1048576 YAML nodes (scalars, lists and mappings) in one description\n"));
+  free(buf);
 }
 END_TEST
 
@@ -894,6 +969,7 @@ static Suite *dsl_suite(void) {
   tcase_add_test(tc, test_error_cases_complete);
   tcase_add_test(tc, test_bad_bytes);
   tcase_add_test(tc, test_limits);
+  tcase_add_test(tc, test_entry_and_node_limits);
   suite_add_tcase(s, tc);
   tc = tcase_create("expr");
   tcase_add_test(tc, test_eval_values);

@@ -109,12 +109,59 @@ START_TEST(failed_compile_keeps_the_old_bundle) {
 }
 END_TEST
 
+/* A description of 17 MiB, model or schedule, is refused before it is
+ * parsed (DSL_MAX_FILE_BYTES): written here, not kept in the tree. */
+static void write_big(const char *path, const char *first_line) {
+  const size_t size = (size_t)17 << 20;
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  size_t n = strlen(first_line);
+  ck_assert_uint_eq(fwrite(first_line, 1, n, f), n);
+  char line[1024];
+  memset(line, 'x', sizeof line);
+  line[0] = '#';
+  line[sizeof line - 1] = '\n';
+  while (n + sizeof line <= size) n += fwrite(line, 1, sizeof line, f);
+  while (n < size) n += fwrite("\n", 1, 1, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+START_TEST(descriptions_over_the_limit) {
+  char tmpl[] = "/tmp/ds4-big-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  char model[512], sched[512], out[512], want[1024];
+  snprintf(model, sizeof model, "%s/big.yaml", tmpl);
+  snprintf(sched, sizeof sched, "%s/big.sched.yaml", tmpl);
+  snprintf(out, sizeof out, "%s/bundle", tmpl);
+  write_big(model, "model: case\n");
+  write_big(sched, "schedule: big\n");
+
+  ds4c_options o = {.model_path = model, .sched_path = "tests/cases/compile/one-cpu.sched.yaml", .out_dir = out};
+  dsl_diag d = {0};
+  ck_assert_int_ne(ds4c_compile(&o, &d), 0);
+  snprintf(want, sizeof want, "%s: error: description is 17825792 bytes; the limit is 16777216 (16 MiB)", model);
+  ck_assert_str_eq(d.msg, want);
+
+  o.model_path = "tests/cases/compile/ok.yaml";
+  o.sched_path = sched;
+  dsl_diag d2 = {0};
+  ck_assert_int_ne(ds4c_compile(&o, &d2), 0);
+  snprintf(want, sizeof want, "%s: error: description is 17825792 bytes; the limit is 16777216 (16 MiB)", sched);
+  ck_assert_str_eq(d2.msg, want);
+  ck_assert_int_eq(leftovers(tmpl, "bundle"), 0);
+  unlink(model);
+  unlink(sched);
+  ck_assert_int_eq(rmdir(tmpl), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("errors");
   TCase *tc = tcase_create("descriptions");
   tcase_add_checked_fixture(tc, setup, NULL);
   tcase_add_test(tc, every_case_fails_with_its_message);
   tcase_add_test(tc, failed_compile_keeps_the_old_bundle);
+  tcase_add_test(tc, descriptions_over_the_limit);
   suite_add_tcase(s, tc);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);

@@ -3,9 +3,12 @@
  * must be refused with a message naming what is wrong (never a crash). */
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,9 +115,9 @@ static uint32_t str_add(strtab *t, const char *s) {
 /* Two devices, three streams, nine tensors (among them a weight source on
  * no device, an expert-style view of it with a rows list and a replica of a
  * resident weight), two code objects (host and gfx1201), two kernels, three
- * ops (launch, copy, launch), two edges, seven commands with two record/wait
- * pairs, seven args (some with offsets), two rows. Arrays are static storage
- * in the fixture. */
+ * ops (launch, copy, launch) with their costs, two edges, seven commands
+ * with two record/wait pairs, seven args (some with offsets), two rows.
+ * Arrays are static storage in the fixture. */
 typedef struct fixture {
   strtab st;
   plan p;
@@ -129,6 +132,7 @@ typedef struct fixture {
   plan_command commands[7];
   plan_arg args[7];
   uint32_t rows[2];
+  double costs[3];
 } fixture;
 
 static void tensor_set(plan_tensor *t, uint32_t name, uint32_t dtype, uint32_t role,
@@ -255,6 +259,8 @@ static void fixture_build(fixture *f) {
   p->commands = f->commands; p->ncommands = 7;
   p->args = f->args; p->nargs = 7;
   p->rows = f->rows; p->nrows = 2;
+  f->costs[0] = 1500.25; f->costs[1] = 0; f->costs[2] = 3.5e9;
+  p->costs = f->costs; p->ncosts = 3;
 }
 
 static uint8_t *encode_fixture(size_t *len) {
@@ -333,6 +339,8 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   }
   ck_assert_uint_eq(x->nrows, y->nrows);
   for (uint32_t i = 0; i < x->nrows; i++) ck_assert_uint_eq(x->rows[i], y->rows[i]);
+  ck_assert_uint_eq(x->ncosts, y->ncosts);
+  for (uint32_t i = 0; i < x->ncosts; i++) ck_assert(x->costs[i] == y->costs[i]);
 }
 
 START_TEST(round_trip) {
@@ -495,8 +503,8 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
-  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.0 */
-  ck_assert_uint_eq(rd32(b + 8) >> 16, 0);
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.1 */
+  ck_assert_uint_eq(rd32(b + 8) >> 16, 1);
   memcpy(m, b, len);
   m[8] = 2; /* a 2.x plan: kernels named a code object, with no block */
   m[10] = 0;
@@ -543,7 +551,10 @@ START_TEST(bad_sections) {
   expect_fail(m, len, "section table (100000 sections) runs past the end");
 
   memcpy(m, b, len);
-  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop ROWS, the last entry, from the table */
+  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop COSTS, the last entry, from the table */
+  reseal(m, len);
+  expect_fail(m, len, "required costs section is missing");
+  wr32(m + 12, PLAN_NSECTIONS - 2); /* and ROWS */
   reseal(m, len);
   expect_fail(m, len, "required rows section is missing");
 
@@ -552,7 +563,7 @@ START_TEST(bad_sections) {
   reseal(m, len);
   expect_fail(m, len, "unknown section id 99");
   /* ...which a newer minor may add: skipped, so ARGS is then missing. */
-  m[10] = 1;
+  m[10] = PLAN_VERSION_MINOR + 1;
   reseal(m, len);
   expect_fail(m, len, "required args section is missing");
 
@@ -937,6 +948,95 @@ START_TEST(bad_copies) {
 }
 END_TEST
 
+/* COSTS (3.1): none, or one finite, non-negative prediction per op; a 3.0
+ * plan has no such section, and may not have one. */
+START_TEST(bad_costs) {
+  enum { R_COST = 8 };
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *m = malloc(len);
+  uint8_t *tcosts = m + 64 + 24 * (PLAN_SEC_COSTS - 1);
+  ck_assert_uint_eq(rd32(b + 64 + 24 * (PLAN_SEC_COSTS - 1)), PLAN_SEC_COSTS);
+  /* The records: f64 nanoseconds, in op order. */
+  double v;
+  uint64_t bits = rd64(record_at(b, PLAN_SEC_COSTS, R_COST, 2));
+  memcpy(&v, &bits, 8);
+  ck_assert(v == 3.5e9);
+
+  memcpy(m, b, len);
+  wr32(tcosts + 4, 2);
+  wr64(tcosts + 16, 2 * R_COST);
+  reseal(m, len);
+  expect_fail(m, len, "plan.ds4p: costs: 2 records for 3 ops (one per op, or none)");
+
+  static const struct {
+    uint32_t rec;
+    double value;
+    const char *want;
+  } bad[] = {
+      {1, -1.0, "plan.ds4p: cost 1: -1 ns (must be finite and >= 0)"},
+      {0, NAN, "plan.ds4p: cost 0: nan ns (must be finite and >= 0)"},
+      {2, INFINITY, "plan.ds4p: cost 2: inf ns (must be finite and >= 0)"},
+      {2, -INFINITY, "plan.ds4p: cost 2: -inf ns"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    memcpy(m, b, len);
+    memcpy(&bits, &bad[i].value, 8);
+    wr64(record_at(m, PLAN_SEC_COSTS, R_COST, bad[i].rec), bits);
+    reseal(m, len);
+    expect_fail(m, len, bad[i].want);
+  }
+
+  /* A 3.0 plan: no COSTS in the table decodes without costs; one with a
+   * COSTS section is damage (the section came in 3.1). */
+  memcpy(m, b, len);
+  m[10] = 0;
+  reseal(m, len);
+  expect_fail(m, len, "section 13: unknown section id 14");
+  wr32(m + 12, PLAN_NSECTIONS - 1);
+  reseal(m, len);
+  plan d;
+  rt_status st = plan_decode("plan.ds4p", m, len, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  ck_assert_uint_eq(d.ncosts, 0);
+  ck_assert_ptr_null(d.costs);
+  ck_assert_uint_eq(d.nops, 3);
+  plan_free(&d);
+  free(m);
+  free(b);
+
+  /* The encoder: no costs is a plan too (one no cost model wrote), and it
+   * round-trips; a wrong count or value is refused. */
+  fixture f;
+  fixture_build(&f);
+  f.p.ncosts = 0;
+  uint8_t *bytes;
+  ck_assert_ptr_null(plan_encode(&f.p, &bytes, &len));
+  st = plan_decode("plan.ds4p", bytes, len, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  assert_plans_equal(&f.p, &d);
+  plan_free(&d);
+  free(bytes);
+  f.p.ncosts = 2;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: costs: 2 records for 3 ops (one per op, or none)");
+  rt_status_free(st);
+  fixture_build(&f);
+  f.costs[1] = NAN;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: cost 1: nan ns (must be finite and >= 0)");
+  rt_status_free(st);
+  fixture_build(&f);
+  f.p.costs = NULL;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: costs: 3 records but no array");
+  rt_status_free(st);
+}
+END_TEST
+
 /* Every single-byte change after the header, resealed, either decodes or is
  * refused with a message; none may crash or leak (ASan build). */
 START_TEST(every_byte_flip) {
@@ -1099,6 +1199,70 @@ START_TEST(write_and_read) {
 }
 END_TEST
 
+/* PLAN_MAX_BYTES: a bigger plan is neither written nor read. The big
+ * buffers are untouched anonymous or sparse mappings, so the test costs no
+ * memory or disk. */
+START_TEST(size_limit) {
+  const size_t big = (size_t)PLAN_MAX_BYTES + 1;
+  uint8_t *mem = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ck_assert_ptr_ne(mem, MAP_FAILED);
+
+  plan d;
+  rt_status st = plan_decode("big.ds4p", mem, big, &d);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "big.ds4p: the plan is 1073741825 bytes; the limit is 1073741824 (1 GiB)");
+  rt_status_free(st);
+
+  /* A valid plan whose strings alone reach the limit: its strings are the
+   * fixture's, then NUL bytes. */
+  fixture f;
+  fixture_build(&f);
+  memcpy(mem, f.st.buf, f.st.len);
+  f.p.strings = (char *)mem;
+  f.p.strings_len = (uint32_t)PLAN_MAX_BYTES;
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_ptr_null(bytes);
+  /* the size: the strings and the fixture's other records, header and table */
+  unsigned long long size = 0;
+  ck_assert_int_eq(sscanf(rt_status_msg(st), "plan: the plan is %llu bytes;", &size), 1);
+  ck_assert_uint_gt(size, PLAN_MAX_BYTES);
+  ck_assert_uint_lt(size, PLAN_MAX_BYTES + 4096);
+  char want[512];
+  snprintf(want, sizeof want, "plan: the plan is %llu bytes; the limit is 1073741824 (1 GiB)", size);
+  ck_assert_str_eq(rt_status_msg(st), want);
+  rt_status_free(st);
+
+  char dir[] = "/tmp/test_plan.XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[256];
+  snprintf(path, sizeof path, "%s/plan.ds4p", dir);
+  st = plan_write(&f.p, path); /* what ds4c does: nothing is written */
+  ck_assert_ptr_nonnull(st);
+  snprintf(want, sizeof want, "writing %s: plan: the plan is %llu bytes; the limit is 1073741824 (1 GiB)", path,
+           size);
+  ck_assert_str_eq(rt_status_msg(st), want);
+  rt_status_free(st);
+  ck_assert_int_eq(dir_entries(dir), 0);
+  munmap(mem, big);
+
+  /* A file over the limit is refused before it is read. */
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)big), 0);
+  close(fd);
+  st = plan_read(path, &d);
+  ck_assert_ptr_nonnull(st);
+  snprintf(want, sizeof want, "%s: the plan is 1073741825 bytes; the limit is 1073741824 (1 GiB)", path);
+  ck_assert_str_eq(rt_status_msg(st), want);
+  rt_status_free(st);
+  unlink(path);
+  rmdir(dir);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("plan");
   TCase *tc = tcase_create("plan");
@@ -1116,9 +1280,11 @@ int main(void) {
   tcase_add_test(tc, bad_args);
   tcase_add_test(tc, arg_reserved_ignored);
   tcase_add_test(tc, bad_copies);
+  tcase_add_test(tc, bad_costs);
   tcase_add_test(tc, every_byte_flip);
   tcase_add_test(tc, encode_refuses_invalid);
   tcase_add_test(tc, write_and_read);
+  tcase_add_test(tc, size_limit);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
