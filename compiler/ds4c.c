@@ -134,11 +134,12 @@ static int cmd_compile(int argc, char **argv) {
   return report(o.out_dir);
 }
 
-static int cmd_inspect(int argc, char **argv) {
+/* inspect and explain: one BUNDLE, an optional --json, a report on stdout. */
+static int bundle_report(int argc, char **argv, const char *cmd, rt_status (*report_fn)(const char *, int)) {
   const char *dir = NULL;
-  insp_format format = INSP_TEXT;
+  int json = 0;
   for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) format = INSP_JSON;
+    if (strcmp(argv[i], "--json") == 0) json = 1;
     else if (argv[i][0] == '-') {
       char msg[256];
       snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
@@ -146,8 +147,12 @@ static int cmd_inspect(int argc, char **argv) {
     } else if (!dir) dir = argv[i];
     else return bad_usage("too many arguments");
   }
-  if (!dir) return bad_usage("inspect needs BUNDLE");
-  rt_status st = insp_report(dir, format, stdout);
+  if (!dir) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "%s needs BUNDLE", cmd);
+    return bad_usage(msg);
+  }
+  rt_status st = report_fn(dir, json);
   if (st) {
     fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
     rt_status_free(st);
@@ -156,26 +161,12 @@ static int cmd_inspect(int argc, char **argv) {
   return 0;
 }
 
-static int cmd_explain(int argc, char **argv) {
-  const char *dir = NULL;
-  expl_format format = EXPL_TEXT;
-  for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) format = EXPL_JSON;
-    else if (argv[i][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
-      return bad_usage(msg);
-    } else if (!dir) dir = argv[i];
-    else return bad_usage("too many arguments");
-  }
-  if (!dir) return bad_usage("explain needs BUNDLE");
-  rt_status st = expl_report(dir, format, stdout);
-  if (st) {
-    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
-    rt_status_free(st);
-    return 1;
-  }
-  return 0;
+static rt_status inspect_report(const char *dir, int json) {
+  return insp_report(dir, json ? INSP_JSON : INSP_TEXT, stdout);
+}
+
+static rt_status explain_report(const char *dir, int json) {
+  return expl_report(dir, json ? EXPL_JSON : EXPL_TEXT, stdout);
 }
 
 static int cmd_diff(int argc, char **argv) {
@@ -199,9 +190,9 @@ int main(int argc, char **argv) {
     return argc < 2 ? 64 : 0;
   }
   if (strcmp(argv[1], "compile") == 0) return cmd_compile(argc - 2, argv + 2);
-  if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+  if (strcmp(argv[1], "inspect") == 0) return bundle_report(argc - 2, argv + 2, "inspect", inspect_report);
   if (strcmp(argv[1], "diff") == 0) return cmd_diff(argc - 2, argv + 2);
-  if (strcmp(argv[1], "explain") == 0) return cmd_explain(argc - 2, argv + 2);
+  if (strcmp(argv[1], "explain") == 0) return bundle_report(argc - 2, argv + 2, "explain", explain_report);
   char msg[256];
   snprintf(msg, sizeof msg, "unknown command '%s'", argv[1]);
   return bad_usage(msg);

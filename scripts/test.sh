@@ -13,4 +13,4 @@ DS4_CMAKE_ARGS="-DDS4_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug" scripts/setup.s
 
 # The threaded runtime once more under ThreadSanitizer.
 DS4_CMAKE_ARGS="-DDS4_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug" scripts/setup.sh build-tsan
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -R 'test_runtime|test_e2e|test_faults|test_schedules_0')
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -R 'test_runtime|test_e2e|test_faults|test_review_rt|test_schedules_0')

@@ -38,19 +38,18 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "alloc_fail.h"
 #include "pipeline.h"
 #include "rt.h"
 #include "sha256.h"
+#include "test_util.h"
 
 #define MODEL "models/ds4-flash-mini.yaml"
 #define SCHED "tests/cases/alloc/ds4-flash-mini-hotcold.yaml"
@@ -64,19 +63,6 @@ static uint8_t weights_sha[32];
 
 /* A child's exit code: the outcomes that pass, then the failures. */
 enum { CHILD_ERROR, CHILD_FALLBACK, CHILD_BAD_MESSAGE, CHILD_LEAK, CHILD_LEFTOVER, CHILD_NOT_REACHED, CHILD_WRONG };
-
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  return remove(path);
-}
-
-static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* Entries of a folder, "." and ".." aside; -1 when it cannot be read. */
 static int count_entries(const char *dir) {
@@ -203,7 +189,7 @@ static int compile_child(uint64_t n, uint64_t *count) {
     return CHILD_WRONG;
   }
   if (n) {
-    remove_tree(dir);
+    tu_remove_tree(dir);
     log_fallback(what, n, site);
   }
   return CHILD_FALLBACK;
@@ -440,15 +426,14 @@ static void compile_dry(dry_result *r) {
   snprintf(dir, sizeof dir, "%s/0", walkdir);
   snprintf(out, sizeof out, "%s/out", dir);
   if (r->code == CHILD_FALLBACK && !same_bundle(out)) r->code = CHILD_WRONG;
-  remove_tree(dir);
+  tu_remove_tree(dir);
 }
 
 static void open_dry(dry_result *r) { r->code = open_child(0, 0, &r->count, r->sha); }
 
 static void setup(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
   snprintf(cache, sizeof cache, "%s/cache", tmpdir);
   snprintf(ref, sizeof ref, "%s/ref", tmpdir);
   snprintf(walkdir, sizeof walkdir, "%s/walk", tmpdir);
@@ -463,7 +448,7 @@ static void setup(void) {
   memcpy(weights_sha, o.sha, 32);
 }
 
-static void teardown(void) { remove_tree(tmpdir); }
+static void teardown(void) { tu_remove_tree(tmpdir); }
 
 static int compile_walk_child(uint64_t n) {
   uint64_t count;
@@ -481,10 +466,10 @@ static int open_sticky_child(uint64_t n) {
 }
 
 START_TEST(compile_every_allocation) {
-  double t0 = seconds();
+  double t0 = tu_seconds();
   walk_result r;
   walk("compile", compile_total, compile_walk_child, &r);
-  report("compile", compile_total, &r, seconds() - t0);
+  report("compile", compile_total, &r, tu_seconds() - t0);
   ck_assert_msg(r.failures == 0, "%d of %llu failed; the first: %s", r.failures, (unsigned long long)compile_total,
                 r.first_failure);
   ck_assert_int_eq(count_entries(walkdir), 0);
@@ -492,15 +477,15 @@ START_TEST(compile_every_allocation) {
 END_TEST
 
 START_TEST(open_every_allocation) {
-  double t0 = seconds();
+  double t0 = tu_seconds();
   walk_result r;
   walk("open", open_total, open_walk_child, &r);
-  report("open", open_total, &r, seconds() - t0);
+  report("open", open_total, &r, tu_seconds() - t0);
   ck_assert_msg(r.failures == 0, "%d of %llu failed; the first: %s", r.failures, (unsigned long long)open_total,
                 r.first_failure);
-  t0 = seconds();
+  t0 = tu_seconds();
   walk("open, sticky", open_total, open_sticky_child, &r);
-  report("open, sticky", open_total, &r, seconds() - t0);
+  report("open, sticky", open_total, &r, tu_seconds() - t0);
   ck_assert_msg(r.failures == 0, "%d of %llu failed; the first: %s", r.failures, (unsigned long long)open_total,
                 r.first_failure);
 }
@@ -514,9 +499,5 @@ int main(void) {
   tcase_add_test(tc, compile_every_allocation);
   tcase_add_test(tc, open_every_allocation);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -14,11 +14,9 @@
 #include "pipeline.h"
 #include "plan.h"
 #include "plan_compare.h"
+#include "test_util.h"
 
-static void setup(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-}
+static void setup(void) { tu_chdir_source(); }
 
 /* The IR of a model and schedule, through verify. */
 static ir_prog *build(const char *model, const char *sched) {
@@ -29,18 +27,6 @@ static ir_prog *build(const char *model, const char *sched) {
   return p;
 }
 
-static unsigned char *slurp(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *s = malloc((size_t)n + 1);
-  *out_len = fread(s, 1, (size_t)n, f);
-  fclose(f);
-  return s;
-}
-
 static void compile_tiny(const char *out) {
   ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-1dev.yaml", .out_dir = out};
   dsl_diag d = {0};
@@ -49,7 +35,7 @@ static void compile_tiny(const char *out) {
 
 static void assert_same_file(const char *a, const char *b) {
   size_t na, nb;
-  unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+  char *x = tu_try_slurp(a, &na), *y = tu_try_slurp(b, &nb);
   ck_assert_msg(x && y, "missing %s or %s", a, b);
   ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s and %s differ", a, b);
   free(x);
@@ -58,7 +44,7 @@ static void assert_same_file(const char *a, const char *b) {
 
 START_TEST(compiling_twice_gives_identical_bundles) {
   char tmpl[] = "/tmp/ds4-det-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   char a[512], b[512], fa[1024], fb[1024];
   snprintf(a, sizeof a, "%s/a", tmpl);
   snprintf(b, sizeof b, "%s/b", tmpl);
@@ -104,9 +90,7 @@ START_TEST(compiling_twice_gives_identical_bundles) {
   ck_assert_uint_lt(pl.devices[0].arena_bytes, sum);
   plan_free(&pl);
 
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-  ck_assert_int_eq(system(cmd), 0);
+  tu_tmpdir_remove(tmpl);
 }
 END_TEST
 
@@ -235,7 +219,7 @@ static void compile_to(const char *sched, const char *out, plan *pl) {
  * so their inputs' copies rank higher on the critical path. */
 START_TEST(hotcold_cold_input_goes_first) {
   char tmpl[] = "/tmp/ds4-hc-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   char out[600];
   snprintf(out, sizeof out, "%s/hc", tmpl);
   plan pl;
@@ -253,8 +237,7 @@ START_TEST(hotcold_cold_input_goes_first) {
   /* Swap the two cost profiles: the hot side becomes the longer pole and
    * its experts now go before the cold side's input copy. */
   size_t n;
-  char *text = (char *)slurp("schedules/tiny-hotcold.yaml", &n), sched[600];
-  text[n] = 0;
+  char *text = tu_slurp("schedules/tiny-hotcold.yaml", &n), sched[600];
   static const char hot[] = "bandwidth: 2.0e10, flops: 5.0e10, launch: 2.0e-6";
   static const char cold[] = "bandwidth: 4.0e9, flops: 2.0e9, launch: 5.0e-6";
   char *h = strstr(text, hot), *c = strstr(text, cold);
@@ -266,18 +249,13 @@ START_TEST(hotcold_cold_input_goes_first) {
   free(text);
   text = swapped;
   snprintf(sched, sizeof sched, "%s/swapped.yaml", tmpl);
-  FILE *f = fopen(sched, "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  ck_assert_int_eq(fclose(f), 0);
+  tu_write_text(sched, text);
   free(text);
   snprintf(out, sizeof out, "%s/swapped", tmpl);
   compile_to(sched, out, &pl);
   ck_assert_int_lt(plan_command_of(&pl, "layers.0.ffn.experts[0:6]"), plan_command_of(&pl, "copy.layers.0.sel@cold"));
   plan_free(&pl);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-  ck_assert_int_eq(system(cmd), 0);
+  tu_tmpdir_remove(tmpl);
 }
 END_TEST
 
@@ -331,14 +309,13 @@ END_TEST
  * same offsets and the same arenas, read from the two plans. */
 START_TEST(early_resolve_changes_order_only) {
   char tmpl[] = "/tmp/ds4-er-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   char sched[600], a_dir[600], b_dir[600];
   snprintf(sched, sizeof sched, "%s/early.yaml", tmpl);
   snprintf(a_dir, sizeof a_dir, "%s/a", tmpl);
   snprintf(b_dir, sizeof b_dir, "%s/b", tmpl);
   size_t n;
-  unsigned char *text = slurp("schedules/tiny-hotcold.yaml", &n);
-  ck_assert_ptr_nonnull(text);
+  char *text = tu_slurp("schedules/tiny-hotcold.yaml", &n);
   FILE *f = fopen(sched, "w");
   ck_assert_ptr_nonnull(f);
   ck_assert_uint_eq(fwrite(text, 1, n, f), n);
@@ -356,9 +333,7 @@ START_TEST(early_resolve_changes_order_only) {
   ck_assert_int_lt(plan_command_of(&b, "layers.0.ffn.route"), plan_command_of(&b, "layers.0.ffn.shared"));
   plan_free(&a);
   plan_free(&b);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-  ck_assert_int_eq(system(cmd), 0);
+  tu_tmpdir_remove(tmpl);
 }
 END_TEST
 
@@ -448,7 +423,7 @@ static int cache_entry(const char *cache, char *path, size_t n) {
  * and stored anew; another compiler (here: another path to it) misses. */
 START_TEST(kernel_cache_hits_and_repairs) {
   char tmpl[] = "/tmp/ds4-kcache-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   char cache[600], log[600], out[700], ref[700], entry[1200], path[1400], other[1400];
   snprintf(cache, sizeof cache, "%s/cache/ds4c", tmpl); /* made by the compile */
   snprintf(log, sizeof log, "%s/cc.log", tmpl);
@@ -482,13 +457,9 @@ START_TEST(kernel_cache_hits_and_repairs) {
   /* Corrupt the entry: its last byte flipped, then cut in half. */
   for (int damage = 0; damage < 2; damage++) {
     size_t n;
-    unsigned char *bytes = slurp(entry, &n);
-    ck_assert_ptr_nonnull(bytes);
+    char *bytes = tu_slurp(entry, &n);
     if (damage == 0) bytes[n - 1] ^= 0x40;
-    FILE *f = fopen(entry, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(bytes, 1, damage == 0 ? n : n / 2, f), damage == 0 ? n : n / 2);
-    ck_assert_int_eq(fclose(f), 0);
+    tu_write_bytes(entry, bytes, damage == 0 ? n : n / 2);
     free(bytes);
     snprintf(out, sizeof out, "%s/repaired%d", tmpl, damage);
     compile_cached(out, cache);
@@ -506,19 +477,16 @@ START_TEST(kernel_cache_hits_and_repairs) {
   ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 2);
   unsetenv("DS4_CC");
 
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-  ck_assert_int_eq(system(cmd), 0);
+  tu_tmpdir_remove(tmpl);
 }
 END_TEST
 
 /* ds4c compile's cache folder: $DS4C_CACHE, else $XDG_CACHE_HOME/ds4c,
  * else ~/.cache/ds4c; --no-cache uses none. */
 START_TEST(ds4c_finds_its_cache) {
-  const char *bin = getenv("DS4_BUILD_DIR");
-  ck_assert_msg(bin, "DS4_BUILD_DIR must name the build directory");
+  const char *bin = tu_build_dir();
   char tmpl[] = "/tmp/ds4-kcache-cli-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   static const struct {
     const char *env, *flags, *cache; /* env: prefix of the command; cache: where the entry lands, "" for none */
   } cases[] = {
@@ -542,9 +510,7 @@ START_TEST(ds4c_finds_its_cache) {
       ck_assert_msg(access(where, F_OK) != 0, "%s made %s", cmd, where);
     }
   }
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-  ck_assert_int_eq(system(cmd), 0);
+  tu_tmpdir_remove(tmpl);
 }
 END_TEST
 
@@ -565,9 +531,5 @@ int main(void) {
   tcase_add_test(tc, kernel_cache_hits_and_repairs);
   tcase_add_test(tc, ds4c_finds_its_cache);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "ds4run_check.h"
 #include "ir.h"
@@ -16,63 +15,15 @@
 #include "plan.h"
 #include "plan_compare.h"
 #include "rt.h"
+#include "test_util.h"
 
 static char tmpdir[] = "/tmp/ds4-ds4-XXXXXX";
 
 /* In the source tree (the descriptions' paths are relative), with a fresh
  * scratch folder. */
 static void make_tmpdir(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  memcpy(tmpdir + strlen(tmpdir) - 6, "XXXXXX", 6);
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void) {
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-  long n = ftell(f);
-  ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
-  char *buf = malloc((size_t)n + 1);
-  ck_assert_ptr_nonnull(buf);
-  ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = 0;
-  fclose(f);
-  return buf;
-}
-
-/* Replaces every `from` in text by `to` (a new string); at least once. */
-static char *replace_all(const char *text, const char *from, const char *to) {
-  size_t nf = strlen(from), nt = strlen(to), count = 0;
-  for (const char *c = text; (c = strstr(c, from)); c += nf) count++;
-  ck_assert_msg(count > 0, "'%s' not found", from);
-  char *out = malloc(strlen(text) + count * nt + 1), *o = out;
-  ck_assert_ptr_nonnull(out);
-  for (const char *c = text, *at; ; c = at + nf) {
-    at = strstr(c, from);
-    size_t keep = at ? (size_t)(at - c) : strlen(c);
-    memcpy(o, c, keep);
-    o += keep;
-    if (!at) break;
-    memcpy(o, to, nt);
-    o += nt;
-  }
-  *o = 0;
-  return out;
-}
-
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_int_ge(fputs(text, f), 0);
-  ck_assert_int_eq(fclose(f), 0);
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
 }
 
 /* Compiles model + schedule into tmpdir/name; returns the bundle's path. */
@@ -88,11 +39,11 @@ static const char *compile(const char *model, const char *sched, const char *nam
 /* A GPU schedule of ds4-flash-mini moved onto cpu devices, streams and
  * owners unchanged: the same plan shape on a backend this machine has. */
 static const char *on_cpu(const char *sched, const char *name, char *path, size_t n) {
-  char *text = slurp(sched);
-  char *cpu = replace_all(text, "backend: cuda, arch: sm_90, ordinal: 0,",
+  char *text = tu_slurp(sched, NULL);
+  char *cpu = tu_replace_all(text, "backend: cuda, arch: sm_90, ordinal: 0,",
                           "backend: cpu, arch: host, ordinal: 0, threads: 1,");
   snprintf(path, n, "%s/%s.yaml", tmpdir, name);
-  write_text(path, cpu);
+  tu_write_text(path, cpu);
   free(text);
   free(cpu);
   return path;
@@ -102,14 +53,14 @@ static const char *on_cpu(const char *sched, const char *name, char *path, size_
  * for ds4-flash-mini on two cpu devices: its hot range, experts 0-127 of
  * the slice's 256, becomes experts 0-3 of the mini's 8. */
 static const char *two_gpu_on_cpu(const char *sched, const char *name, char *path, size_t n) {
-  char *text = slurp(sched);
-  char *a = replace_all(text, "backend: cuda, arch: sm_90, ordinal: 0,", "backend: cpu, arch: host, ordinal: 0, threads: 1,");
-  char *b = replace_all(a, "backend: cuda, arch: sm_90, ordinal: 1,", "backend: cpu, arch: host, ordinal: 1, threads: 1,");
-  char *c = replace_all(b, "model: ds4-flash-slice", "model: deepseek-v4-flash");
-  char *d = replace_all(c, "experts[0:128]", "experts[0:4]");
+  char *text = tu_slurp(sched, NULL);
+  char *a = tu_replace_all(text, "backend: cuda, arch: sm_90, ordinal: 0,", "backend: cpu, arch: host, ordinal: 0, threads: 1,");
+  char *b = tu_replace_all(a, "backend: cuda, arch: sm_90, ordinal: 1,", "backend: cpu, arch: host, ordinal: 1, threads: 1,");
+  char *c = tu_replace_all(b, "model: ds4-flash-slice", "model: deepseek-v4-flash");
+  char *d = tu_replace_all(c, "experts[0:128]", "experts[0:4]");
   ck_assert_msg(strcmp(d, c) && strcmp(c, b) && strcmp(b, a) && strcmp(a, text), "%s: not rewritten", sched);
   snprintf(path, n, "%s/%s.yaml", tmpdir, name);
-  write_text(path, d);
+  tu_write_text(path, d);
   free(text);
   free(a);
   free(b);
@@ -172,7 +123,7 @@ START_TEST(mini_matches_the_float64_reference) {
   ck_assert_int_eq(r.check.steps, 3 + 40);
   ck_assert_int_eq(r.check.token_mismatches, 0);
   ck_assert_msg(r.check.passed, "max rel err %g over bound %g", r.check.max_rel_err, r.check.bound);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -185,7 +136,7 @@ START_TEST(every_schedule_gives_the_same_bits) {
   make_tmpdir();
   char hotcold[700];
   snprintf(hotcold, sizeof hotcold, "%s/hotcold.yaml", tmpdir);
-  write_text(hotcold,
+  tu_write_text(hotcold,
              "schedule: mini-hotcold\nmodel: deepseek-v4-flash\n"
              "devices:\n"
              "  - {name: hot, backend: cpu, arch: host, ordinal: 0, threads: 1, bandwidth: 2.0e10, flops: 5.0e10, "
@@ -219,7 +170,7 @@ START_TEST(every_schedule_gives_the_same_bits) {
     ck_assert_int_eq(r.ntokens, first.ntokens);
     ck_assert_mem_eq(r.tokens, first.tokens, (size_t)r.ntokens * sizeof *r.tokens);
   }
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -251,7 +202,7 @@ START_TEST(decode_early_differs_in_order_only) {
   }
   plan_free(&a);
   plan_free(&b);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -287,7 +238,7 @@ START_TEST(released_model_plans) {
   ck_assert_int_eq(p->ndevices, 1);
   ck_assert_int_lt(p->devices[0].arena_bytes, 139ll << 30);
   ds4c_prog_free(p);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -300,9 +251,5 @@ int main(void) {
   tcase_add_test(tc, decode_early_differs_in_order_only);
   tcase_add_test(tc, released_model_plans);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -16,15 +15,14 @@
 #include "rt.h"
 #include "sha256.h"
 #include "st_write.h"
+#include "test_util.h"
 
 static char tmpdir[] = "/tmp/ds4-e2e-XXXXXX";
 static char bundle[600];
 
 static void compile_fixture(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  strcpy(tmpdir, "/tmp/ds4-e2e-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
   snprintf(bundle, sizeof bundle, "%s/tiny", tmpdir);
   ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-1dev.yaml",
                     .out_dir = bundle};
@@ -32,34 +30,18 @@ static void compile_fixture(void) {
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
 }
 
-static void remove_fixture(void) {
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
-
-/* Runs ds4run with args; returns the exit status, output in out. */
-static int ds4run(const char *args, char *out, size_t n) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/ds4run %s 2>&1", getenv("DS4_BUILD_DIR"), args);
-  FILE *f = popen(cmd, "r");
-  ck_assert_ptr_nonnull(f);
-  size_t len = fread(out, 1, n - 1, f);
-  out[len] = 0;
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static void remove_fixture(void) { tu_tmpdir_remove(tmpdir); }
 
 START_TEST(check_passes) {
   char out[8192], args[700];
   snprintf(args, sizeof args, "%s --steps 8 --check", bundle);
-  int rc = ds4run(args, out, sizeof out);
+  int rc = tu_ds4run(args, out, sizeof out);
   ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
   ck_assert_msg(strstr(out, "PASS"), "%s", out);
   ck_assert_msg(strstr(out, "outputs sha256: "), "%s", out);
   /* the same bundle replays to the same bytes */
   char again[8192];
-  ck_assert_int_eq(ds4run(args, again, sizeof again), 0);
+  ck_assert_int_eq(tu_ds4run(args, again, sizeof again), 0);
   ck_assert_str_eq(strstr(out, "outputs sha256: "), strstr(again, "outputs sha256: "));
 }
 END_TEST
@@ -137,7 +119,7 @@ START_TEST(wrong_kernel_fails_the_check) {
 
   char out[8192], args[700];
   snprintf(args, sizeof args, "%s --steps 4 --check", bundle);
-  int rc = ds4run(args, out, sizeof out);
+  int rc = tu_ds4run(args, out, sizeof out);
   ck_assert_msg(rc == 2, "exit %d:\n%s", rc, out);
   ck_assert_msg(strstr(out, "FAIL"), "%s", out);
 }
@@ -155,7 +137,7 @@ START_TEST(damaged_code_object_is_refused) {
   fclose(f);
   char out[8192], args[700];
   snprintf(args, sizeof args, "%s --steps 2 --check", bundle);
-  int rc = ds4run(args, out, sizeof out);
+  int rc = tu_ds4run(args, out, sizeof out);
   ck_assert_msg(rc == 1, "exit %d:\n%s", rc, out);
   ck_assert_msg(strstr(out, "ds4run: error: ") && strstr(out, "host.so") && strstr(out, "sha256"), "%s", out);
 }
@@ -174,10 +156,10 @@ START_TEST(damaged_plan_is_refused) {
   fseek(f, 200, SEEK_SET);
   fputc(c ^ 1, f);
   fclose(f);
-  ck_assert_int_eq(ds4run(args, out, sizeof out), 1);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
   ck_assert_msg(strstr(out, "ds4run: error: ") && strstr(out, "plan.ds4p") && strstr(out, "checksum"), "%s", out);
   ck_assert_int_eq(truncate(path, 100), 0);
-  ck_assert_int_eq(ds4run(args, out, sizeof out), 1);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
   ck_assert_msg(strstr(out, "ds4run: error: ") && strstr(out, "plan.ds4p"), "%s", out);
 }
 END_TEST
@@ -199,12 +181,12 @@ START_TEST(schedules_agree_bit_for_bit) {
   static const char *const names[] = {"tiny-streams", "tiny-hotcold"};
   char a[8192], b[8192], args[800], dir[700];
   snprintf(args, sizeof args, "%s --steps 12", bundle);
-  ck_assert_int_eq(ds4run(args, a, sizeof a), 0);
+  ck_assert_int_eq(tu_ds4run(args, a, sizeof a), 0);
   ck_assert_ptr_nonnull(strstr(a, "outputs sha256: "));
   for (int i = 0; i < 2; i++) {
     compile_schedule(names[i], dir, sizeof dir);
     snprintf(args, sizeof args, "%s --steps 12 --check", dir);
-    int rc = ds4run(args, b, sizeof b);
+    int rc = tu_ds4run(args, b, sizeof b);
     ck_assert_msg(rc == 0 && strstr(b, "PASS"), "%s: exit %d\n%s", names[i], rc, b);
     ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
   }
@@ -264,31 +246,31 @@ START_TEST(checkpoint_weights) {
 
   char a[8192], b[8192], base[8192];
   snprintf(args, sizeof args, "%s --weights %s --steps 4 --check", bundle, ckpt);
-  int rc = ds4run(args, a, sizeof a);
+  int rc = tu_ds4run(args, a, sizeof a);
   ck_assert_msg(rc == 0 && strstr(a, "PASS"), "exit %d:\n%s", rc, a);
   snprintf(want, sizeof want, "weights:   29 tensors from 1 file %s; 0 from the generator\n", ckpt);
   ck_assert_msg(strstr(a, want), "%s", a);
 
   compile_schedule("tiny-hotcold", hotcold, sizeof hotcold);
   snprintf(args, sizeof args, "%s --weights %s --steps 4 --check", hotcold, ckpt);
-  rc = ds4run(args, b, sizeof b);
+  rc = tu_ds4run(args, b, sizeof b);
   ck_assert_msg(rc == 0 && strstr(b, "PASS"), "exit %d:\n%s", rc, b);
   ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
 
   snprintf(args, sizeof args, "%s --steps 4", bundle);
-  ck_assert_int_eq(ds4run(args, base, sizeof base), 0);
+  ck_assert_int_eq(tu_ds4run(args, base, sizeof base), 0);
   ck_assert_msg(strstr(base, "weights:   29 tensors from the generator (seed "), "%s", base);
   ck_assert_str_ne(strstr(a, "outputs sha256: "), strstr(base, "outputs sha256: "));
 
   snprintf(args, sizeof args, "%s --weights %s --steps 1 --json", hotcold, ckpt);
-  ck_assert_int_eq(ds4run(args, b, sizeof b), 0);
+  ck_assert_int_eq(tu_ds4run(args, b, sizeof b), 0);
   ck_assert_msg(strstr(b, "\"files\": 1, \"from_checkpoint\": 29, \"from_generator\": 0"), "%s", b);
 
   /* a checkpoint that lacks a tensor is refused, naming it and the file */
   snprintf(path, sizeof path, "%s/nothing.safetensors", tmpdir);
   ck_assert_int_eq(st_write(path, NULL, 0), 0);
   snprintf(args, sizeof args, "%s --weights %s --steps 1", bundle, path);
-  ck_assert_int_eq(ds4run(args, b, sizeof b), 1);
+  ck_assert_int_eq(tu_ds4run(args, b, sizeof b), 1);
   snprintf(want, sizeof want,
            "ds4run: error: weight 'embed.table' (checkpoint 'embed.weight') is not in %s\n", path);
   ck_assert_str_eq(b, want);
@@ -303,21 +285,15 @@ START_TEST(hip_bundle_without_a_gpu) {
   char dir[700], args[800], out[8192];
   compile_schedule("tiny-gfx1201", dir, sizeof dir);
   snprintf(args, sizeof args, "%s --steps 2", dir);
-  int rc = ds4run(args, out, sizeof out);
+  int rc = tu_ds4run(args, out, sizeof out);
   ck_assert_msg(rc == 1 && strstr(out, "ds4run: error: ") && strstr(out, "hip"), "exit %d:\n%s", rc, out);
   ck_assert_msg(strstr(out, "no HIP device") || strstr(out, "cannot load"), "%s", out);
   setenv("DS4_HIP_LIBRARY", "/nonexistent/libamdhip64.so", 1);
-  rc = ds4run(args, out, sizeof out);
+  rc = tu_ds4run(args, out, sizeof out);
   unsetenv("DS4_HIP_LIBRARY");
   ck_assert_msg(rc == 1 && strstr(out, "hip: cannot load /nonexistent/libamdhip64.so"), "exit %d:\n%s", rc, out);
 }
 END_TEST
-
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* A kernel fails in step k of the two-device tiny-hotcold replay, on
  * either device: the step returns that error within a second, the steps
@@ -346,9 +322,9 @@ START_TEST(fault_in_a_two_device_replay) {
       ck_assert_msg(!s, "%s", rt_status_msg(s));
       ck_assert_ptr_null(rt_default_prompt(rt_bundle_plan(b), &prompt, &nprompt));
       rt_report r = {0};
-      double t0 = seconds();
+      double t0 = tu_seconds();
       s = rt_generate(b, prompt, nprompt, 8, NULL, NULL, &r);
-      double dt = seconds() - t0;
+      double dt = tu_seconds() - t0;
       ck_assert_msg(s != NULL, "device %u, step %d: no error", dev, k);
       ck_assert_msg(strstr(rt_status_msg(s), "injected"), "%s", rt_status_msg(s));
       ck_assert_msg(strstr(rt_status_msg(s), dev ? "cold" : "hot"), "%s", rt_status_msg(s));
@@ -377,9 +353,5 @@ int main(void) {
   tcase_add_test(tc, fault_in_a_two_device_replay);
   tcase_add_test(tc, hip_bundle_without_a_gpu);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

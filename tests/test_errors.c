@@ -13,20 +13,7 @@
 #include <unistd.h>
 
 #include "pipeline.h"
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = 0;
-  fclose(f);
-  while (got && (s[got - 1] == '\n')) s[--got] = 0;
-  return s;
-}
+#include "test_util.h"
 
 static int leftovers(const char *dir, const char *base) {
   DIR *d = opendir(dir);
@@ -40,16 +27,13 @@ static int leftovers(const char *dir, const char *base) {
 
 static const char *cases_dir = "tests/cases/compile";
 
-static void setup(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-}
+static void setup(void) { tu_chdir_source(); }
 
 START_TEST(every_case_fails_with_its_message) {
   DIR *d = opendir(cases_dir);
   ck_assert_ptr_nonnull(d);
   char tmpl[] = "/tmp/ds4-errors-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   int ncases = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
@@ -63,8 +47,9 @@ START_TEST(every_case_fails_with_its_message) {
     if (access(sched, R_OK)) snprintf(sched, sizeof sched, "%s/one-cpu.sched.yaml", cases_dir);
     snprintf(err, sizeof err, "%s/%s", cases_dir, e->d_name);
     snprintf(out, sizeof out, "%s/bundle", tmpl);
-    char *want = slurp(err);
-    ck_assert_ptr_nonnull(want);
+    size_t len;
+    char *want = tu_slurp(err, &len);
+    while (len && want[len - 1] == '\n') want[--len] = 0; /* the message has no newline */
     ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out};
     dsl_diag diag = {0};
     int rc = ds4c_compile(&o, &diag);
@@ -83,7 +68,7 @@ END_TEST
 /* A failed compile leaves an earlier bundle at -o exactly as it was. */
 START_TEST(failed_compile_keeps_the_old_bundle) {
   char tmpl[] = "/tmp/ds4-keep-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   char out[512], planfile[600];
   snprintf(out, sizeof out, "%s/bundle", tmpl);
   snprintf(planfile, sizeof planfile, "%s/plan.ds4p", out);
@@ -91,21 +76,17 @@ START_TEST(failed_compile_keeps_the_old_bundle) {
                      .sched_path = "tests/cases/compile/one-cpu.sched.yaml", .out_dir = out};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&ok, &d) == 0, "%s", d.msg);
-  char *before = slurp(planfile);
-  ck_assert_ptr_nonnull(before);
+  char *before = tu_slurp(planfile, NULL);
   ds4c_options bad = ok;
   bad.model_path = "tests/cases/compile/shape-mismatch.yaml";
   dsl_diag d2 = {0};
   ck_assert_int_ne(ds4c_compile(&bad, &d2), 0);
-  char *after = slurp(planfile);
-  ck_assert_ptr_nonnull(after);
+  char *after = tu_slurp(planfile, NULL);
   ck_assert_str_eq(before, after);
   ck_assert_int_eq(leftovers(tmpl, "bundle."), 0);
   free(before);
   free(after);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
-  ck_assert_int_eq(system(cmd), 0);
+  tu_tmpdir_remove(tmpl);
 }
 END_TEST
 
@@ -128,7 +109,7 @@ static void write_big(const char *path, const char *first_line) {
 
 START_TEST(descriptions_over_the_limit) {
   char tmpl[] = "/tmp/ds4-big-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  tu_tmpdir_make(tmpl);
   char model[512], sched[512], out[512], want[1024];
   snprintf(model, sizeof model, "%s/big.yaml", tmpl);
   snprintf(sched, sizeof sched, "%s/big.sched.yaml", tmpl);
@@ -163,9 +144,5 @@ int main(void) {
   tcase_add_test(tc, failed_compile_keeps_the_old_bundle);
   tcase_add_test(tc, descriptions_over_the_limit);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -10,56 +10,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "explain.h"
 #include "pipeline.h"
 #include "plan.h"
 #include "sha256.h"
+#include "test_util.h"
 
-static char tmpdir[64];
+static char tmpdir[] = "/tmp/ds4-explain-XXXXXX";
 
 static void setup(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  strcpy(tmpdir, "/tmp/ds4-explain-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
 }
 
-static void teardown(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
-
-/* Runs cmd through the shell; returns its exit status and, in *out (caller
- * frees), what it printed on stdout and stderr. */
-static int run(const char *cmd, char **out) {
-  char full[4096];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *f = popen(full, "r");
-  ck_assert_ptr_nonnull(f);
-  size_t len = 0, cap = 4096;
-  char *buf = malloc(cap);
-  size_t n;
-  while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-    len += n;
-    if (cap - len < 1024) buf = realloc(buf, cap *= 2);
-  }
-  buf[len] = 0;
-  int st = pclose(f);
-  *out = buf;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static void teardown(void) { tu_tmpdir_remove(tmpdir); }
 
 /* ds4c explain ARGS: its exit status and output. */
 static int ds4c_explain(const char *args, char **out) {
-  const char *build = getenv("DS4_BUILD_DIR");
-  ck_assert_msg(build, "DS4_BUILD_DIR must name the build directory");
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s/ds4c explain %s", build, args);
-  return run(cmd, out);
+  snprintf(cmd, sizeof cmd, "%s/ds4c explain %s", tu_build_dir(), args);
+  return tu_run(cmd, out);
 }
 
 /* expl_report into memory; NULL on success, else the status (caller frees). */
@@ -576,9 +547,5 @@ int main(void) {
   tcase_add_test(tc, refusals);
   tcase_add_test(tc, command_line);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tu_run_suite(s);
 }

@@ -12,18 +12,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "backend.h"
 #include "emit.h"
 #include "pipeline.h"
 #include "rt.h"
 #include "sha256.h"
+#include "test_util.h"
 
 static char tmpdir[] = "/tmp/ds4-faults-XXXXXX";
 
-enum { MAX_STEPS = 8, MAX_TOKENS = 16, NDECODE = 2, FAIL_STEP = 1, WATCHDOG_MS = 200 };
+enum { MAX_STEPS = 8, MAX_TOKENS = 16, NDECODE = 2, FAIL_STEP = 1, WATCHDOG_MS = 500 };
 
 /* A run without faults: each step's block, the ids fed and the SHA-256 of
  * the outputs after it. Faulty runs replay the same steps. */
@@ -36,12 +35,6 @@ typedef struct script {
 } script;
 
 static script hotcold, mini;
-
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void outputs_sha(rt_bundle *b, uint8_t out[32]) {
   const plan *p = rt_bundle_plan(b);
@@ -107,19 +100,13 @@ static void make_script(script *sc, const char *model, const char *sched, const 
 }
 
 static void setup(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  memcpy(tmpdir + strlen(tmpdir) - 6, "XXXXXX", 6);
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
   make_script(&hotcold, "models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", "hotcold");
   make_script(&mini, "models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml", "mini");
 }
 
-static void teardown(void) {
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
+static void teardown(void) { tu_tmpdir_remove(tmpdir); }
 
 /* ---- the plan, read as the faults count it ---- */
 
@@ -207,9 +194,9 @@ static rt_status run_case(const script *sc, const fault_case *fc) {
   rt_status failed = NULL;
   for (int k = 0; k < sc->nsteps; k++) {
     write_ids(b, sc, k);
-    double t0 = seconds();
+    double t0 = tu_seconds();
     s = rt_replay_step(b, sc->step[k]);
-    double dt = seconds() - t0;
+    double dt = tu_seconds() - t0;
     if (k == FAIL_STEP) {
       expect_error(s, sc, k, fc->want, fc->prefix_only);
       ck_assert_msg(dt < 2.0 + fc->watchdog_ms * 1e-3, "the failing step took %.3f s", dt);
@@ -228,9 +215,9 @@ static rt_status run_case(const script *sc, const fault_case *fc) {
     outputs_sha(b, sha);
     ck_assert_msg(memcmp(sha, sc->sha[k], 32) == 0, "step %d: outputs differ from the run without faults", k);
   }
-  double t0 = seconds();
+  double t0 = tu_seconds();
   rt_bundle_close(b);
-  ck_assert_msg(seconds() - t0 < 2.0, "close took %.3f s", seconds() - t0);
+  ck_assert_msg(tu_seconds() - t0 < 2.0, "close took %.3f s", tu_seconds() - t0);
   return failed;
 }
 
@@ -452,23 +439,8 @@ START_TEST(watchdog_quiet_when_healthy) {
 }
 END_TEST
 
-static char *slurp(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-  long n = ftell(f);
-  ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
-  char *buf = malloc((size_t)n + 1);
-  ck_assert_ptr_nonnull(buf);
-  ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = 0;
-  fclose(f);
-  if (out_len) *out_len = (size_t)n;
-  return buf;
-}
-
 /* A copy of tiny-hotcold whose argmax kernel (head.sample, the step's
- * last launch) sleeps 600 ms once, in its block 0 of step index 1; host.so
+ * last launch) sleeps 1.5 s (3 bounds) once, in its block 0 of step index 1; host.so
  * rebuilt as ds4c builds it and the plan re-sealed with its hash. */
 static void make_slow_bundle(script *slow) {
   *slow = hotcold;
@@ -481,7 +453,7 @@ static void make_slow_bundle(script *slow) {
   ck_assert_ptr_nonnull(fgets(path, sizeof path, ls));
   pclose(ls);
   path[strcspn(path, "\n")] = 0;
-  char *src = slurp(path, NULL);
+  char *src = tu_slurp(path, NULL);
   const char *body = "uint32_t block)\n{\n";
   char *at = strstr(src, body);
   ck_assert_ptr_nonnull(at);
@@ -491,7 +463,7 @@ static void make_slow_bundle(script *slow) {
   fprintf(f, "#define _POSIX_C_SOURCE 200809L\n#include <time.h>\n%.*s", (int)(at - src), src);
   fprintf(f, "  static int slept;\n"
              "  if (block == 0 && step[2] == 1 && !slept++) {\n"
-             "    struct timespec ts = {0, 600000000};\n"
+             "    struct timespec ts = {1, 500000000};\n"
              "    nanosleep(&ts, 0);\n"
              "  }\n%s", at);
   ck_assert_int_eq(fclose(f), 0);
@@ -515,7 +487,7 @@ static void make_slow_bundle(script *slow) {
   ck_assert_ptr_null(plan_read(path, &pl));
   snprintf(cmd, sizeof cmd, "%s/kernels/host.so", slow->dir);
   size_t len;
-  char *so = slurp(cmd, &len);
+  char *so = tu_slurp(cmd, &len);
   rt_sha256((const uint8_t *)so, len, pl.codeobjs[0].sha256);
   free(so);
   ck_assert_ptr_null(plan_write(&pl, path));
@@ -533,23 +505,11 @@ START_TEST(watchdog_names_a_long_kernel) {
            "watchdog: no progress for %u ms: stream hot.main busy with launch head.sample; "
            "stream cold.main idle; stream cold.copy idle",
            WATCHDOG_MS);
-  double t0 = seconds();
+  double t0 = tu_seconds();
   rt_status_free(run_case(&slow, &fc));
-  ck_assert_double_ge(seconds() - t0, 0.6);
+  ck_assert_double_ge(tu_seconds() - t0, 1.5);
 }
 END_TEST
-
-/* Runs ds4run with args; returns the exit status, output in out. */
-static int ds4run(const char *args, char *out, size_t n) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/ds4run %s 2>&1", getenv("DS4_BUILD_DIR"), args);
-  FILE *f = popen(cmd, "r");
-  ck_assert_ptr_nonnull(f);
-  size_t len = fread(out, 1, n - 1, f);
-  out[len] = 0;
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* ds4run --watchdog MS: the same outputs as without; a bad bound is a
  * usage error. (A stall needs the test hook, so the report itself is
@@ -557,14 +517,14 @@ static int ds4run(const char *args, char *out, size_t n) {
 START_TEST(ds4run_watchdog_option) {
   char a[8192], b[8192], args[1024];
   snprintf(args, sizeof args, "%s --steps 4", hotcold.dir);
-  ck_assert_int_eq(ds4run(args, a, sizeof a), 0);
-  snprintf(args, sizeof args, "%s --steps 4 --watchdog 200", hotcold.dir);
-  int rc = ds4run(args, b, sizeof b);
+  ck_assert_int_eq(tu_ds4run(args, a, sizeof a), 0);
+  snprintf(args, sizeof args, "%s --steps 4 --watchdog 500", hotcold.dir);
+  int rc = tu_ds4run(args, b, sizeof b);
   ck_assert_msg(rc == 0, "exit %d:\n%s", rc, b);
   ck_assert_ptr_nonnull(strstr(a, "outputs sha256: "));
   ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
   snprintf(args, sizeof args, "%s --watchdog soon", hotcold.dir);
-  ck_assert_int_eq(ds4run(args, b, sizeof b), 64);
+  ck_assert_int_eq(tu_ds4run(args, b, sizeof b), 64);
   ck_assert_msg(strstr(b, "ds4run: error: --watchdog needs a time in milliseconds"), "%s", b);
 }
 END_TEST
@@ -587,9 +547,5 @@ int main(void) {
   tcase_add_test(tc, watchdog_quiet_when_healthy);
   tcase_add_test(tc, ds4run_watchdog_option);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "inspect.h"
 #include "pipeline.h"
 #include "plan.h"
 #include "sha256.h"
+#include "test_util.h"
 
 /* CUDA is not a Debian package: the machines have it at this path. */
 #define PTXAS "/usr/local/cuda/bin/ptxas"
@@ -62,20 +62,14 @@ static const char host_src[] =
 
 enum { NKERNELS = 3 };
 
-static char tmpdir[64];
+static char tmpdir[] = "/tmp/ds4-insp-XXXXXX";
 
 static void setup(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  strcpy(tmpdir, "/tmp/ds4-insp-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
 }
 
-static void teardown(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
+static void teardown(void) { tu_tmpdir_remove(tmpdir); }
 
 /* A tool the test needs: its absence fails the test, saying so. */
 static void need_tool(const char *tool) {
@@ -85,50 +79,11 @@ static void need_tool(const char *tool) {
                 "%s is missing (scripts/setup.sh installs clang-19, lld-19 and llvm-19; CUDA is at /usr/local/cuda)", tool);
 }
 
-/* Runs cmd through the shell; returns its exit status and, in *out (caller
- * frees), what it printed on stdout and stderr. */
-static int run(const char *cmd, char **out) {
-  char full[4096];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *f = popen(full, "r");
-  ck_assert_ptr_nonnull(f);
-  size_t len = 0, cap = 4096;
-  char *buf = malloc(cap);
-  size_t n;
-  while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-    len += n;
-    if (cap - len < 1024) buf = realloc(buf, cap *= 2);
-  }
-  buf[len] = 0;
-  int st = pclose(f);
-  *out = buf;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void run_ok(const char *cmd) {
   char *out;
-  int rc = run(cmd, &out);
+  int rc = tu_run(cmd, &out);
   ck_assert_msg(rc == 0, "%s: exit %d:\n%s", cmd, rc, out);
   free(out);
-}
-
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  ck_assert_int_eq(fclose(f), 0);
-}
-
-static uint8_t *slurp(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc((size_t)n + 1);
-  *out_len = fread(b, 1, (size_t)n, f);
-  fclose(f);
-  return b;
 }
 
 /* Builds tmpdir/k.hsaco (gfx1201; clang links it with lld), k942.hsaco
@@ -141,9 +96,9 @@ static void build_code_objects(void) {
   need_tool(PTXAS);
   char path[128], cmd[1024];
   snprintf(path, sizeof path, "%s/k.hip", tmpdir);
-  write_text(path, kernel_src);
+  tu_write_text(path, kernel_src);
   snprintf(path, sizeof path, "%s/h.c", tmpdir);
-  write_text(path, host_src);
+  tu_write_text(path, host_src);
   static const char *const amd[][2] = {{"gfx1201", "k.hsaco"}, {"gfx942", "k942.hsaco"}};
   for (int i = 0; i < 2; i++) {
     snprintf(cmd, sizeof cmd,
@@ -165,7 +120,7 @@ static void read_codeobj(const char *file, insp_codeobj *out) {
   char path[128];
   snprintf(path, sizeof path, "%s/%s", tmpdir, file);
   size_t len;
-  uint8_t *b = slurp(path, &len);
+  uint8_t *b = (uint8_t *)tu_slurp(path, &len);
   rt_status st = insp_read_codeobj(path, b, len, out);
   ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
   free(b);
@@ -218,7 +173,7 @@ static void check_amd(const char *file, bool has_agpr) {
   ck_assert_uint_eq(c.nkernels, NKERNELS);
   char cmd[256], *notes;
   snprintf(cmd, sizeof cmd, "llvm-readelf-19 --notes %s/%s", tmpdir, file);
-  ck_assert_int_eq(run(cmd, &notes), 0);
+  ck_assert_int_eq(tu_run(cmd, &notes), 0);
   readelf_kernel ref[8];
   int nref = parse_readelf_notes(notes, ref, 8);
   ck_assert_int_eq(nref, NKERNELS);
@@ -290,7 +245,7 @@ START_TEST(cuda_matches_ptxas) {
   char path[128];
   snprintf(path, sizeof path, "%s/ptxas.txt", tmpdir);
   size_t len;
-  char *text = (char *)slurp(path, &len);
+  char *text = tu_slurp(path, &len);
   text[len] = 0;
   ptxas_kernel ref[8];
   int nref = parse_ptxas(text, ref, 8);
@@ -326,7 +281,7 @@ START_TEST(host_matches_llvm_readelf) {
   ck_assert_int_eq(c.kind, INSP_HOST);
   char cmd[256], *syms;
   snprintf(cmd, sizeof cmd, "llvm-readelf-19 --dyn-syms %s/h.so", tmpdir);
-  ck_assert_int_eq(run(cmd, &syms), 0);
+  ck_assert_int_eq(tu_run(cmd, &syms), 0);
   int checked = 0;
   for (char *line = strtok(syms, "\n"); line; line = strtok(NULL, "\n")) {
     long long size;
@@ -375,7 +330,7 @@ START_TEST(every_truncation_is_an_error) {
     char path[128];
     snprintf(path, sizeof path, "%s/%s", tmpdir, damaged_files[f]);
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
     for (size_t cut = 0; cut < len; cut++) {
       uint8_t *copy = malloc(cut ? cut : 1); /* exact size, so ASan sees any overread */
       memcpy(copy, b, cut);
@@ -390,7 +345,7 @@ START_TEST(every_truncation_is_an_error) {
   char path[128];
   snprintf(path, sizeof path, "%s/k.hsaco", tmpdir);
   size_t len;
-  uint8_t *b = slurp(path, &len);
+  uint8_t *b = (uint8_t *)tu_slurp(path, &len);
   uint8_t *note = memmem(b, len, "AMDGPU\0\0", 8);
   ck_assert_ptr_nonnull(note);
   uint8_t *descsz = note - 8;
@@ -420,7 +375,7 @@ START_TEST(every_flipped_byte_reads_cleanly) {
     char path[128];
     snprintf(path, sizeof path, "%s/%s", tmpdir, damaged_files[f]);
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
     uint8_t *copy = malloc(len);
     const uint8_t *note = memmem(b, len, "AMDGPU\0\0", 8);
     size_t note_at = note ? (size_t)(note - b) + 8 : len, note_errors = 0;
@@ -453,7 +408,7 @@ START_TEST(damage_is_named) {
   char path[128];
   size_t len;
   snprintf(path, sizeof path, "%s/k.hsaco", tmpdir);
-  uint8_t *b = slurp(path, &len);
+  uint8_t *b = (uint8_t *)tu_slurp(path, &len);
   assert_read_error("k.hsaco", b, 10, "k.hsaco: not an ELF file: 10 bytes, an ELF64 header needs 64");
   uint8_t *meta = (uint8_t *)memmem(b, len, "AMDGPU\0\0", 8) + 8;
   uint8_t saved = meta[0];
@@ -469,7 +424,7 @@ START_TEST(damage_is_named) {
   free(b);
 
   snprintf(path, sizeof path, "%s/k.cubin", tmpdir);
-  b = slurp(path, &len);
+  b = (uint8_t *)tu_slurp(path, &len);
   b[18] = 0x3e; /* EM_X86_64: read as a host object, which a cubin is not */
   b[19] = 0;
   assert_read_error("k.cubin", b, len, "k.cubin: no dynamic symbol table (.dynsym)");
@@ -561,14 +516,14 @@ static void assert_lists_every_kernel(void) {
   need_tool("python3");
   char path[256];
   snprintf(path, sizeof path, "%s/report.json", tmpdir);
-  write_text(path, json);
+  tu_write_text(path, json);
   char cmd[512], *out;
   snprintf(cmd, sizeof cmd,
            "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ks=[k[\"symbol\"] for k in d[\"kernels\"]]; "
            "print(len(d[\"codeobjs\"]), len(ks), "
            "all([k[\"symbol\"] for k in c[\"kernels\"]] == ks for c in d[\"codeobjs\"]))' %s",
            path);
-  ck_assert_int_eq(run(cmd, &out), 0);
+  ck_assert_int_eq(tu_run(cmd, &out), 0);
   char want[64];
   snprintf(want, sizeof want, "%u %u True\n", p.ncodeobjs, p.nkernels);
   ck_assert_str_eq(out, want);
@@ -597,7 +552,7 @@ START_TEST(host_bundle_report) {
   /* each kernel's code bytes are its st_size as llvm-readelf prints it */
   char cmd[512], *syms;
   snprintf(cmd, sizeof cmd, "llvm-readelf-19 --dyn-syms %s/kernels/host.so", bundle);
-  ck_assert_int_eq(run(cmd, &syms), 0);
+  ck_assert_int_eq(tu_run(cmd, &syms), 0);
   sec = text_section(text, "kernels on host (kernels/host.so)");
   for (uint32_t k = 0; k < p.nkernels; k++) {
     const char *sym = plan_str(&p, p.kernels[k].symbol);
@@ -665,12 +620,12 @@ START_TEST(gpu_bundle_lists_every_kernel) {
   char path[256], cmd[512], *notes;
   snprintf(path, sizeof path, "%s/kernels/gfx1201.hsaco", bundle);
   size_t len;
-  uint8_t *b = slurp(path, &len);
+  uint8_t *b = (uint8_t *)tu_slurp(path, &len);
   insp_codeobj c;
   rt_status st = insp_read_codeobj(path, b, len, &c);
   ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
   snprintf(cmd, sizeof cmd, "llvm-readelf-19 --notes %s", path);
-  ck_assert_int_eq(run(cmd, &notes), 0);
+  ck_assert_int_eq(tu_run(cmd, &notes), 0);
   readelf_kernel *ref = calloc(p.nkernels + 1, sizeof *ref);
   ck_assert_int_eq(parse_readelf_notes(notes, ref, (int)p.nkernels + 1), (int)p.nkernels);
   for (uint32_t i = 0; i < p.nkernels; i++) {
@@ -689,8 +644,8 @@ END_TEST
 /* ds4c inspect BUNDLE: its exit status and output. */
 static int ds4c_inspect(const char *args, char **out) {
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s/ds4c inspect %s", getenv("DS4_BUILD_DIR"), args);
-  return run(cmd, out);
+  snprintf(cmd, sizeof cmd, "%s/ds4c inspect %s", tu_build_dir(), args);
+  return tu_run(cmd, out);
 }
 
 static void assert_inspect_fails(const char *want) {
@@ -754,7 +709,7 @@ START_TEST(command_line) {
   char so[256];
   snprintf(so, sizeof so, "%s/kernels/host.so", bundle);
   size_t len;
-  uint8_t *orig = slurp(so, &len);
+  uint8_t *orig = (uint8_t *)tu_slurp(so, &len);
   /* a code object that differs from the plan's sha256 */
   FILE *f = fopen(so, "ab");
   fputc(0, f);
@@ -813,9 +768,5 @@ int main(void) {
   tcase_add_test(tb, gpu_bundle_lists_every_kernel);
   tcase_add_test(tb, command_line);
   suite_add_tcase(s, tb);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -15,6 +15,7 @@
 #include "plan.h"
 #include "sha256.h"
 #include "status.h"
+#include "test_util.h"
 
 /* ---- status --------------------------------------------------------------- */
 
@@ -1110,7 +1111,7 @@ static int dir_entries(const char *dir) {
 
 START_TEST(write_and_read) {
   char dir[] = "/tmp/test_plan.XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  tu_tmpdir_make(dir);
   char path[256], bad[300];
   snprintf(path, sizeof path, "%s/plan.ds4p", dir);
 
@@ -1236,7 +1237,7 @@ START_TEST(size_limit) {
   rt_status_free(st);
 
   char dir[] = "/tmp/test_plan.XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  tu_tmpdir_make(dir);
   char path[256];
   snprintf(path, sizeof path, "%s/plan.ds4p", dir);
   st = plan_write(&f.p, path); /* what ds4c does: nothing is written */
@@ -1286,9 +1287,5 @@ int main(void) {
   tcase_add_test(tc, write_and_read);
   tcase_add_test(tc, size_limit);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tu_run_suite(s);
 }

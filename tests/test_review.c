@@ -7,11 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "pipeline.h"
 #include "plan_diff.h"
+#include "test_util.h"
 
 static char tmpdir[] = "/tmp/ds4-review-XXXXXX";
 /* One kernel cache for every test (each runs in a child process): the
@@ -21,54 +20,8 @@ static char cachedir[] = "/tmp/ds4-review-cache-XXXXXX";
 /* In the source tree (the descriptions' paths are relative), with a fresh
  * scratch folder. */
 static void make_tmpdir(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  memcpy(tmpdir + strlen(tmpdir) - 6, "XXXXXX", 6);
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void) {
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
-
-static char *slurp(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-  long n = ftell(f);
-  ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
-  char *buf = malloc((size_t)n + 1);
-  ck_assert_ptr_nonnull(buf);
-  ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = 0;
-  fclose(f);
-  if (out_len) *out_len = (size_t)n;
-  return buf;
-}
-
-static void write_bytes(const char *path, const char *bytes, size_t n) {
-  FILE *f = fopen(path, "wb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fwrite(bytes, 1, n, f), n);
-  ck_assert_int_eq(fclose(f), 0);
-}
-
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
-
-/* text with the first `from` replaced by `to` (a new string); `from` must
- * be there. */
-static char *replace_first(const char *text, const char *from, const char *to) {
-  const char *at = strstr(text, from);
-  ck_assert_msg(at != NULL, "'%s' not found", from);
-  size_t head = (size_t)(at - text), nf = strlen(from), nt = strlen(to);
-  char *out = malloc(strlen(text) - nf + nt + 1);
-  ck_assert_ptr_nonnull(out);
-  memcpy(out, text, head);
-  memcpy(out + head, to, nt);
-  strcpy(out + head + nt, at + nf);
-  return out;
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
 }
 
 /* The 1-based line of the first `what` in text. */
@@ -103,8 +56,8 @@ static const char *compile(const char *model, const char *sched, const char *nam
 /* A schedule file's text plus `extra`, or with `from` replaced by `to`,
  * written to tmpdir/name. */
 static const char *variant(const char *sched, const char *from, const char *to, const char *extra, const char *name) {
-  char *text = slurp(sched, NULL);
-  char *v = from ? replace_first(text, from, to) : strdup(text);
+  char *text = tu_slurp(sched, NULL);
+  char *v = from ? tu_replace_first(text, from, to) : strdup(text);
   const char *path = tmp_path(name);
   FILE *f = fopen(path, "w");
   ck_assert_ptr_nonnull(f);
@@ -196,12 +149,12 @@ START_TEST(same_plan_is_identical) {
   assert_identical(a_bin, a_dir);
 
   /* the text's version is a note, not a change */
-  char *text = slurp(a_txt, NULL);
+  char *text = tu_slurp(a_txt, NULL);
   const char *v = strstr(text, "# ds4 plan ") + strlen("# ds4 plan ");
   char old[64];
   snprintf(old, sizeof old, "# ds4 plan %.*s:", (int)(strchr(v, ':') - v), v);
-  char *newer = replace_first(text, old, "# ds4 plan 99.7:");
-  write_text(tmp_path("newer.txt"), newer);
+  char *newer = tu_replace_first(text, old, "# ds4 plan 99.7:");
+  tu_write_text(tmp_path("newer.txt"), newer);
   diff_result r = diff(a_dir, tmp_path("newer.txt"));
   ck_assert_int_eq(r.rc, PLAN_DIFF_IDENTICAL);
   assert_has(&r, "note: plan text version ");
@@ -210,7 +163,7 @@ START_TEST(same_plan_is_identical) {
   result_free(&r);
   free(newer);
   free(text);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -227,7 +180,7 @@ START_TEST(tiny_early_resolve_is_order_only) {
   assert_has(&r, "    moved layers.1.ffn.route: after layers.1.ffn.shared -> after layers.1.ffn.gate\n");
   assert_lacks(&r, "cold.main:");
   result_free(&r);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -246,7 +199,7 @@ START_TEST(mini_decode_early_is_order_only) {
   assert_has(&r, "\n  gpu0.main: ");
   assert_has(&r, "    moved layers.2.attn.csa.kv_write: ");
   result_free(&r);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -288,7 +241,7 @@ START_TEST(owner_change_lists_copies_and_edges) {
   assert_has(&r, "\n  ~ cold.main: wait cold.copy after copy.layers.0.sel@cold, before layers.0.ffn.experts[6:8] -> "
                  "before layers.0.ffn.experts[4:8]\n");
   result_free(&r);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -308,7 +261,7 @@ START_TEST(param_change_lists_kernels) {
   ck_assert_msg(strncmp(last_line(r.out), "changed: 4 kernels, 0 edges, 0 copies, 6 placement, ", 52) == 0, "%s",
                 last_line(r.out));
   result_free(&r);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -319,14 +272,14 @@ START_TEST(edited_text_events_and_memory) {
   const char *a = compile("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", "a");
   char txt[700];
   snprintf(txt, sizeof txt, "%s/plan.txt", a);
-  char *text = slurp(txt, NULL);
+  char *text = tu_slurp(txt, NULL);
 
-  char *moved = replace_first(text,
+  char *moved = tu_replace_first(text,
                               "copy copy.layers.0.h2@cold layers.0.h2 -> layers.0.h2@cold\n"
                               "wait hot.main after layers.0.ffn.route\n",
                               "wait hot.main after layers.0.ffn.route\n"
                               "copy copy.layers.0.h2@cold layers.0.h2 -> layers.0.h2@cold\n");
-  write_text(tmp_path("moved.txt"), moved);
+  tu_write_text(tmp_path("moved.txt"), moved);
   diff_result r = diff(txt, tmp_path("moved.txt"));
   assert_order_only(&r);
   assert_has(&r, "\nevents: 1\n  ~ cold.copy: wait hot.main after layers.0.ffn.route, before copy.layers.0.sel@cold "
@@ -341,10 +294,10 @@ START_TEST(edited_text_events_and_memory) {
   char from[64], to[64], want[128];
   snprintf(from, sizeof from, " arena %llu\n", arena);
   snprintf(to, sizeof to, " arena %llu\n", arena + 1024);
-  char *grown = replace_first(dev, from, to);
+  char *grown = tu_replace_first(dev, from, to);
   char *whole = malloc(strlen(text) + 32);
   snprintf(whole, strlen(text) + 32, "%.*s%s", (int)(dev - text), text, grown);
-  write_text(tmp_path("grown.txt"), whole);
+  tu_write_text(tmp_path("grown.txt"), whole);
   r = diff(txt, tmp_path("grown.txt"));
   ck_assert_int_eq(r.rc, PLAN_DIFF_CHANGED);
   snprintf(want, sizeof want, "\nmemory: 1\n  ~ arena cold: %llu -> %llu (+1024)\n", arena, arena + 1024);
@@ -355,7 +308,7 @@ START_TEST(edited_text_events_and_memory) {
   free(whole);
   free(moved);
   free(text);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
@@ -372,7 +325,7 @@ static void assert_error(const char *good, const char *bad, const char *want) {
 
 static void assert_text_error(const char *good, const char *text, const char *name, int line, const char *msg) {
   const char *path = tmp_path(name);
-  write_text(path, text);
+  tu_write_text(path, text);
   char want[1200];
   snprintf(want, sizeof want, "%s:%d: error: %s", path, line, msg);
   assert_error(good, path, want);
@@ -383,15 +336,15 @@ START_TEST(damaged_inputs_name_file_and_line) {
   char a[700], good[800];
   snprintf(a, sizeof a, "%s", compile("models/tiny-moe.yaml", "schedules/tiny-1dev.yaml", "a"));
   snprintf(good, sizeof good, "%s/plan.txt", a);
-  char *text = slurp(good, NULL);
+  char *text = tu_slurp(good, NULL);
 
-  char *t = replace_first(text, "launch embed.lookup ds4k_embed_", "launch embed.lookup ds4k_nothing_");
+  char *t = tu_replace_first(text, "launch embed.lookup ds4k_embed_", "launch embed.lookup ds4k_nothing_");
   assert_text_error(good, t, "kernel.txt", line_of(t, "launch embed.lookup"),
                     "launch embed.lookup: kernel ds4k_nothing_");
   free(t);
 
   const char *cut = strstr(text, "launch layers.1.attn.k ");
-  t = replace_first(text, cut, strchr(cut, '\n') + 1); /* one launch fewer */
+  t = tu_replace_first(text, cut, strchr(cut, '\n') + 1); /* one launch fewer */
   assert_text_error(good, t, "summary.txt", line_of(t, "\n[summary]") + 2, "the summary says launches ");
   free(t);
 
@@ -402,19 +355,19 @@ START_TEST(damaged_inputs_name_file_and_line) {
   assert_text_error(good, t, "short.txt", lines, "the text ends before [summary]");
   free(t);
 
-  t = replace_first(text, "embed.x f32 [4, 64] activation", "embed.x f32 [4, 64 activation");
+  t = tu_replace_first(text, "embed.x f32 [4, 64] activation", "embed.x f32 [4, 64 activation");
   assert_text_error(good, t, "shape.txt", line_of(t, "embed.x f32"), "'[' without its ']'");
   free(t);
 
-  t = replace_first(text, "\nlayers.0.wq f32 [64, 64] weight cpu0+", "\nlayers.0.wq f32 [64, 64] weight gpu7+");
+  t = tu_replace_first(text, "\nlayers.0.wq f32 [64, 64] weight cpu0+", "\nlayers.0.wq f32 [64, 64] weight gpu7+");
   assert_text_error(good, t, "device.txt", line_of(t, "layers.0.wq f32"), "tensor layers.0.wq: no such device");
   free(t);
 
-  t = replace_first(text, "\nhidden = 64\n", "\nhidden = 64\nhidden = 64\n");
+  t = tu_replace_first(text, "\nhidden = 64\n", "\nhidden = 64\nhidden = 64\n");
   assert_text_error(good, t, "twice.txt", line_of(t, "hidden = 64\nhidden") + 1, "param hidden twice");
   free(t);
 
-  t = replace_first(text, "# ds4 plan ", "# a plan ");
+  t = tu_replace_first(text, "# ds4 plan ", "# a plan ");
   assert_text_error(good, t, "header.txt", 1, "expected '# ds4 plan VERSION");
   free(t);
 
@@ -422,7 +375,7 @@ START_TEST(damaged_inputs_name_file_and_line) {
    * or a plan */
   const char *cut_path = tmp_path("cut.txt");
   for (const char *nl = strchr(text, '\n'); nl && nl[1]; nl = strchr(nl + 1, '\n')) {
-    write_bytes(cut_path, text, (size_t)(nl + 1 - text));
+    tu_write_bytes(cut_path, text, (size_t)(nl + 1 - text));
     diff_result r = diff(good, cut_path);
     ck_assert_msg(r.rc == PLAN_DIFF_ERROR, "%zu bytes: exit %d", (size_t)(nl + 1 - text), r.rc);
     ck_assert_msg(strncmp(r.err, cut_path, strlen(cut_path)) == 0 && strstr(r.err, ": error: "), "%s", r.err);
@@ -433,9 +386,9 @@ START_TEST(damaged_inputs_name_file_and_line) {
   char bin[800];
   snprintf(bin, sizeof bin, "%s/plan.ds4p", a);
   size_t n;
-  char *bytes = slurp(bin, &n);
+  char *bytes = tu_slurp(bin, &n);
   bytes[n - 3] ^= 0x20;
-  write_bytes(tmp_path("bad.ds4p"), bytes, n);
+  tu_write_bytes(tmp_path("bad.ds4p"), bytes, n);
   char want[800];
   snprintf(want, sizeof want, "ds4c: error: %s: checksum mismatch", tmp_path("bad.ds4p"));
   assert_error(good, tmp_path("bad.ds4p"), want);
@@ -446,39 +399,25 @@ START_TEST(damaged_inputs_name_file_and_line) {
   snprintf(want, sizeof want, "ds4c: error: %s/plan.ds4p: No such file or directory", tmpdir);
   assert_error(good, tmpdir, want); /* a folder, not a bundle */
   free(text);
-  remove_tmpdir();
+  tu_tmpdir_remove(tmpdir);
 }
 END_TEST
 
 /* ds4c diff ARGS, run from the source tree: the exit status, and stdout
  * and stderr together into *out. */
 static int ds4c_diff(const char *args, char **out) {
-  const char *build = getenv("DS4_BUILD_DIR");
-  ck_assert_msg(build != NULL, "DS4_BUILD_DIR must name the build directory");
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/ds4c diff %s 2>&1", build, args);
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  size_t len = 0, cap = 1 << 16;
-  char *buf = malloc(cap);
-  size_t got;
-  while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-    len += got;
-    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-  }
-  buf[len] = 0;
-  int st = pclose(p);
-  ck_assert(WIFEXITED(st));
-  *out = buf;
-  return WEXITSTATUS(st);
+  snprintf(cmd, sizeof cmd, "%s/ds4c diff %s", tu_build_dir(), args);
+  int rc = tu_run(cmd, out);
+  ck_assert_msg(rc >= 0, "%s: killed by a signal", cmd);
+  return rc;
 }
 
 /* The committed texts of ds4-flash-slice: decode-early (early_resolve) and
  * 2gpu-cold-second (a priority hint) change order only; the exit status
  * reaches the shell. */
 START_TEST(committed_texts_through_the_cli) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
+  tu_chdir_source();
   char *out;
   ck_assert_int_eq(
       ds4c_diff("out/ds4-flash-slice--ds4-flash-h200.plan.txt out/ds4-flash-slice--ds4-flash-decode-early.plan.txt",
@@ -530,12 +469,7 @@ int main(void) {
   tcase_add_test(tc, damaged_inputs_name_file_and_line);
   tcase_add_test(tc, committed_texts_through_the_cli);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  char cmd[100];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", cachedir);
-  if (system(cmd) != 0) return 1;
-  return failed ? 1 : 0;
+  int rc = tu_run_suite(s);
+  if (tu_remove_tree(cachedir) != 0) return 1;
+  return rc;
 }

@@ -17,46 +17,11 @@
 #include "json_parse.h"
 #include "pipeline.h"
 #include "plan.h"
+#include "test_util.h"
 
 /* One scratch folder for the whole run, made before the tests fork, so a
  * bundle compiled by one test serves the next. */
 static char tmpdir[] = "/tmp/ds4-review-rt-XXXXXX";
-
-static char *slurp(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-  long n = ftell(f);
-  ck_assert_int_eq(fseek(f, 0, SEEK_SET), 0);
-  char *buf = malloc((size_t)n + 1);
-  ck_assert_ptr_nonnull(buf);
-  ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = 0;
-  fclose(f);
-  if (out_len) *out_len = (size_t)n;
-  return buf;
-}
-
-/* Replaces the one `from` in text by `to` (a new string). */
-static char *replace_once(const char *text, const char *from, const char *to) {
-  const char *at = strstr(text, from);
-  ck_assert_msg(at != NULL, "'%s' not found", from);
-  ck_assert_msg(strstr(at + 1, from) == NULL, "'%s' found twice", from);
-  char *out = malloc(strlen(text) + strlen(to) + 1);
-  ck_assert_ptr_nonnull(out);
-  size_t k = (size_t)(at - text);
-  memcpy(out, text, k);
-  strcpy(out + k, to);
-  strcat(out, at + strlen(from));
-  return out;
-}
-
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_int_ge(fputs(text, f), 0);
-  ck_assert_int_eq(fclose(f), 0);
-}
 
 /* tmpdir/name compiled from model + sched, once. */
 static const char *bundle(const char *model, const char *sched, const char *name) {
@@ -86,11 +51,11 @@ static const char *mini_cpu(void) {
 static const char *mini_hotcold(void) {
   char path[700];
   snprintf(path, sizeof path, "%s/hotcold-cpu.yaml", tmpdir);
-  char *text = slurp("schedules/ds4-flash-hotcold.yaml", NULL);
-  char *a = replace_once(text, "backend: hip, arch: gfx1201, ordinal: 0,", "backend: cpu, arch: host, ordinal: 0, threads: 1,");
-  char *b = replace_once(a, "backend: hip, arch: gfx1151, ordinal: 1,", "backend: cpu, arch: host, ordinal: 1, threads: 1,");
-  char *c = replace_once(b, "experts[0:8] -> hot.main", "experts[0:4] -> hot.main");
-  write_text(path, c);
+  char *text = tu_slurp("schedules/ds4-flash-hotcold.yaml", NULL);
+  char *a = tu_replace_once(text, "backend: hip, arch: gfx1201, ordinal: 0,", "backend: cpu, arch: host, ordinal: 0, threads: 1,");
+  char *b = tu_replace_once(a, "backend: hip, arch: gfx1151, ordinal: 1,", "backend: cpu, arch: host, ordinal: 1, threads: 1,");
+  char *c = tu_replace_once(b, "experts[0:8] -> hot.main", "experts[0:4] -> hot.main");
+  tu_write_text(path, c);
   free(text);
   free(a);
   free(b);
@@ -105,10 +70,10 @@ static const char *mini_changed(const char *from, const char *to, const char *na
   ck_assert_ptr_nonnull(getcwd(src, sizeof src));
   snprintf(path, sizeof path, "%s/%s.yaml", tmpdir, name);
   snprintf(base, sizeof base, "extends: %s/models/deepseek-v4-flash.yaml", src);
-  char *text = slurp("models/ds4-flash-mini.yaml", NULL);
-  char *a = replace_once(text, "extends: deepseek-v4-flash.yaml", base);
-  char *b = replace_once(a, from, to);
-  write_text(path, b);
+  char *text = tu_slurp("models/ds4-flash-mini.yaml", NULL);
+  char *a = tu_replace_once(text, "extends: deepseek-v4-flash.yaml", base);
+  char *b = tu_replace_once(a, from, to);
+  tu_write_text(path, b);
   free(text);
   free(a);
   free(b);
@@ -118,15 +83,14 @@ static const char *mini_changed(const char *from, const char *to, const char *na
 /* Runs ds4run with args; the exit status; stdout (and stderr when
  * with_stderr) in out. */
 static int ds4run(const char *args, int with_stderr, char *out, size_t n) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "%s/ds4run %s%s", getenv("DS4_BUILD_DIR"), args, with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE *f = popen(cmd, "r");
-  ck_assert_ptr_nonnull(f);
-  size_t len = fread(out, 1, n - 1, f);
-  out[len] = 0;
+  char cmd[4096], *all;
+  snprintf(cmd, sizeof cmd, "%s/ds4run %s%s", tu_build_dir(), args, with_stderr ? " 2>&1" : " 2>/dev/null");
+  size_t len;
+  int rc = tu_capture(cmd, &all, &len);
   ck_assert_msg(len < n - 1, "ds4run printed more than %zu bytes", n - 1);
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  memcpy(out, all, len + 1);
+  free(all);
+  return rc;
 }
 
 /* The text after `key` on the line that starts with `line` (NUL-ended at
@@ -264,7 +228,7 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   ck_assert_uint_eq(p.ndevices, 2);
 
   size_t len;
-  char *text = slurp(tpath, &len), err[256];
+  char *text = tu_slurp(tpath, &len), err[256];
   json_value *root = json_parse(text, len, err, sizeof err);
   ck_assert_msg(root != NULL, "%s: %s", tpath, err);
   ck_assert_str_eq(str_of(json_get(root, "displayTimeUnit")), "ns");
@@ -415,7 +379,7 @@ START_TEST(trace_metrics_in_json_output) {
   ck_assert_int_eq(json_get(path->items[0], "via")->kind, JSON_NULL);
   json_free(v);
   size_t len;
-  char *text = slurp(tpath, &len);
+  char *text = tu_slurp(tpath, &len);
   v = json_parse(text, len, err, sizeof err);
   ck_assert_msg(v != NULL, "%s: %s", tpath, err);
   json_free(v);
@@ -529,12 +493,7 @@ int main(void) {
   tcase_add_test(tc, compare_another_model_fails_parity);
   tcase_add_test(tc, compare_refuses);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  char cmd[200];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  if (system(cmd) != 0) fprintf(stderr, "test_review_rt: could not remove %s\n", tmpdir);
-  return failed ? 1 : 0;
+  int rc = tu_run_suite(s);
+  if (tu_remove_tree(tmpdir) != 0) fprintf(stderr, "test_review_rt: could not remove %s\n", tmpdir);
+  return rc;
 }

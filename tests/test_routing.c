@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "dsl.h"
 #include "pipeline.h"
 #include "rt.h"
+#include "test_util.h"
 
 #define DECODE_STEPS 8
 #define EXPERTS 8
@@ -24,28 +24,6 @@
 static char tmpdir[] = "/tmp/ds4-routing-XXXXXX";
 
 /* ---- files and tools ---- */
-
-static void write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_int_ge(fputs(text, f), 0);
-  ck_assert_int_eq(fclose(f), 0);
-}
-
-static char *slurp(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  ck_assert_ptr_nonnull(s);
-  ck_assert_int_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-  s[n] = 0;
-  fclose(f);
-  if (out_len) *out_len = (size_t)n;
-  return s;
-}
 
 /* path in the test's folder */
 static const char *tmp(const char *name) {
@@ -70,22 +48,10 @@ static void compile_error(const char *model, const char *sched, char *out, size_
   snprintf(out, n, "%.*s", (int)strcspn(d.msg, "\n"), d.msg);
 }
 
-/* ds4run with args; the exit status, and stdout and stderr in out. */
-static int ds4run(const char *args, char *out, size_t n) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/ds4run %s 2>&1", getenv("DS4_BUILD_DIR"), args);
-  FILE *f = popen(cmd, "r");
-  ck_assert_ptr_nonnull(f);
-  size_t len = fread(out, 1, n - 1, f);
-  out[len] = 0;
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void run_with_stats(const char *bundle, const char *stats, char *out, size_t n) {
   char args[1400];
   snprintf(args, sizeof args, "%s --steps %d --routing-stats %s", bundle, DECODE_STEPS, stats);
-  int rc = ds4run(args, out, n);
+  int rc = tu_ds4run(args, out, n);
   ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
 }
 
@@ -98,30 +64,22 @@ static dsl_routing_stats *load_stats(const char *path) {
 
 /* tiny-moe with edits: each (old, new) pair replaced once. */
 static void edited_model(const char *from, const char *to, const char *const *edits) {
-  char *text = slurp(from, NULL);
+  char *text = tu_slurp(from, NULL);
   for (int i = 0; edits[i]; i += 2) {
-    char *at = strstr(text, edits[i]);
-    ck_assert_msg(at != NULL, "%s has no '%s'", from, edits[i]);
-    size_t head = (size_t)(at - text), old = strlen(edits[i]), new = strlen(edits[i + 1]);
-    char *t = malloc(strlen(text) - old + new + 1);
-    ck_assert_ptr_nonnull(t);
-    memcpy(t, text, head);
-    memcpy(t + head, edits[i + 1], new);
-    strcpy(t + head + new, at + old);
+    ck_assert_msg(strstr(text, edits[i]) != NULL, "%s has no '%s'", from, edits[i]);
+    char *t = tu_replace_first(text, edits[i], edits[i + 1]);
     free(text);
     text = t;
   }
-  write_file(to, text);
+  tu_write_text(to, text);
   free(text);
 }
 
 /* ---- the fixture: bundles and the statistics of their runs ---- */
 
 static void fixture(void) {
-  const char *src = getenv("DS4_SOURCE_DIR");
-  ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
-  strcpy(tmpdir, "/tmp/ds4-routing-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  tu_chdir_source();
+  tu_tmpdir_make(tmpdir);
   compile("models/tiny-moe.yaml", "schedules/tiny-1dev.yaml", tmp("1dev"));
   compile("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", tmp("hotcold"));
   /* The independent read-back: sel as a state owns its bytes, so a step
@@ -143,11 +101,7 @@ static void fixture(void) {
   run_with_stats(tmp("half"), tmp("half.stats.yaml"), out, sizeof out);
 }
 
-static void remove_fixture(void) {
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
+static void remove_fixture(void) { tu_tmpdir_remove(tmpdir); }
 
 static const int64_t *route_counts(const dsl_routing_stats *s, int layer) {
   char path[64];
@@ -236,7 +190,7 @@ START_TEST(counts_and_outputs_do_not_depend_on_counting_or_schedule) {
   char out[8192], plain[8192], args[700];
   run_with_stats(tmp("hotcold"), tmp("hotcold.stats.yaml"), out, sizeof out);
   snprintf(args, sizeof args, "%s --steps %d", tmp("hotcold"), DECODE_STEPS);
-  ck_assert_int_eq(ds4run(args, plain, sizeof plain), 0);
+  ck_assert_int_eq(tu_ds4run(args, plain, sizeof plain), 0);
   ck_assert_ptr_nonnull(strstr(out, "outputs sha256: "));
   ck_assert_str_eq(strstr(out, "outputs sha256: "), strstr(plain, "outputs sha256: "));
   ck_assert_ptr_nonnull(strstr(out, "routing:   2 routing ops counted over 18 tokens"));
@@ -249,7 +203,7 @@ START_TEST(counts_and_outputs_do_not_depend_on_counting_or_schedule) {
   dsl_routing_stats_free(b);
   /* --json names the file */
   snprintf(args, sizeof args, "%s --steps 1 --json --routing-stats %s", tmp("hotcold"), tmp("j.yaml"));
-  ck_assert_int_eq(ds4run(args, out, sizeof out), 0);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 0);
   ck_assert_ptr_nonnull(strstr(out, "\"routing_stats\": {\"path\": "));
 }
 END_TEST
@@ -257,13 +211,13 @@ END_TEST
 START_TEST(unwritable_stats_file_fails_before_the_run) {
   char out[8192], args[700];
   snprintf(args, sizeof args, "%s --routing-stats %s", tmp("1dev"), tmp("no-such-dir/s.yaml"));
-  ck_assert_int_eq(ds4run(args, out, sizeof out), 1);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
   char want[800];
   snprintf(want, sizeof want, "ds4run: error: %s: cannot write: No such file or directory\n",
            tmp("no-such-dir/s.yaml"));
   ck_assert_str_eq(out, want);
   snprintf(args, sizeof args, "%s --routing-stats", tmp("1dev"));
-  ck_assert_int_eq(ds4run(args, out, sizeof out), 64);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 64);
   ck_assert_ptr_nonnull(strstr(out, "--routing-stats needs one output file"));
 }
 END_TEST
@@ -292,7 +246,7 @@ static void hot_sched(const char *path, const char *stats, const char *device, c
   snprintf(text, sizeof text,
            "%s  - \"* -> hot.main\"\nhot_experts:\n  stats: %s\n  device: %s\n  budget: %s\n  cold: %s\n",
            sched_head, stats, device, budget, cold);
-  write_file(path, text);
+  tu_write_text(path, text);
 }
 
 /* The documented choice, written out here once more: every (layer,
@@ -331,7 +285,7 @@ static void hand_sched(const char *path, int hot[LAYERS][EXPERTS]) {
       n += (size_t)snprintf(text + n, sizeof text - n, "  - \"layers.%d.ffn.experts -> cold.main\"\n", l);
   }
   snprintf(text + n, sizeof text - n, "  - \"* -> hot.main\"\n");
-  write_file(path, text);
+  tu_write_text(path, text);
 }
 
 static void assert_same_plan(const char *a, const char *b) {
@@ -339,14 +293,14 @@ static void assert_same_plan(const char *a, const char *b) {
   size_t na, nb;
   snprintf(pa, sizeof pa, "%s/plan.ds4p", a);
   snprintf(pb, sizeof pb, "%s/plan.ds4p", b);
-  char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+  char *x = tu_slurp(pa, &na), *y = tu_slurp(pb, &nb);
   ck_assert_msg(na == nb && memcmp(x, y, na) == 0, "%s and %s differ", pa, pb);
   free(x);
   free(y);
   snprintf(pa, sizeof pa, "%s/plan.txt", a);
   snprintf(pb, sizeof pb, "%s/plan.txt", b);
-  x = slurp(pa, NULL);
-  y = slurp(pb, NULL);
+  x = tu_slurp(pa, NULL);
+  y = tu_slurp(pb, NULL);
   ck_assert_str_eq(x, y);
   free(x);
   free(y);
@@ -355,7 +309,7 @@ static void assert_same_plan(const char *a, const char *b) {
 static int plan_splits(const char *bundle) {
   char path[700];
   snprintf(path, sizeof path, "%s/plan.txt", bundle);
-  char *t = slurp(path, NULL);
+  char *t = tu_slurp(path, NULL);
   int split = strstr(t, "ffn.experts[") != NULL;
   free(t);
   return split;
@@ -406,9 +360,9 @@ START_TEST(hot_experts_is_the_hand_written_rules) {
   /* the split plan replays to the unsplit one's outputs */
   char a[8192], b[8192], args[700];
   snprintf(args, sizeof args, "%s --steps %d", tmp("budget2-auto"), DECODE_STEPS);
-  ck_assert_int_eq(ds4run(args, a, sizeof a), 0);
+  ck_assert_int_eq(tu_ds4run(args, a, sizeof a), 0);
   snprintf(args, sizeof args, "%s --steps %d", tmp("1dev"), DECODE_STEPS);
-  ck_assert_int_eq(ds4run(args, b, sizeof b), 0);
+  ck_assert_int_eq(tu_ds4run(args, b, sizeof b), 0);
   ck_assert_str_eq(strstr(a, "outputs sha256: "), strstr(b, "outputs sha256: "));
 }
 END_TEST
@@ -497,7 +451,7 @@ START_TEST(bad_statistics_and_keys_fail_at_their_place) {
   char sched[600], stats[600], want[2048], got[2048];
   snprintf(sched, sizeof sched, "%s", tmp("err.yaml"));
   snprintf(stats, sizeof stats, "%s", tmp("err-stats.yaml"));
-  write_file(stats, c->stats);
+  tu_write_text(stats, c->stats);
   hot_sched(sched, c->stats_name ? c->stats_name : "err-stats.yaml", c->device, c->budget, c->cold);
   char msg[1000];
   snprintf(msg, sizeof msg, c->where_and_message, tmpdir);
@@ -521,7 +475,7 @@ START_TEST(hot_experts_key_is_checked) {
   for (int i = 0; i < (int)(sizeof cases / sizeof *cases); i++) {
     char text[4096], got[2048], want[1200];
     snprintf(text, sizeof text, "%s  - \"* -> hot.main\"\n%s", sched_head, cases[i].block);
-    write_file(tmp("key.yaml"), text);
+    tu_write_text(tmp("key.yaml"), text);
     compile_error("models/tiny-moe.yaml", tmp("key.yaml"), got, sizeof got);
     snprintf(want, sizeof want, "%s:%s", tmp("key.yaml"), cases[i].message);
     ck_assert_str_eq(got, want);
@@ -542,8 +496,8 @@ START_TEST(moe_ops_without_their_router_counts_are_refused) {
   const char *model = "tests/cases/compile/moe.model.yaml";
   edited_model(model, tmp("no-router.yaml"), no_router);
   edited_model(model, tmp("six.yaml"), six);
-  write_file(tmp("case-stats.yaml"), "model: case\ntokens: 2\ncounts:\n  net.route: [1, 1, 1, 1, 1, 1]\n");
-  write_file(tmp("case.yaml"), "schedule: c\nmodel: case\n"
+  tu_write_text(tmp("case-stats.yaml"), "model: case\ntokens: 2\ncounts:\n  net.route: [1, 1, 1, 1, 1, 1]\n");
+  tu_write_text(tmp("case.yaml"), "schedule: c\nmodel: case\n"
                                "devices: [{name: cpu0, backend: cpu, arch: host, ordinal: 0, bandwidth: 1.0e10, "
                                "flops: 1.0e10, launch: 1.0e-6}]\n"
                                "streams: [{name: main, device: cpu0}]\n"
@@ -556,7 +510,7 @@ START_TEST(moe_ops_without_their_router_counts_are_refused) {
            "%s:28:9: error: hot_experts: 'net.experts' has 8 experts, but its router 'net.route' chooses among 6",
            tmp("six.yaml"));
   ck_assert_str_eq(got, want);
-  write_file(tmp("case-stats.yaml"), "model: case\ntokens: 2\ncounts:\n  net.route: [1, 1, 1, 1, 1, 1, 1, 1]\n");
+  tu_write_text(tmp("case-stats.yaml"), "model: case\ntokens: 2\ncounts:\n  net.route: [1, 1, 1, 1, 1, 1, 1, 1]\n");
   compile_error(tmp("no-router.yaml"), tmp("case.yaml"), got, sizeof got);
   snprintf(want, sizeof want,
            "%s:29:9: error: hot_experts: moe_experts op 'net.experts' reads idx 'net.fixed', which no routing op "
@@ -582,9 +536,5 @@ int main(void) {
   tcase_add_test(tc, hot_experts_key_is_checked);
   tcase_add_test(tc, moe_ops_without_their_router_counts_are_refused);
   suite_add_tcase(s, tc);
-  SRunner *r = srunner_create(s);
-  srunner_run_all(r, CK_NORMAL);
-  int failed = srunner_ntests_failed(r);
-  srunner_free(r);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }
