@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "trace.h"
+
 /* Where a stream stands in the replay: its time, and the op whose finish
  * set that time, an op of its own or one behind an event it waited on. */
 typedef struct stream_clock {
@@ -205,33 +207,22 @@ static void write_text(const char *dir, const plan *p, const expl_result *r, con
   fprintf(f, "; copies %.3f µs (%.1f%%)\n", copies / 1e3, 100 * share(copies, r->makespan));
 }
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-    else fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
 /* Times go out with 17 significant digits, so a script reads back the
  * very doubles of the simulation (finish - start is the op's cost);
  * shares, derived from them, with 6. */
 static void write_json(const char *dir, const plan *p, const expl_result *r, const double *on_path, double copies,
                        FILE *f) {
   fputs("{\n  \"bundle\": ", f);
-  json_str(f, dir);
+  rt_json_string(f, dir);
   fputs(",\n  \"model\": ", f);
-  json_str(f, plan_str(p, p->info.model));
+  rt_json_string(f, plan_str(p, p->info.model));
   fputs(",\n  \"schedule\": ", f);
-  json_str(f, plan_str(p, p->info.schedule));
+  rt_json_string(f, plan_str(p, p->info.schedule));
   fprintf(f, ",\n  \"makespan_ns\": %.17g,\n  \"ops\": %" PRIu32 ",\n  \"unrun_ops\": %" PRIu32 ",\n  \"devices\": [",
           r->makespan, p->nops, r->unrun);
   for (uint32_t d = 0; d < p->ndevices; d++) {
     fputs(d ? ",\n    {\"name\": " : "\n    {\"name\": ", f);
-    json_str(f, plan_str(p, p->devices[d].name));
+    rt_json_string(f, plan_str(p, p->devices[d].name));
     fprintf(f, ", \"busy_ns\": %.17g, \"share\": %.6g, \"on_path_ns\": %.17g}", r->busy[d],
             share(r->busy[d], r->makespan), on_path[d]);
   }
@@ -241,11 +232,11 @@ static void write_json(const char *dir, const plan *p, const expl_result *r, con
     const expl_op *o = &r->ops[i];
     const plan_stream *s = &p->streams[p->ops[i].stream];
     fprintf(f, "%s{\"op\": %" PRIu32 ", \"path\": ", k ? ",\n    " : "\n    ", i);
-    json_str(f, op_path(p, i));
+    rt_json_string(f, op_path(p, i));
     fputs(", \"device\": ", f);
-    json_str(f, plan_str(p, p->devices[s->device].name));
+    rt_json_string(f, plan_str(p, p->devices[s->device].name));
     fputs(", \"stream\": ", f);
-    json_str(f, plan_str(p, s->name));
+    rt_json_string(f, plan_str(p, s->name));
     fprintf(f, ", \"kind\": \"%s\", \"start_ns\": %.17g, \"finish_ns\": %.17g, \"duration_ns\": %.17g, \"cost_ns\": %.17g, ",
             p->ops[i].kernel == PLAN_NONE ? "copy" : "launch", o->start, o->finish, o->finish - o->start, p->costs[i]);
     if (o->cause == EXPL_START) {
@@ -254,7 +245,7 @@ static void write_json(const char *dir, const plan *p, const expl_result *r, con
     }
     fprintf(f, "\"after\": {\"reason\": \"%s\", \"op\": %" PRIu32 ", \"path\": ",
             o->cause == EXPL_STREAM ? "stream" : "event", o->after);
-    json_str(f, op_path(p, o->after));
+    rt_json_string(f, op_path(p, o->after));
     if (o->cause == EXPL_EVENT) fprintf(f, ", \"event\": %" PRIu32, o->event);
     fputs("}}", f);
   }

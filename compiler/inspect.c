@@ -17,6 +17,7 @@
 
 #include "plan.h"
 #include "sha256.h"
+#include "trace.h"
 
 /* ---- ELF64, little-endian ------------------------------------------------ */
 
@@ -880,17 +881,6 @@ static rt_status write_text(const bundle_view *b, FILE *out) {
 
 /* ---- JSON ---------------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-    else fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
 /* ", "key": value, with null for a field the code object does not state. */
 static void json_field(FILE *f, const char *key, int64_t v) {
   fprintf(f, ", \"%s\": ", key);
@@ -900,7 +890,7 @@ static void json_field(FILE *f, const char *key, int64_t v) {
 
 static void json_codeobj_kernel(FILE *f, insp_kind kind, const insp_kernel *k) {
   fputs("{\"symbol\": ", f);
-  json_str(f, k->symbol);
+  rt_json_string(f, k->symbol);
   if (kind == INSP_AMDGPU) {
     json_field(f, "sgpr", k->sgpr);
     json_field(f, "vgpr", k->vgpr);
@@ -927,9 +917,9 @@ static void json_codeobjs(const bundle_view *b, FILE *f) {
     char hex[65];
     rt_hex(p->codeobjs[i].sha256, 32, hex);
     fputs(i ? ",\n    {\"target\": " : "\n    {\"target\": ", f);
-    json_str(f, plan_str(p, p->codeobjs[i].target));
+    rt_json_string(f, plan_str(p, p->codeobjs[i].target));
     fputs(", \"path\": ", f);
-    json_str(f, plan_str(p, p->codeobjs[i].path));
+    rt_json_string(f, plan_str(p, p->codeobjs[i].path));
     fprintf(f, ", \"kind\": \"%s\", \"bytes\": %" PRIu64 ", \"sha256\": \"%s\", \"kernels\": [", kinds[b->objs[i].kind],
             b->bytes[i], hex);
     for (uint32_t k = 0; k < p->nkernels; k++) {
@@ -946,9 +936,9 @@ static void json_plan_kernels(const plan *p, FILE *f) {
   for (uint32_t i = 0; i < p->nkernels; i++) {
     const plan_kernel *k = &p->kernels[i];
     fputs(i ? ",\n    {\"symbol\": " : "\n    {\"symbol\": ", f);
-    json_str(f, plan_str(p, k->symbol));
+    rt_json_string(f, plan_str(p, k->symbol));
     fputs(", \"kind\": ", f);
-    json_str(f, plan_str(p, k->kind));
+    rt_json_string(f, plan_str(p, k->kind));
     fprintf(f, ", \"grid\": %u, \"block\": %u, \"shared\": %u, \"nbufs\": %u}", k->grid, k->block, k->shared, k->nbufs);
   }
   fputs(p->nkernels ? "\n  ],\n" : "],\n", f);
@@ -959,9 +949,9 @@ static void json_devices(const plan *p, FILE *f) {
   for (uint32_t i = 0; i < p->ndevices; i++) {
     const plan_device *d = &p->devices[i];
     fputs(i ? ",\n    {\"name\": " : "\n    {\"name\": ", f);
-    json_str(f, plan_str(p, d->name));
+    rt_json_string(f, plan_str(p, d->name));
     fprintf(f, ", \"backend\": \"%s\", \"arch\": ", backend_name(d->backend));
-    json_str(f, plan_str(p, d->arch));
+    rt_json_string(f, plan_str(p, d->arch));
     fprintf(f, ", \"arena_bytes\": %" PRIu64 "}", d->arena_bytes);
   }
   fputs(p->ndevices ? "\n  ],\n" : "],\n", f);
@@ -970,11 +960,11 @@ static void json_devices(const plan *p, FILE *f) {
 static void write_json(const bundle_view *b, FILE *f) {
   const plan *p = &b->p;
   fputs("{\n  \"bundle\": ", f);
-  json_str(f, b->dir);
+  rt_json_string(f, b->dir);
   fputs(",\n  \"model\": ", f);
-  json_str(f, plan_str(p, p->info.model));
+  rt_json_string(f, plan_str(p, p->info.model));
   fputs(",\n  \"schedule\": ", f);
-  json_str(f, plan_str(p, p->info.schedule));
+  rt_json_string(f, plan_str(p, p->info.schedule));
   fputs(",\n", f);
   json_codeobjs(b, f);
   json_plan_kernels(p, f);

@@ -794,32 +794,29 @@ static void on_tensor(pd_report *r, const pd_plan *a, int la, const pd_plan *b, 
          tok(b, lb, 5));
 }
 
-static void on_code(pd_report *r, const pd_plan *a, int la, const pd_plan *b, int lb) {
+/* A [code] or [kernels] line (`what`): added, removed, or its fields
+ * changed, listed under kernels in item group `group`. */
+static void kernel_line(pd_report *r, const pd_plan *a, int la, const pd_plan *b, int lb, const char *what,
+                        int group) {
   const char *k = key_of(a, la, b, lb);
-  if (la < 0) item(r, CAT_KERNELS, 2, k, "+ code %s", line_text(b, lb));
-  else if (lb < 0) item(r, CAT_KERNELS, 2, k, "- code %s", line_text(a, la));
+  if (la < 0) item(r, CAT_KERNELS, group, k, "+ %s %s", what, line_text(b, lb));
+  else if (lb < 0) item(r, CAT_KERNELS, group, k, "- %s %s", what, line_text(a, la));
   else {
     pd_buf buf;
     buf_open(&buf);
     int n = pairs_diff(a, la, b, lb, 1, NULL, buf.f, 0);
     char *s = buf_close(&buf);
-    if (n) item(r, CAT_KERNELS, 2, k, "~ code %s: %s", k, s);
+    if (n) item(r, CAT_KERNELS, group, k, "~ %s %s: %s", what, k, s);
     free(s);
   }
 }
 
+static void on_code(pd_report *r, const pd_plan *a, int la, const pd_plan *b, int lb) {
+  kernel_line(r, a, la, b, lb, "code", 2);
+}
+
 static void on_kernel(pd_report *r, const pd_plan *a, int la, const pd_plan *b, int lb) {
-  const char *k = key_of(a, la, b, lb);
-  if (la < 0) item(r, CAT_KERNELS, 1, k, "+ kernel %s", line_text(b, lb));
-  else if (lb < 0) item(r, CAT_KERNELS, 1, k, "- kernel %s", line_text(a, la));
-  else {
-    pd_buf buf;
-    buf_open(&buf);
-    int n = pairs_diff(a, la, b, lb, 1, NULL, buf.f, 0);
-    char *s = buf_close(&buf);
-    if (n) item(r, CAT_KERNELS, 1, k, "~ kernel %s: %s", k, s);
-    free(s);
-  }
+  kernel_line(r, a, la, b, lb, "kernel", 1);
 }
 
 static void on_edge(pd_report *r, const pd_plan *a, int la, const pd_plan *b, int lb) {

@@ -193,20 +193,6 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
   return 0;
 }
 
-static void json_string(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      printf("\\%c", ch);
-    else if (ch < 0x20)
-      printf("\\u%04x", ch);
-    else
-      putchar(ch);
-  }
-  putchar('"');
-}
-
 static int fail(rt_status s) {
   fprintf(stderr, "ds4run: error: %s\n", rt_status_msg(s));
   rt_status_free(s);
@@ -229,7 +215,7 @@ static void print_weights_human(const rt_weights_info *w) {
 static void print_weights_json(const rt_weights_info *w) {
   printf(", \"weights\": {\"path\": ");
   if (w->path)
-    json_string(w->path);
+    rt_json_string(stdout, w->path);
   else
     printf("null");
   printf(", \"files\": %u, \"from_checkpoint\": %u, \"from_generator\": %u, \"seed\": %llu}",
@@ -357,19 +343,19 @@ static void print_json(const cli *c, const plan *p, const rt_weights_info *w, co
                        int nprefill, int nprompt, const ds4run_check_result *chk,
                        const rt_routing_stats *stats, const rt_trace_summary *trace) {
   printf("{\"bundle\": ");
-  json_string(c->bundle);
+  rt_json_string(stdout, c->bundle);
   printf(", \"model\": ");
-  json_string(plan_str(p, p->info.model));
+  rt_json_string(stdout, plan_str(p, p->info.model));
   printf(", \"schedule\": ");
-  json_string(plan_str(p, p->info.schedule));
+  rt_json_string(stdout, plan_str(p, p->info.schedule));
   printf(", \"devices\": [");
   for (uint32_t d = 0; d < p->ndevices; d++) {
     const plan_device *pd = &p->devices[d];
     static const char *backends[] = {"cpu", "hip", "cuda"};
     printf("%s{\"name\": ", d ? ", " : "");
-    json_string(plan_str(p, pd->name));
+    rt_json_string(stdout, plan_str(p, pd->name));
     printf(", \"backend\": \"%s\", \"arch\": ", pd->backend < 3 ? backends[pd->backend] : "?");
-    json_string(plan_str(p, pd->arch));
+    rt_json_string(stdout, plan_str(p, pd->arch));
     printf(", \"arena_bytes\": %llu}", (unsigned long long)pd->arena_bytes);
   }
   printf("]");
@@ -388,7 +374,7 @@ static void print_json(const cli *c, const plan *p, const rt_weights_info *w, co
            chk->passed ? "true" : "false");
   if (stats) {
     printf(", \"routing_stats\": {\"path\": ");
-    json_string(c->routing_stats);
+    rt_json_string(stdout, c->routing_stats);
     printf(", \"routes\": %u}", rt_routing_stats_routes(stats));
   }
   if (trace) print_trace_json(c, p, trace);
