@@ -324,12 +324,11 @@ START_TEST(fault_in_a_two_device_replay) {
       rt_report r = {0};
       double t0 = tu_seconds();
       s = rt_generate(b, prompt, nprompt, 8, NULL, NULL, &r);
-      double dt = tu_seconds() - t0;
+      tu_assert_no_hang(t0, "the failing run");
       ck_assert_msg(s != NULL, "device %u, step %d: no error", dev, k);
       ck_assert_msg(strstr(rt_status_msg(s), "injected"), "%s", rt_status_msg(s));
       ck_assert_msg(strstr(rt_status_msg(s), dev ? "cold" : "hot"), "%s", rt_status_msg(s));
       ck_assert_int_eq(r.steps, k - 1);
-      ck_assert_msg(dt < 1.0, "the run took %.3f s", dt);
       rt_status_free(s);
       free(r.generated);
       free(prompt);

@@ -199,7 +199,9 @@ static rt_status run_case(const script *sc, const fault_case *fc) {
     double dt = tu_seconds() - t0;
     if (k == FAIL_STEP) {
       expect_error(s, sc, k, fc->want, fc->prefix_only);
-      ck_assert_msg(dt < 2.0 + fc->watchdog_ms * 1e-3, "the failing step took %.3f s", dt);
+      tu_assert_no_hang(t0, "the failing step");
+      /* The watchdog waits out its whole bound: a lower bound, which load
+       * can only lengthen. */
       if (fc->stalls) ck_assert_msg(dt >= fc->watchdog_ms * 1e-3, "fired after %.3f s", dt);
       failed = s;
       /* Retried, the step works; on a lost device it fails again, cleanly. */
@@ -217,7 +219,7 @@ static rt_status run_case(const script *sc, const fault_case *fc) {
   }
   double t0 = tu_seconds();
   rt_bundle_close(b);
-  ck_assert_msg(tu_seconds() - t0 < 2.0, "close took %.3f s", tu_seconds() - t0);
+  tu_assert_no_hang(t0, "rt_bundle_close");
   return failed;
 }
 

@@ -19,6 +19,7 @@
 #include "plan.h"
 #include "rt.h"
 #include "sha256.h"
+#include "test_util.h"
 
 #define N 64 /* elements of the f32 test tensors */
 
@@ -350,12 +351,6 @@ static void expect_f32(rt_bundle *bd, uint32_t t, float mul, float add, float ba
                   (double)y[i], (double)(mul * (base + (float)i) + add));
 }
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- replay ------------------------------------------------------------- */
 
 START_TEST(chain_one_stream) {
@@ -550,15 +545,14 @@ static void fault_case(uint32_t device, uint64_t nth, int fail_step) {
   for (int k = 1; k <= fail_step + 1; k++) {
     write_f32(bd, x, (float)k);
     int32_t st[4] = {k, 1, k, 0};
-    double t0 = seconds();
+    double t0 = tu_seconds();
     rt_status s = rt_replay_step(bd, st);
-    double dt = seconds() - t0;
+    tu_assert_no_hang(t0, "the step");
     if (k == fail_step) {
       ck_assert_msg(s != NULL, "step %d should fail", k);
       ck_assert_msg(strstr(rt_status_msg(s), "injected") != NULL, "%s", rt_status_msg(s));
       ck_assert_msg(strstr(rt_status_msg(s), device ? "cpu1" : "cpu0") != NULL, "%s",
                     rt_status_msg(s));
-      ck_assert_msg(dt < 1.0, "the failing step took %.3f s", dt);
       rt_status_free(s);
     } else {
       /* Before and after the failure, steps run and compute correctly. */

@@ -168,6 +168,11 @@ double tu_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void tu_assert_no_hang(double t0, const char *what) {
+  double dt = tu_seconds() - t0;
+  ck_assert_msg(dt < TU_HANG_S, "%s did not return within %.0f s (%.1f s): a hang", what, TU_HANG_S, dt);
+}
+
 int tu_run_suite(Suite *s) {
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);

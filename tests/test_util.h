@@ -59,6 +59,15 @@ int tu_ds4run(const char *args, char *out, size_t n);
 /* Seconds on the monotonic clock. */
 double tu_seconds(void);
 
+/* Where a test checks that something does not hang, it asserts the
+ * property itself (the error reported, every thread joined) and bounds the
+ * wait by this many seconds: far beyond any run on a loaded machine, so
+ * only a hang reaches it. No test asserts how fast something ran. */
+#define TU_HANG_S 60.0
+/* Fails the test when TU_HANG_S or more passed since t0 (a tu_seconds
+ * reading): `what` did not return, a hang. */
+void tu_assert_no_hang(double t0, const char *what);
+
 /* Runs every test of s and frees it; EXIT_SUCCESS when all passed,
  * else EXIT_FAILURE (main's return value). */
 int tu_run_suite(Suite *s);
