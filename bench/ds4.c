@@ -60,13 +60,15 @@ static uint64_t floor_bytes(const plan *p) {
     const char *kind = plan_str(p, p->kernels[cmd->a].kind);
     const plan_arg *args = &p->args[cmd->args_begin];
     uint64_t k = 1;
-    if (!strcmp(kind, "moe_experts")) k = p->tensors[args[1].tensor].dim[1]; /* idx [T, k] */
+    /* moe_experts, or its two launches on a GPU (moe_up, moe_down) */
+    int experts = !strcmp(kind, "moe_experts") || !strcmp(kind, "moe_up") || !strcmp(kind, "moe_down");
+    if (experts) k = p->tensors[args[1].tensor].dim[1]; /* idx [T, k] */
     for (uint32_t i = 0; i < cmd->nargs; i++) {
       const plan_tensor *t = &p->tensors[args[i].tensor];
       if (t->role != PLAN_WEIGHT) continue;
       if (!strcmp(kind, "embed") || !strcmp(kind, "hash_route")) {
         total += share(args[i].bytes, 1, t->dim[0]);
-      } else if (!strcmp(kind, "moe_experts")) {
+      } else if (experts) {
         /* a part holding E_p of E experts reads k/E of the whole: over the
          * parts, k experts' bytes */
         total += share(args[i].bytes, k, weight_rows(p, t));

@@ -50,6 +50,9 @@ enum ir_opkind {
   IR_OP_INDEX_SCORES,
   IR_OP_INDEX_SELECT,
   IR_OP_SWIGLU_ACT,
+  /* moe_experts in two launches on a GPU (lower.c), never written in a model */
+  IR_OP_MOE_UP,
+  IR_OP_MOE_DOWN,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };
@@ -176,6 +179,7 @@ typedef struct ir_opkind_def {
   ir_attr_def attrs[IR_MAXATTR];
   int nattrs;
   unsigned rmw_outputs; /* bit i: output i is read-modify-write (state) */
+  int internal;         /* made by a pass, never written in a model */
 } ir_opkind_def;
 
 extern const ir_opkind_def ir_opkinds[IR_NOPKIND];

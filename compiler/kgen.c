@@ -12,11 +12,12 @@
 #include "kgen_spec.h"
 #include "templates.h"
 
-/* Columns per matmul block: rows x tiles keeps blocks writing disjoint
- * bytes while giving a thread pool work even when T is 1 (decode). The
- * grid is every target's, so the tile also suits the GPU: one 32-lane
- * group per column, 8 groups (256 threads) per block, and enough blocks
- * for a decode GEMV to fill the GPU (kgen_gpu.c). */
+/* Columns per matmul block: tiles of columns, each block taking its tile
+ * for every token slot, keep blocks writing disjoint bytes, give a thread
+ * pool work even when T is 1 (decode), and launch no block for a dead
+ * slot. The grid is every target's, so the tile also suits the GPU: one
+ * 32-lane group per column, 8 groups (256 threads) per block, and enough
+ * blocks for a decode GEMV to fill the GPU (kgen_gpu.c). */
 #define KGEN_MATMUL_TILE 8
 
 /* Elements per swiglu_act block: one per GPU thread (kgen_gpu.c gives the
@@ -157,8 +158,23 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           2, {{"topk", 0}, {"ratio", 0}}},
   [IR_OP_SWIGLU_ACT] = {"swiglu_act", 2, 1, {{"g", 'f', "TF"}, {"u", 'f', "TF"}, {"a", 'f', "TF"}},
                         1, {{"swiglu_limit", 1}}},
+  [IR_OP_MOE_UP] = {"moe_up", 4, 1,
+                    {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'w', "EFH", "W1_BF16"},
+                     {"w3", 'w', "EFH", "W3_BF16"}, {"act", 'f', "TkF"}},
+                    1, {{"swiglu_limit", 1, 1}}},
+  [IR_OP_MOE_DOWN] = {"moe_down", 3, 1,
+                      {{"act", 'f', "TkF"}, {"idx", 'i', "Tk"}, {"w2", 'w', "EHF", "W2_BF16"},
+                       {"slots", 'f', "TkH"}},
+                      0, {{0}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
+
+/* The kinds that read only some experts' rows of their weights: a table of
+ * each expert's row (EXPERT_ROWS) in the canonical text and the defines. */
+static int kgen_has_expert_rows(int kind)
+{
+  return kind == IR_OP_MOE_EXPERTS || kind == IR_OP_MOE_UP || kind == IR_OP_MOE_DOWN;
+}
 
 static const char *kgen_dtype_name(uint32_t dtype)
 {
@@ -690,8 +706,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "N", v['N']);
     kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
     kgen_def_int(s, "NTILES", ntiles);
-    s->grid = (uint64_t)(T * ntiles);
-    s->grid_text = "token slot x tile of output columns";
+    s->grid = (uint64_t)ntiles;
+    s->grid_text = "tile of output columns, every token slot";
     break;
   }
   case IR_OP_ROPE:
@@ -773,8 +789,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "N", n);
     kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
     kgen_def_int(s, "NTILES", ntiles);
-    s->grid = (uint64_t)(T * ntiles);
-    s->grid_text = "token slot x tile of output columns";
+    s->grid = (uint64_t)ntiles;
+    s->grid_text = "tile of output columns, every token slot";
     break;
   }
   case IR_OP_CACHE_WRITE:
@@ -806,12 +822,14 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "E", v['E']);
     kgen_def_int(s, "TOPK", v['k']);
     break;
-  case IR_OP_MOE_EXPERTS: {
+  case IR_OP_MOE_EXPERTS:
+  case IR_OP_MOE_UP:
+  case IR_OP_MOE_DOWN: {
     /* Rows of the weights this launch holds: E of the op's NEXPERTS. */
     int64_t n = op->expert_row ? op->nexperts : v['E'];
     for (int64_t e = 0; op->expert_row && e < n; e++)
       if (op->expert_row[e] < -1 || op->expert_row[e] >= v['E'])
-        return kgen_err(c->d, op->pos, "moe_experts: expert %" PRId64 " maps to row %d of %" PRId64,
+        return kgen_err(c->d, op->pos, "%s: expert %" PRId64 " maps to row %d of %" PRId64, c->k->name,
                          e, op->expert_row[e], v['E']);
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "TOPK", v['k']);
@@ -819,8 +837,26 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "NEXPERTS", n);
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
+    if (op->kind == IR_OP_MOE_DOWN) {
+      /* A block per tile of output channels, every choice of every slot. */
+      int64_t ntiles = (v['H'] + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
+      kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
+      kgen_def_int(s, "NTILES", ntiles);
+      s->grid = (uint64_t)ntiles;
+      s->grid_text = "tile of output channels, every slot and choice";
+      break;
+    }
     if (kgen_def_swiglu_limit(c, s))
       return -1;
+    if (op->kind == IR_OP_MOE_UP) {
+      /* A block per tile of ffn rows, every choice of every slot. */
+      int64_t ntiles = (v['F'] + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
+      kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
+      kgen_def_int(s, "NTILES", ntiles);
+      s->grid = (uint64_t)ntiles;
+      s->grid_text = "tile of ffn rows, every slot and choice";
+      break;
+    }
     s->grid = (uint64_t)(T * v['k']);
     s->grid_text = "token slot x expert choice";
     break;
@@ -946,7 +982,7 @@ static void kgen_canonical(const kgen_ctx *c, kgen_buf *b)
       kgen_printf(b, "%" PRId64, c->op->iattr[a]);
     kgen_printf(b, "\n");
   }
-  if (c->op->kind == IR_OP_MOE_EXPERTS) {
+  if (kgen_has_expert_rows(c->op->kind)) {
     kgen_printf(b, "expert rows ");
     kgen_expert_rows(c->op, c->var['E'], b);
   }
@@ -1062,7 +1098,7 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
       kgen_printf(b, "#define %s ((int64_t)%" PRId64 ")\n", df->name, df->ival);
     }
   }
-  if (s->op->kind == IR_OP_MOE_EXPERTS) {
+  if (kgen_has_expert_rows(s->op->kind)) {
     kgen_printf(b, "#define EXPERT_ROWS ");
     kgen_expert_rows(s->op, kgen_spec_int(s, "E"), b);
   }
@@ -1073,7 +1109,7 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
   kgen_printf(undefs, "#undef KERNEL_NAME\n#undef GRID\n");
   for (int i = 0; i < s->ndefs; i++)
     kgen_printf(undefs, "#undef %s\n", s->defs[i].name);
-  if (s->op->kind == IR_OP_MOE_EXPERTS)
+  if (kgen_has_expert_rows(s->op->kind))
     kgen_printf(undefs, "#undef EXPERT_ROWS\n");
   if (s->op->kind == IR_OP_ROPE || s->op->kind == IR_OP_COMPRESS_POOL)
     kgen_printf(undefs, "#undef INV_FREQ\n");

@@ -45,6 +45,9 @@ static const char *const out_iscores[] = {"scores"};
 static const char *const in_iselect[] = {"scores"};
 static const char *const out_iselect[] = {"sel"};
 static const char *const in_act[] = {"g", "u"};
+static const char *const in_moe_up[] = {"x", "idx", "w1", "w3"};
+static const char *const in_moe_down[] = {"act", "idx", "w2"};
+static const char *const out_act[] = {"act"};
 static const char *const out_a[] = {"a"};
 
 const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
@@ -111,12 +114,16 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                             {{"topk", IR_ATTR_INT, 1, 0}, {"ratio", IR_ATTR_INT, 1, 0}}, 2, 0},
     /* swiglu_ffn's activation alone, on the outputs of two matmuls */
     [IR_OP_SWIGLU_ACT] = {"swiglu_act", 2, 1, in_act, out_a, {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0},
-    [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0},
+    /* moe_experts lowered for a GPU (lower.c): the gate and up rows of
+     * every chosen expert into act, then the down rows into slots */
+    [IR_OP_MOE_UP] = {"moe_up", 4, 1, in_moe_up, out_act, {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0, 1},
+    [IR_OP_MOE_DOWN] = {"moe_down", 3, 1, in_moe_down, out_slots, {{0}}, 0, 0, 1},
+    [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 
 int ir_opkind_lookup(const char *name) {
   for (int k = 0; k < IR_NOPKIND; k++)
-    if (k != IR_OP_COPY && strcmp(ir_opkinds[k].name, name) == 0) return k;
+    if (!ir_opkinds[k].internal && strcmp(ir_opkinds[k].name, name) == 0) return k;
   return -1;
 }
 
@@ -145,7 +152,7 @@ const char *ir_opkind_suggest(const char *name) {
   const char *best = NULL;
   int bestd = 4; /* farther than 3 edits is no suggestion */
   for (int k = 0; k < IR_NOPKIND; k++) {
-    if (k == IR_OP_COPY) continue;
+    if (ir_opkinds[k].internal) continue;
     int d = edit_distance(name, ir_opkinds[k].name);
     if (d < bestd) {
       bestd = d;

@@ -11,6 +11,7 @@
  *   priority: among ready ops, a higher priority goes first (default 0),
  *     before the critical path decides.
  * Each stream's order is this order restricted to the stream. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,10 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
   switch (op->kind) {
     case IR_OP_MATMUL: return 2.0 * elems(out0) * (double)in0->dim[1];
     case IR_OP_MOE_EXPERTS: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[2]].dim[1];
+    /* moe_experts lowered (lower.c): act [T, k, F] is two dots of H per
+     * element, slots [T, k, H] one of F. */
+    case IR_OP_MOE_UP: return 2.0 * 2.0 * elems(out0) * (double)in0->dim[1];
+    case IR_OP_MOE_DOWN: return 2.0 * elems(out0) * (double)in0->dim[2];
     case IR_OP_SWIGLU_FFN: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[1]].dim[0];
     case IR_OP_ATTENTION: return 4.0 * elems(out0) * (double)p->max_seq;
     /* Each output sees its group's Kg inputs (w is [G·Ng, Kg]). */
@@ -156,6 +161,17 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
   return dv->launch + (t_mem > t_math ? t_mem : t_math);
 }
 
+/* The path an ordering hint sees: the op's, or for the two launches of a
+ * lowered moe_experts (lower.c) the op they came from, so that a hint
+ * naming it orders both. */
+static const char *hint_path(const ir_op *op, char *buf, size_t n) {
+  if (op->kind != IR_OP_MOE_UP && op->kind != IR_OP_MOE_DOWN) return op->path;
+  snprintf(buf, n, "%s", op->path);
+  char *dot = strrchr(buf, '.');
+  if (dot) *dot = 0;
+  return buf;
+}
+
 /* 1 when a glob of the list matches the op's path. */
 static int any_match(const dsl_str *globs, int n, const char *path) {
   for (int i = 0; i < n; i++)
@@ -167,7 +183,10 @@ static int any_match(const dsl_str *globs, int n, const char *path) {
 static int check_globs(const ir_prog *p, const dsl_str *globs, int n, const char *key, dsl_diag *d) {
   for (int i = 0; i < n; i++) {
     int hit = 0;
-    for (int k = 0; k < p->nops && !hit; k++) hit = ir_glob_match(globs[i].text, p->ops[k].path);
+    for (int k = 0; k < p->nops && !hit; k++) {
+      char buf[1024];
+      hit = ir_glob_match(globs[i].text, hint_path(&p->ops[k], buf, sizeof buf));
+    }
     if (!hit) return dsl_error(d, globs[i].pos, "%s: '%s' matches no op", key, globs[i].text);
   }
   return 0;
@@ -186,11 +205,15 @@ static int read_hints(const ir_prog *p, order_hint *h, dsl_diag *d) {
     return -1;
   for (int i = 0; i < s->npriority; i++) {
     int hit = 0;
-    for (int k = 0; k < p->nops && !hit; k++) hit = ir_glob_match(s->priority[i].key.text, p->ops[k].path);
+    for (int k = 0; k < p->nops && !hit; k++) {
+      char buf[1024];
+      hit = ir_glob_match(s->priority[i].key.text, hint_path(&p->ops[k], buf, sizeof buf));
+    }
     if (!hit) return dsl_error(d, s->priority[i].key.pos, "priority: '%s' matches no op", s->priority[i].key.text);
   }
   for (int k = 0; k < p->nops; k++) {
-    const char *path = p->ops[k].path;
+    char buf[1024];
+    const char *path = hint_path(&p->ops[k], buf, sizeof buf);
     h[k].early = any_match(s->early_resolve, s->nearly_resolve, path);
     h[k].first = any_match(s->submit_first, s->nsubmit_first, path);
     h[k].priority = 0;

@@ -9,6 +9,7 @@
 int pass_expand(ir_prog *p, dsl_diag *d);  /* descriptions -> tensors and ops */
 int pass_infer(ir_prog *p, dsl_diag *d);   /* shapes and dtypes per op kind */
 int pass_place(ir_prog *p, dsl_diag *d);   /* devices, streams, owners */
+int pass_lower(ir_prog *p, dsl_diag *d);   /* ops rewritten for their device */
 int pass_copies(ir_prog *p, dsl_diag *d);  /* cross-device reads -> copies */
 int pass_deps(ir_prog *p, dsl_diag *d);    /* RAW, WAR, WAW edges; cycles */
 int pass_order(ir_prog *p, dsl_diag *d);   /* list scheduling */

@@ -1,5 +1,5 @@
 /* pipeline.c - the whole compiler in order, the way a reader expects:
- *   expand -> infer -> place -> copies -> deps -> order -> sync -> memplan
+ *   expand -> infer -> place -> lower -> copies -> deps -> order -> sync -> memplan
  *   -> verify -> emit kernels, plan and text.
  * The IR can be dumped after any pass by name. ds4c_build and ds4c_compile
  * are where a compile that runs out of memory lands (ir.h): each tracks
@@ -25,13 +25,13 @@ typedef struct pass {
 } pass;
 
 static const pass passes[] = {
-    {"expand", pass_expand}, {"infer", pass_infer}, {"place", pass_place},   {"copies", pass_copies},
-    {"deps", pass_deps},     {"order", pass_order}, {"sync", pass_sync},     {"memplan", pass_memplan},
-    {"verify", pass_verify},
+    {"expand", pass_expand}, {"infer", pass_infer}, {"place", pass_place}, {"lower", pass_lower},
+    {"copies", pass_copies}, {"deps", pass_deps},   {"order", pass_order}, {"sync", pass_sync},
+    {"memplan", pass_memplan}, {"verify", pass_verify},
 };
 #define NPASSES ((int)(sizeof passes / sizeof *passes))
 
-const char *const ds4c_pass_names[] = {"expand", "infer", "place",   "copies", "deps",
+const char *const ds4c_pass_names[] = {"expand", "infer", "place",   "lower",  "copies", "deps",
                                        "order",  "sync",  "memplan", "verify", NULL};
 
 void ds4c_prog_free(ir_prog *p) {

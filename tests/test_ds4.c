@@ -221,15 +221,62 @@ static int has_op(const ir_prog *p, const char *path) {
   return 0;
 }
 
+static const ir_op *op_named(const ir_prog *p, const char *path) {
+  for (int i = 0; i < p->nops; i++)
+    if (strcmp(p->ops[i].path, path) == 0) return &p->ops[i];
+  ck_assert_msg(0, "no op '%s'", path);
+  return NULL;
+}
+
+/* lower.c: a moe_experts part on a GPU becomes moe_up and moe_down on its
+ * stream, through an activation on its device; the cpu device's part stays
+ * one moe_experts launch. The halves keep the part's expert rows. */
+START_TEST(experts_lowered_on_gpus_only) {
+  make_tmpdir();
+  ir_prog *p = plan_of("models/tiny-moe.yaml", "schedules/tiny-gpu-cpu.yaml");
+  const ir_op *up = op_named(p, "layers.0.ffn.experts[0:6].up");
+  const ir_op *down = op_named(p, "layers.0.ffn.experts[0:6].down");
+  const ir_op *cpu = op_named(p, "layers.0.ffn.experts[6:8]");
+  ck_assert_int_eq(up->kind, IR_OP_MOE_UP);
+  ck_assert_int_eq(down->kind, IR_OP_MOE_DOWN);
+  ck_assert_int_eq(cpu->kind, IR_OP_MOE_EXPERTS);
+  ck_assert_int_eq(p->devices[up->device].backend, PLAN_BACKEND_CUDA);
+  ck_assert_int_eq(p->devices[cpu->device].backend, PLAN_BACKEND_CPU);
+  ck_assert_int_eq(up->stream, down->stream);
+  ck_assert_int_eq(up->out[0], down->in[0]);
+  const ir_tensor *act = &p->tensors[up->out[0]];
+  ck_assert_str_eq(act->path, "layers.0.ffn.experts[0:6].act");
+  ck_assert_int_eq(act->device, up->device);
+  ck_assert_int_eq(act->ndim, 3);
+  ck_assert_int_eq(act->dim[2], p->tensors[up->in[2]].dim[1]); /* F */
+  ck_assert_int_eq(up->nexperts, 8);
+  ck_assert_int_eq(down->nexperts, 8);
+  ck_assert_int_eq(up->expert_row[7], -1);
+  ck_assert_int_eq(down->expert_row[5], 5);
+  ck_assert_str_eq(p->tensors[down->in[2]].path, "layers.0.w2[0:6]");
+  ck_assert_str_eq(p->tensors[down->out[0]].path, "layers.0.slots.parts");
+  ck_assert_int_eq(down->out_row0[0], 0);
+  ds4c_prog_free(p);
+  /* An op the model and schedule never name cannot be written in a model. */
+  ck_assert_int_eq(ir_opkind_lookup("moe_up"), -1);
+  ck_assert_int_eq(ir_opkind_lookup("moe_down"), -1);
+  tu_tmpdir_remove(tmpdir);
+}
+END_TEST
+
 /* The released model with the hot/cold AMD schedule plans and verifies:
- * every layer's experts split between the two devices, the head there;
+ * every layer's experts split between the two devices, each part lowered
+ * into its two GPU launches (lower.c), the head there;
  * ds4-flash-slice with ds4-flash-h200 fits one H200's 139 GiB. */
 START_TEST(released_model_plans) {
   make_tmpdir();
   ir_prog *p = plan_of("models/deepseek-v4-flash.yaml", "schedules/ds4-flash-hotcold.yaml");
   ck_assert_int_eq(p->ndevices, 2);
-  ck_assert(has_op(p, "layers.0.ffn.experts[0:8]"));
-  ck_assert(has_op(p, "layers.42.ffn.experts[8:256]"));
+  ck_assert(has_op(p, "layers.0.ffn.experts[0:8].up"));
+  ck_assert(has_op(p, "layers.0.ffn.experts[0:8].down"));
+  ck_assert(has_op(p, "layers.42.ffn.experts[8:256].up"));
+  ck_assert(has_op(p, "layers.42.ffn.experts[8:256].down"));
+  ck_assert(!has_op(p, "layers.0.ffn.experts[0:8]"));
   ck_assert(has_op(p, "layers.42.attn.csa.indexer.select"));
   ck_assert(has_op(p, "layers.41.attn.hca.compressor.pool"));
   ck_assert(has_op(p, "head.lm_head"));
@@ -250,6 +297,7 @@ int main(void) {
   tcase_add_test(tc, every_schedule_gives_the_same_bits);
   tcase_add_test(tc, decode_early_differs_in_order_only);
   tcase_add_test(tc, released_model_plans);
+  tcase_add_test(tc, experts_lowered_on_gpus_only);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

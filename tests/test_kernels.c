@@ -405,7 +405,7 @@ START_TEST(test_matmul)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)N);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T * 19);
+  ck_assert_uint_eq(b.kk.grid, 19); /* tiles of 8 columns, each for every slot */
   bufs bs;
   bufs_alloc(&bs, &k);
   for (int s = 0; s < NSTEPS; s++) {
@@ -461,7 +461,7 @@ START_TEST(test_matmul_bf16)
   ck_assert_int_eq(k.tensors[1].bytes, N * K * 2);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T * 19);
+  ck_assert_uint_eq(b.kk.grid, 19);
   ck_assert_ptr_nonnull(strstr(b.kk.source, "#define W_BF16 ((int64_t)1)\n"));
   bufs bs;
   bufs_alloc(&bs, &k);
@@ -1035,7 +1035,7 @@ START_TEST(test_group_matmul)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)N);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T * 3); /* 21 columns: tiles of 8, 8, 5 */
+  ck_assert_uint_eq(b.kk.grid, 3); /* 21 columns: tiles of 8, 8, 5, each for every slot */
   bufs bs;
   bufs_alloc(&bs, &k);
   for (int s = 0; s < NSTEPS; s++) {
@@ -4605,6 +4605,92 @@ static void moe_gpu_case(int *rows, uint32_t wt, double limit)
   ffn_gpu_case(&k, idx, T * K, g_gpu_steps, 2);
 }
 
+/* moe_experts as lowered for a GPU (lower.c): moe_up then moe_down over
+ * the same operands as moe_case's op, the launch holding the experts of
+ * rows (NULL: all). Each against its host kernel (ffn_gpu_case), and the
+ * pair's slots bit for bit moe_experts' own, on the GPU (its kernels on
+ * host threads) and on the host. */
+static void moe_lowered_case(int *rows, uint32_t wt, double limit)
+{
+  enum { T = 4, K = 3, E = 5, H = 24, F = 24 };
+  static const int32_t idx[T * K] = {0, 4, 2, 3, -1, 1, E, 2, 0, INT32_MIN, 4, 3};
+  int64_t held = 0;
+  for (int e = 0; e < E; e++)
+    held += !rows || rows[e] >= 0;
+  kt whole, up, down;
+  kt_init(&whole, IR_OP_MOE_EXPERTS);
+  kt_init(&up, IR_OP_MOE_UP);
+  kt_init(&down, IR_OP_MOE_DOWN);
+  whole.op.fattr[0] = up.op.fattr[0] = limit;
+  if (rows) {
+    whole.op.expert_row = up.op.expert_row = down.op.expert_row = rows;
+    whole.op.nexperts = up.op.nexperts = down.op.nexperts = E;
+  }
+  kt_add(&whole, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  kt_add(&whole, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+  kt_add(&whole, 0, wt, 3, held, (int64_t)F, (int64_t)H);
+  kt_add(&whole, 0, wt, 3, held, (int64_t)F, (int64_t)H);
+  kt_add(&whole, 0, wt, 3, held, (int64_t)H, (int64_t)F);
+  kt_add(&whole, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+  kt_add(&up, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+  kt_add(&up, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+  kt_add(&up, 0, wt, 3, held, (int64_t)F, (int64_t)H);
+  kt_add(&up, 0, wt, 3, held, (int64_t)F, (int64_t)H);
+  kt_add(&up, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)F);
+  kt_add(&down, 0, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)F);
+  kt_add(&down, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+  kt_add(&down, 0, wt, 3, held, (int64_t)H, (int64_t)F);
+  kt_add(&down, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+  ffn_gpu_case(&up, idx, T * K, g_gpu_steps, 2);
+  ffn_gpu_case(&down, idx, T * K, g_gpu_steps, 2);
+
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kw = {.op = whole}, ku = {.op = up}, kd = {.op = down};
+    kw.op.prog.tensors = kw.op.tensors;
+    ku.op.prog.tensors = ku.op.tensors;
+    kd.op.prog.tensors = kd.op.tensors;
+    chain_build(&kw, gpu);
+    chain_build(&ku, gpu);
+    chain_build(&kd, gpu);
+    bufs bw, bu, bd;
+    bufs_alloc(&bw, &whole);
+    bufs_alloc(&bu, &up);
+    bufs_alloc(&bd, &down);
+    for (int s = 0; s < 2; s++) {
+      int pos = g_gpu_steps[s][0], ntok = g_gpu_steps[s][1];
+      ffn_fill(&whole, &bw, idx, T * K);
+      for (int i = 0; i < 4; i++) /* x, idx, w1, w3 */
+        memcpy(bu.b[i], bw.b[i], (size_t)whole.tensors[i].bytes);
+      fill_garbage(bu.b[4], kt_elems(&up, 4));
+      memcpy(bd.b[1], bw.b[1], (size_t)whole.tensors[1].bytes);
+      memcpy(bd.b[2], bw.b[4], (size_t)whole.tensors[4].bytes);
+      fill_garbage(bd.b[3], kt_elems(&down, 3));
+      chain_run(&kw, &bw, pos, ntok);
+      chain_run(&ku, &bu, pos, ntok);
+      memcpy(bd.b[0], bu.b[4], (size_t)up.tensors[4].bytes);
+      chain_run(&kd, &bd, pos, ntok);
+      ck_assert_msg(memcmp(bd.b[3], bw.b[5], (size_t)whole.tensors[5].bytes) == 0,
+                    "%s: moe_up and moe_down differ from moe_experts (pos %d, ntok %d)", gpu ? "GPU" : "host",
+                    pos, ntok);
+    }
+    bufs_free(&bw);
+    bufs_free(&bu);
+    bufs_free(&bd);
+    chain_unbuild(&kw);
+    chain_unbuild(&ku);
+    chain_unbuild(&kd);
+  }
+}
+
+START_TEST(test_gpu_moe_lowered)
+{
+  static int split[5] = {1, -1, -1, 2, 0}; /* experts 4, 0, 3 in rows 0, 1, 2 */
+  moe_lowered_case(NULL, PLAN_F32, 0.0);
+  moe_lowered_case(split, PLAN_BF16, 2.0);
+  emu_stop();
+}
+END_TEST
+
 /* ---- swiglu_act against swiglu_ffn, and on the GPU ---- */
 
 /* swiglu_ffn whose weights pass g and u through unchanged: x[t] = [g[t],
@@ -4753,6 +4839,35 @@ START_TEST(test_gpu_ffn)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)21);
     ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   }
+  emu_stop();
+}
+END_TEST
+
+/* matmul, hc_pre and hc_head on the GPU against the host kernels: a matmul
+ * block takes its tile of columns for every slot (dead slots +0), f32 and
+ * bf16 weights, a partial last tile; hc_pre's and hc_head's sums of one
+ * pass (ds4_norm_dots) in batches that do and do not divide them, and
+ * the Sinkhorn iterations in registers. */
+START_TEST(test_gpu_matmul_hc)
+{
+  static const struct {
+    int64_t k, n;
+    uint32_t wt;
+  } mm[] = {{40, 21, PLAN_F32}, {64, 19, PLAN_BF16}, {10, 8, PLAN_F32}};
+  kt k;
+  for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, mm[i].k);
+    kt_add(&k, 0, mm[i].wt, 2, mm[i].n, mm[i].k);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, mm[i].n);
+    ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  }
+  hc_pre_op(&k, 4, 4, 40, 20); /* 25 sums: batches of 8, 8, 8 and 1 */
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  hc_pre_op(&k, 4, 3, 33, 2); /* 16 sums */
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  hc_head_op(&k, 4, 4, 40); /* 5 sums: one batch, partly used */
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   emu_stop();
 }
 END_TEST
@@ -4935,6 +5050,8 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_compress_index);
   tcase_add_test(gpu, test_gpu_ffn);
   tcase_add_test(gpu, test_gpu_act);
+  tcase_add_test(gpu, test_gpu_matmul_hc);
+  tcase_add_test(gpu, test_gpu_moe_lowered);
   suite_add_tcase(s, gpu);
   return s;
 }

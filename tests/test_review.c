@@ -433,7 +433,7 @@ START_TEST(committed_texts_through_the_cli) {
                    1);
   ck_assert_str_eq(last_line(out), "order only: no edge, kernel or memory changes");
   ck_assert_ptr_nonnull(
-      strstr(out, "\n    moved layers.0.ffn.experts[0:128]: after copy.layers.0.route_idx@gpu1 -> after "));
+      strstr(out, "\n    moved layers.0.ffn.experts[0:128].up: after copy.layers.0.route_idx@gpu1 -> after "));
   free(out);
   ck_assert_int_eq(ds4c_diff("out/tiny-moe--tiny-1dev.plan.txt out/tiny-moe--tiny-hotcold.plan.txt", &out), 2);
   ck_assert_ptr_nonnull(strstr(out, "\n  + copy copy.layers.0.h2@cold layers.0.h2 -> layers.0.h2@cold on cold.copy\n"));

@@ -5,14 +5,16 @@
  * GROUPS * NG), TILE, NTILES, W_BF16, LANES, GRID, NTHREADS (= TILE *
  * LANES), KERNEL_NAME and W_T (float or ds4_bf16, widened exactly by
  * ds4_f32).
- * Grid: the host's, T rows x NTILES tiles of TILE output columns; block b
- * is slot b / NTILES, columns TILE * (b mod NTILES) and up. Threads: as
- * matmul's, group q = thread / LANES (one warp of 32 lanes) computes
- * column n0 + q, streaming its row of w once with 16-byte loads against
- * its group's part of x: ds4_lane_dot gives each lane its strided share
- * of the row in a fixed order, and ds4_lane_sum adds the lanes by a fixed
- * tree. The bits depend on KG, LANES and the weight's dtype only, not on
- * the tiling or where the tensors lie. */
+ * Grid: the host's, NTILES tiles of TILE output columns; block b holds
+ * columns TILE * b and up for every token slot (dead slots launch no
+ * blocks). Threads: as matmul's, group q = thread / LANES (one warp of 32
+ * lanes) computes column n0 + q for the live slots in turn, streaming its
+ * row of w with 16-byte loads against its group's part of x:
+ * ds4_lane_dot gives each lane its strided share of the row in a fixed
+ * order, and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes
+ * the column of the dead slots. The bits depend on KG, LANES and the
+ * weight's dtype only, not on the tiling, the slot count or where the
+ * tensors lie. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -21,27 +23,25 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *x = (const float *)bufs[0];
   const W_T *w = (const W_T *)bufs[1];
   float *y = (float *)bufs[2];
-  int64_t ntok = step[1];
+  int64_t ntok = step[1] < T ? step[1] : T;
   uint32_t block = ds4_block();
   int tid = ds4_thread(), lane = tid % LANES;
   if (block >= GRID)
     return;
-  int64_t t = block / NTILES;
-  int64_t n = (int64_t)(block % NTILES) * TILE + tid / LANES;
+  int64_t n = (int64_t)block * TILE + tid / LANES;
   /* A whole group leaves together: its lanes share n, and ds4_lane_sum
    * needs only the lanes of its own group. */
   if (n >= N)
     return;
-  float *yr = y + t * N;
-  if (t >= ntok) {
-    if (lane == 0)
-      yr[n] = 0.0f;
-    return;
-  }
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
-  float acc = ds4_lane_dot<LANES, KG>(xg, w + n * KG, lane, zero);
-  acc = ds4_lane_sum<LANES>(acc);
+  for (int64_t t = 0; t < ntok; t++) {
+    const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
+    float acc = ds4_lane_dot<LANES, KG>(xg, w + n * KG, lane, zero);
+    acc = ds4_lane_sum<LANES>(acc);
+    if (lane == 0)
+      y[t * N + n] = acc;
+  }
   if (lane == 0)
-    yr[n] = acc;
+    for (int64_t t = ntok; t < T; t++)
+      y[t * N + n] = 0.0f;
 }

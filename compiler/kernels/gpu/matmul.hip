@@ -2,14 +2,17 @@
  * f32 or bf16, widened exactly to f32). kgen_gpu puts in front the defines
  * T, K, N, TILE, NTILES, W_BF16, LANES, GRID, NTHREADS (= TILE * LANES),
  * KERNEL_NAME and W_T (float or ds4_bf16).
- * Grid: the host's, T rows x NTILES tiles of TILE output columns; block b
- * is slot b / NTILES, columns TILE * (b mod NTILES) and up. Threads: group
- * g = thread / LANES (one warp of 32 lanes) computes column n0 + g,
- * streaming its row of w once with 16-byte loads: ds4_lane_dot gives each
- * lane its strided share of the row in a fixed order, and ds4_lane_sum
- * adds the lanes by a fixed tree. The bits depend on K, LANES and the
- * weight's dtype only, not on the tiling or where the tensors lie. Decode
- * (T = 1) is a GEMV: every byte of w is read once. */
+ * Grid: the host's, NTILES tiles of TILE output columns; block b holds
+ * columns TILE * b and up for every token slot, so a step's dead slots
+ * launch no blocks (a decode step's GEMV spreads its rows over the whole
+ * GPU and nothing else). Threads: group g = thread / LANES (one warp of 32
+ * lanes) computes column n0 + g for the live slots t < step[1] in turn,
+ * streaming its row of w with 16-byte loads (once per slot; after the
+ * first slot from cache): ds4_lane_dot gives each lane its strided share
+ * of the row in a fixed order, and ds4_lane_sum adds the lanes by a fixed
+ * tree; then it zeroes the column of the dead slots. The bits depend on
+ * K, LANES and the weight's dtype only, not on the tiling, the slot count
+ * or where the tensors lie. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -18,26 +21,24 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *x = (const float *)bufs[0];
   const W_T *w = (const W_T *)bufs[1];
   float *y = (float *)bufs[2];
-  int64_t ntok = step[1];
+  int64_t ntok = step[1] < T ? step[1] : T;
   uint32_t block = ds4_block();
   int tid = ds4_thread(), lane = tid % LANES;
   if (block >= GRID)
     return;
-  int64_t t = block / NTILES;
-  int64_t n = (int64_t)(block % NTILES) * TILE + tid / LANES;
+  int64_t n = (int64_t)block * TILE + tid / LANES;
   /* A whole group leaves together: its lanes share n, and ds4_lane_sum
    * needs only the lanes of its own group. */
   if (n >= N)
     return;
-  float *yr = y + t * N;
-  if (t >= ntok) {
-    if (lane == 0)
-      yr[n] = 0.0f;
-    return;
-  }
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  float acc = ds4_lane_dot<LANES, K>(x + t * K, w + n * K, lane, zero);
-  acc = ds4_lane_sum<LANES>(acc);
+  for (int64_t t = 0; t < ntok; t++) {
+    float acc = ds4_lane_dot<LANES, K>(x + t * K, w + n * K, lane, zero);
+    acc = ds4_lane_sum<LANES>(acc);
+    if (lane == 0)
+      y[t * N + n] = acc;
+  }
   if (lane == 0)
-    yr[n] = acc;
+    for (int64_t t = ntok; t < T; t++)
+      y[t * N + n] = 0.0f;
 }

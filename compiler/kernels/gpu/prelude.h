@@ -357,6 +357,78 @@ DS4_DEVICE int ds4_block_argmax(float *redv, int32_t *redi, float v, int i)
   return best;
 }
 
+/* The sum of squares of x[0..K) and its dot products with the M rows of w
+ * (f32, K apart), in one pass over x: sums[0] the squares, sums[1 + m] row
+ * m's dot, written by thread 0 and visible to the block on return. The
+ * row is cut into chunks of 4 elements (16 bytes); thread i sums chunks
+ * i, i + NT, i + 2 NT, ... in ascending order, each chunk's elements in
+ * ascending order, into one f32 per sum; the NT partials of each sum are
+ * added by ds4_group_sum's pairwise tree, B sums at a time (red holds
+ * B * NT floats). That order depends only on K and NT, not on how the
+ * chunks are loaded: 16 bytes at a time, the M rows' chunks in flight
+ * together, when K is a multiple of 4 and x and w are 16-byte aligned;
+ * else one element at a time. `zero` as in ds4_lane_dot. */
+template <int NT, int M, int B>
+DS4_DEVICE void ds4_norm_dots(float *red, const float *x, const float *w, int64_t K, float *sums, int64_t zero)
+{
+  static_assert(NT > 0 && (NT & (NT - 1)) == 0, "a block is a power of two of threads");
+  int tid = ds4_thread();
+  float acc[M + 1];
+#pragma unroll
+  for (int j = 0; j <= M; j++)
+    acc[j] = 0.0f;
+  const int64_t nch = (K + 3) / 4 + zero;
+  unsigned long long addr = (unsigned long long)x | (unsigned long long)w;
+  if (K % 4 == 0 && addr % 16 == 0) {
+    for (int64_t c = tid; c < nch; c += NT) {
+      ds4_f32x4 xv = *(const DS4_GLOBAL ds4_f32x4 *)(x + 4 * c);
+      ds4_f32x4 wv[M];
+#pragma unroll
+      for (int m = 0; m < M; m++)
+        wv[m] = *(const DS4_GLOBAL ds4_f32x4 *)(w + m * K + 4 * c);
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        acc[0] = acc[0] + xv[q] * xv[q];
+#pragma unroll
+      for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+          acc[1 + m] = acc[1 + m] + wv[m][q] * xv[q];
+    }
+  } else {
+    for (int64_t c = tid; c < nch; c += NT)
+      for (int64_t k = 4 * c; k < 4 * c + 4 && k < K; k++) {
+        float xk = x[k];
+        acc[0] = acc[0] + xk * xk;
+#pragma unroll
+        for (int m = 0; m < M; m++)
+          acc[1 + m] = acc[1 + m] + w[m * K + k] * xk;
+      }
+  }
+#pragma unroll
+  for (int j0 = 0; j0 <= M; j0 += B) {
+#pragma unroll
+    for (int j = 0; j < B; j++)
+      if (j0 + j <= M)
+        red[j * NT + tid] = acc[j0 + j];
+    ds4_barrier();
+    for (int s = NT / 2; s > 0; s /= 2) {
+      if (tid < s)
+#pragma unroll
+        for (int j = 0; j < B; j++)
+          if (j0 + j <= M)
+            red[j * NT + tid] = red[j * NT + tid] + red[j * NT + tid + s];
+      ds4_barrier();
+    }
+    if (tid == 0)
+#pragma unroll
+      for (int j = 0; j < B; j++)
+        if (j0 + j <= M)
+          sums[j0 + j] = red[j * NT];
+    ds4_barrier(); /* red free again; sums written */
+  }
+}
+
 /* ---- dot products split over the lanes of a group ---- */
 
 /* The sum of v over a group of L consecutive lanes (L a power of two, at

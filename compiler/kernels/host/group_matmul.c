@@ -4,8 +4,9 @@
  * group g; f32, or bf16 when W_BF16 is 1, widened exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, GROUPS, KG, NG,
  * N (= GROUPS * NG), TILE, NTILES, W_BF16, GRID and KERNEL_NAME, and
- * prelude.h; grid: T rows x NTILES column tiles of TILE outputs. Every
- * output sums k ascending, so the bits do not depend on the tiling. */
+ * prelude.h; grid: NTILES tiles of TILE output columns, each for every
+ * token slot (a step's dead slots cost no blocks). Every output sums k
+ * ascending, so the bits do not depend on the tiling. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -14,23 +15,20 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   const float *x = (const float *)bufs[0];
   const void *w = bufs[1];
   float *y = (float *)bufs[2];
-  int64_t ntok = step[1];
+  int64_t ntok = step[1] < T ? step[1] : T;
   if (block >= GRID)
     return;
-  int64_t t = block / NTILES;
-  int64_t n0 = (int64_t)(block % NTILES) * TILE;
+  int64_t n0 = (int64_t)block * TILE;
   int64_t n1 = n0 + TILE < N ? n0 + TILE : N;
-  float *yr = y + t * N;
-  if (t >= ntok) {
-    for (int64_t n = n0; n < n1; n++)
-      yr[n] = 0.0f;
-    return;
-  }
-  for (int64_t n = n0; n < n1; n++) {
-    const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < KG; k++)
-      acc += xg[k] * ds4h_weight(w, n * KG + k, W_BF16);
-    yr[n] = acc;
+  for (int64_t t = 0; t < T; t++) {
+    float *yr = y + t * N;
+    for (int64_t n = n0; n < n1; n++) {
+      const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
+      float acc = 0.0f;
+      if (t < ntok) /* dead slots: +0 */
+        for (int64_t k = 0; k < KG; k++)
+          acc += xg[k] * ds4h_weight(w, n * KG + k, W_BF16);
+      yr[n] = acc;
+    }
   }
 }

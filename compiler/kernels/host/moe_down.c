@@ -1,0 +1,39 @@
+/* moe_down host kernel template, the second launch of a moe_experts op
+ * lowered for a GPU (lower.c; a bundle built for the host too runs it
+ * there): for slot (t, j) with expert e = idx[t,j] held by this launch
+ * (r = expert_rows[e] >= 0), slots[t,j,c] = act[t,j] . w2[r,c], summed f
+ * ascending as moe_experts does; +0 for every other slot, so the parts of
+ * a split expert op sum to the unsplit result bit for bit. w2 is f32, or
+ * bf16 when W2_BF16 is 1 (widened exactly: ds4h_weight). kgen_host
+ * prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows held),
+ * NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, W2_BF16, GRID and
+ * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels,
+ * each for every choice of every slot. */
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
+
+static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *act = (const float *)bufs[0];
+  const int32_t *idx = (const int32_t *)bufs[1];
+  const void *w2 = bufs[2];
+  float *slots = (float *)bufs[3];
+  int64_t ntok = step[1] < T ? step[1] : T;
+  if (block >= GRID)
+    return;
+  int64_t c0 = (int64_t)block * TILE;
+  int64_t c1 = c0 + TILE < H ? c0 + TILE : H;
+  for (int64_t s = 0; s < T * TOPK; s++) {
+    int64_t e = s / TOPK < ntok ? idx[s] : -1;
+    int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
+    for (int64_t c = c0; c < c1; c++) {
+      float acc = 0.0f;
+      if (r >= 0)
+        for (int64_t f = 0; f < F; f++)
+          acc += act[s * F + f] * ds4h_weight(w2, (r * H + c) * F + f, W2_BF16);
+      slots[s * H + c] = acc;
+    }
+  }
+}

@@ -1,0 +1,112 @@
+/* lower.c - ops rewritten for the device that runs them, once placement has
+ * said which device that is. A moe_experts op on a GPU (whole, or one
+ * owner's part of a split) becomes two launches on its stream:
+ *   moe_up   x, idx, w1, w3 -> act: the gate and up rows of every chosen
+ *            expert and their SwiGLU, into an activation of its own
+ *            ([T, k, F] f32, on the op's device);
+ *   moe_down act, idx, w2 -> slots: the down rows, into the op's slots
+ *            (the same rows of the same tensor, a parts tensor included).
+ * As one launch, a block per (slot, choice) streams that expert's whole
+ * FFN, so a decode step's chosen experts run on as many multiprocessors as
+ * there are choices (6 of an H200's 132); as two, each launch has a block
+ * per tile of 8 rows for every choice, spread over the whole GPU. Both
+ * halves sum in moe_experts' order, so the outputs keep their bits
+ * (docs/OPS.md). A cpu device keeps moe_experts: its thread pool has few
+ * workers to spread over, and its plans stay as they were.
+ * The two ops are named <op>.up and <op>.down; an ordering hint that names
+ * the op names both (order.c: ir_hint_path). */
+#include <stdio.h>
+#include <string.h>
+
+#include "passes.h"
+
+static int on_gpu(const ir_prog *p, const ir_op *op) {
+  uint32_t b = p->devices[op->device].backend;
+  return b == PLAN_BACKEND_CUDA || b == PLAN_BACKEND_HIP;
+}
+
+static char *suffixed(const char *path, const char *suffix) {
+  size_t n = strlen(path) + strlen(suffix) + 1;
+  char *s = ir_xrealloc(NULL, n);
+  snprintf(s, n, "%s%s", path, suffix);
+  return s;
+}
+
+static int *rows_copy(const ir_op *op) {
+  if (!op->expert_row) return NULL;
+  int *r = ir_xrealloc(NULL, (size_t)op->nexperts * sizeof *r);
+  memcpy(r, op->expert_row, (size_t)op->nexperts * sizeof *r);
+  return r;
+}
+
+/* The activation between the two launches of op: [T, k, F] f32 with T and
+ * k from idx and F from w1, on the op's device. */
+static int act_tensor(ir_prog *p, const ir_op *op) {
+  const ir_tensor *idx = &p->tensors[op->in[1]], *w1 = &p->tensors[op->in[2]];
+  ir_tensor a = {0};
+  a.path = suffixed(op->path, ".act");
+  a.pos = op->pos;
+  a.dtype = PLAN_F32;
+  a.role = PLAN_ACTIVATION;
+  a.ndim = 3;
+  a.dim[0] = idx->dim[0];
+  a.dim[1] = idx->dim[1];
+  a.dim[2] = w1->dim[1];
+  a.bytes = a.dim[0] * a.dim[1] * a.dim[2] * 4;
+  a.device = op->device;
+  a.view_of = -1;
+  return ir_add_tensor(p, &a);
+}
+
+/* Writes op's two launches to out[0] and out[1]; takes op's path, and
+ * moe_down its expert rows. */
+static void split_in_two(ir_prog *p, ir_op *op, ir_op *out) {
+  int act = act_tensor(p, op);
+  ir_op up = *op, down = *op;
+  up.kind = IR_OP_MOE_UP;
+  up.path = suffixed(op->path, ".up");
+  up.nin = 4;
+  up.out[0] = act;
+  up.out_row0[0] = up.out_nrows[0] = 0;
+  up.expert_row = rows_copy(op);
+  down.kind = IR_OP_MOE_DOWN; /* keeps op's expert rows */
+  down.path = suffixed(op->path, ".down");
+  down.nin = 3;
+  down.in[0] = act;
+  down.in_pos[0] = op->out_pos[0];
+  down.in_row0[0] = down.in_nrows[0] = 0;
+  down.in[2] = op->in[4];
+  down.in_pos[2] = op->in_pos[4];
+  down.in_row0[2] = op->in_row0[4];
+  down.in_nrows[2] = op->in_nrows[4];
+  for (int i = 3; i < IR_MAXIO; i++) down.in[i] = 0, down.in_row0[i] = down.in_nrows[i] = 0;
+  for (int i = 4; i < IR_MAXIO; i++) up.in[i] = 0, up.in_row0[i] = up.in_nrows[i] = 0;
+  /* moe_up keeps moe_experts' attrs: swiglu_limit is attr 0 of both. */
+  memset(down.iattr, 0, sizeof down.iattr);
+  memset(down.fattr, 0, sizeof down.fattr);
+  out[0] = up;
+  out[1] = down;
+  ir_xfree(op->path);
+}
+
+int pass_lower(ir_prog *p, dsl_diag *d) {
+  (void)d;
+  int n = 0;
+  for (int i = 0; i < p->nops; i++) n += p->ops[i].kind == IR_OP_MOE_EXPERTS && on_gpu(p, &p->ops[i]);
+  if (!n) return 0;
+  int cap = p->nops + n, k = 0;
+  ir_op *ops = ir_xrealloc(NULL, (size_t)cap * sizeof *ops);
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind == IR_OP_MOE_EXPERTS && on_gpu(p, &p->ops[i])) {
+      split_in_two(p, &p->ops[i], &ops[k]);
+      k += 2;
+    } else {
+      ops[k++] = p->ops[i];
+    }
+  }
+  ir_xfree(p->ops);
+  p->ops = ops;
+  p->nops = k;
+  p->capops = cap;
+  return 0;
+}
