@@ -50,9 +50,14 @@ enum ir_opkind {
   IR_OP_INDEX_SCORES,
   IR_OP_INDEX_SELECT,
   IR_OP_SWIGLU_ACT,
-  /* moe_experts in two launches on a GPU (lower.c), never written in a model */
+  /* moe_experts in two launches on a GPU (lower.c), never written in a
+   * model */
   IR_OP_MOE_UP,
   IR_OP_MOE_DOWN,
+  /* hc_pre and hc_head in two launches on a GPU (lower.c), likewise */
+  IR_OP_HC_SUMS,
+  IR_OP_HC_PRE_SUMS,
+  IR_OP_HC_HEAD_SUMS,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };

@@ -166,6 +166,17 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                       {{"act", 'f', "TkF"}, {"idx", 'i', "Tk"}, {"w2", 'w', "EHF", "W2_BF16"},
                        {"slots", 'f', "TkH"}},
                       0, {{0}}},
+  /* hc_pre and hc_head lowered (lower.c): sums [T, M+1] of the M mixes
+   * and the sum of squares, checked by kgen_specialise_hc */
+  [IR_OP_HC_SUMS] = {"hc_sums", 2, 1, {{"X", 'f', "TND"}, {"fn", 'f', "MK"}, {"sums", 'f', "TJ"}}, 0, {{0}}},
+  [IR_OP_HC_PRE_SUMS] = {"hc_pre_sums", 4, 3,
+                         {{"sums", 'f', "TJ"}, {"X", 'f', "TND"}, {"base", 'f', "M"}, {"scale", 'f', "s"},
+                          {"x", 'f', "TD"}, {"post", 'f', "TN"}, {"comb", 'f', "TNN"}},
+                         3, {{"eps", 1}, {"hc_eps", 1}, {"iters", 0}}},
+  [IR_OP_HC_HEAD_SUMS] = {"hc_head_sums", 4, 1,
+                          {{"sums", 'f', "TJ"}, {"X", 'f', "TND"}, {"base", 'f', "N"}, {"scale", 'f', "s"},
+                           {"h", 'f', "TD"}},
+                          2, {{"eps", 1}, {"hc_eps", 1}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -376,17 +387,38 @@ static int kgen_finite_float(kgen_ctx *c, int a, float *out)
 #define KGEN_HC_MAXN 64
 
 /* hc_pre and hc_head: fn [M, N*D] and base [M] with M = (2+N)*N mixes
- * (pre, post, comb) and scale [3], or M = N (pre only) and scale [1]. */
+ * (pre, post, comb) and scale [3], or M = N (pre only) and scale [1].
+ * Lowered (lower.c), hc_pre_sums and hc_head_sums take sums [T, M+1] for
+ * fn, and hc_sums takes fn and writes them. */
 static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
 {
   const int64_t *v = c->var;
-  int pre = c->op->kind == IR_OP_HC_PRE;
+  int kind = c->op->kind;
+  if (kind == IR_OP_HC_SUMS) {
+    if (v['K'] != v['N'] * v['D'] || v['J'] != v['M'] + 1)
+      return kgen_err(c->d, c->op->pos, "hc_sums: fn (%s) and sums (%s) must be [M, %" PRId64 "] and [%" PRId64
+                       ", M+1]", kgen_tensor(c, 1)->path, kgen_tensor(c, 2)->path, v['N'] * v['D'], v['T']);
+    kgen_def_int(s, "T", v['T']);
+    kgen_def_int(s, "N", v['N']);
+    kgen_def_int(s, "D", v['D']);
+    kgen_def_int(s, "M", v['M']);
+    kgen_def_int(s, "K", v['K']);
+    s->grid = (uint64_t)(v['M'] + 1);
+    s->grid_text = "one block per sum, every token slot";
+    return 0;
+  }
+  int pre = kind == IR_OP_HC_PRE || kind == IR_OP_HC_PRE_SUMS;
+  int from_sums = kind == IR_OP_HC_PRE_SUMS || kind == IR_OP_HC_HEAD_SUMS;
   int64_t n = v['N'], d = v['D'];
   if (n > KGEN_HC_MAXN)
     return kgen_err(c->d, c->op->pos, "%s: %" PRId64 " hyper-connection streams; the kernels take at most %d",
                      c->k->name, n, KGEN_HC_MAXN);
   int64_t m = pre ? (2 + n) * n : n, nscale = pre ? 3 : 1;
-  if (v['K'] != n * d || v[pre ? 'M' : 'N'] != m || v['s'] != nscale)
+  if (from_sums && (v['J'] != m + 1 || v[pre ? 'M' : 'N'] != m || v['s'] != nscale))
+    return kgen_err(c->d, c->op->pos, "%s: sums (%s), base (%s) and scale (%s) must be [T,%" PRId64 "], [%" PRId64
+                     "] and [%" PRId64 "] for %" PRId64 " streams", c->k->name, kgen_tensor(c, 0)->path,
+                     kgen_tensor(c, 2)->path, kgen_tensor(c, 3)->path, m + 1, m, nscale, n);
+  if (!from_sums && (v['K'] != n * d || v[pre ? 'M' : 'N'] != m || v['s'] != nscale))
     return kgen_err(c->d, c->op->pos, "%s: fn (%s), base (%s) and scale (%s) must be [%" PRId64 ",%" PRId64
                      "], [%" PRId64 "] and [%" PRId64 "] for %" PRId64 " streams of %" PRId64,
                      c->k->name, kgen_tensor(c, 1)->path, kgen_tensor(c, 2)->path, kgen_tensor(c, 3)->path,
@@ -906,6 +938,9 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   }
   case IR_OP_HC_PRE:
   case IR_OP_HC_HEAD:
+  case IR_OP_HC_SUMS:
+  case IR_OP_HC_PRE_SUMS:
+  case IR_OP_HC_HEAD_SUMS:
     if (kgen_specialise_hc(c, s))
       return -1;
     break;

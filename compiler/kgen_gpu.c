@@ -21,10 +21,6 @@
  * so that every chunk of a w2 row starts 16-byte aligned). */
 #define KGEN_GPU_FFN_CHUNK 2048
 
-/* Block sums that hc_pre and hc_head reduce side by side (ds4_norm_dots):
- * MIX_BATCH * NTHREADS floats of shared memory, 8 KiB at 256 threads. */
-#define KGEN_GPU_MIX_BATCH 8
-
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
  * template takes from <SLOT>_T: float, or the prelude's ds4_bf16 where
@@ -72,6 +68,11 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
    * KGEN_MATMUL_TILE (8), the tiles spread over the whole GPU */
   [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3},
   [IR_OP_MOE_DOWN] = {256, 32, 1u << 2},
+  /* hc_pre and hc_head lowered (lower.c): a block per sum, then a block
+   * per slot */
+  [IR_OP_HC_SUMS] = {256, 0, 0},
+  [IR_OP_HC_PRE_SUMS] = {256, 0, 0},
+  [IR_OP_HC_HEAD_SUMS] = {256, 0, 0},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -148,11 +149,14 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return nt * 4 * 2 + (select2 ? (uint64_t)nlist * 4 * 2 : 0);
   }
   case IR_OP_HC_PRE: /* red, sums, pre */
-    kgen_gpu_define(b, undefs, "MIX_BATCH", "%d", KGEN_GPU_MIX_BATCH);
-    return (nt * KGEN_GPU_MIX_BATCH + 1 + (uint64_t)kgen_spec_int(s, "NMIX") + (uint64_t)kgen_spec_int(s, "N")) * 4;
+    return (nt + 1 + (uint64_t)kgen_spec_int(s, "NMIX") + (uint64_t)kgen_spec_int(s, "N")) * 4;
   case IR_OP_HC_HEAD: /* red, sums, pre */
-    kgen_gpu_define(b, undefs, "MIX_BATCH", "%d", KGEN_GPU_MIX_BATCH);
-    return (nt * KGEN_GPU_MIX_BATCH + 1 + 2 * (uint64_t)kgen_spec_int(s, "NMIX")) * 4;
+    return (nt + 1 + 2 * (uint64_t)kgen_spec_int(s, "NMIX")) * 4;
+  case IR_OP_HC_SUMS: /* red */
+    return nt * 4;
+  case IR_OP_HC_PRE_SUMS:
+  case IR_OP_HC_HEAD_SUMS: /* pre */
+    return (uint64_t)kgen_spec_int(s, "N") * 4;
   case IR_OP_COMPRESS_POOL: /* red, y; ring, brow: int32_t per slot */
     return (nt + (uint64_t)kgen_spec_int(s, "W")) * 4 +
            (uint64_t)((1 + kgen_spec_int(s, "OVERLAP")) * kgen_spec_int(s, "RATIO")) * 8;

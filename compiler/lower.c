@@ -9,12 +9,19 @@
  * As one launch, a block per (slot, choice) streams that expert's whole
  * FFN, so a decode step's chosen experts run on as many multiprocessors as
  * there are choices (6 of an H200's 132); as two, each launch has a block
- * per tile of 8 rows for every choice, spread over the whole GPU. Both
- * halves sum in moe_experts' order, so the outputs keep their bits
- * (docs/OPS.md). A cpu device keeps moe_experts: its thread pool has few
- * workers to spread over, and its plans stay as they were.
- * The two ops are named <op>.up and <op>.down; an ordering hint that names
- * the op names both (order.c: ir_hint_path). */
+ * per tile of 8 rows for every choice, spread over the whole GPU.
+ * An hc_pre or hc_head on a GPU becomes two launches the same way:
+ *   hc_sums  X, fn -> sums: the M mixes' dot products and the sum of
+ *            squares ([T, M+1] f32), a block per sum, every slot;
+ *   hc_pre_sums (hc_head_sums) sums, X, base, scale -> the op's outputs:
+ *            the rest of the op from the sums, a block per slot.
+ * As one launch, a block per slot streams all M weight rows (1.5 MB at
+ * DeepSeek-V4-Flash's size) on one multiprocessor.
+ * Every lowered pair sums in the order of the op it replaces, so the
+ * outputs keep their bits (docs/OPS.md). A cpu device keeps the ops whole:
+ * its thread pool has few workers to spread over, and its plans stay as
+ * they were. The two ops are named <op>.up and <op>.down, or <op>.sums and
+ * <op>.mix; an ordering hint that names the op names both (order.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -89,20 +96,75 @@ static void split_in_two(ir_prog *p, ir_op *op, ir_op *out) {
   ir_xfree(op->path);
 }
 
+/* The sums between an hc op's two launches: [T, M+1] f32 with T from X
+ * and M from fn, on the op's device. */
+static int sums_tensor(ir_prog *p, const ir_op *op) {
+  ir_tensor s = {0};
+  s.path = suffixed(op->path, ".sums");
+  s.pos = op->pos;
+  s.dtype = PLAN_F32;
+  s.role = PLAN_ACTIVATION;
+  s.ndim = 2;
+  s.dim[0] = p->tensors[op->in[0]].dim[0];
+  s.dim[1] = p->tensors[op->in[1]].dim[0] + 1;
+  s.bytes = s.dim[0] * s.dim[1] * 4;
+  s.device = op->device;
+  s.view_of = -1;
+  return ir_add_tensor(p, &s);
+}
+
+/* Writes an hc_pre's or hc_head's two launches to out[0] and out[1];
+ * takes op's path. */
+static void split_hc(ir_prog *p, ir_op *op, ir_op *out) {
+  int sums = sums_tensor(p, op);
+  ir_op a = *op, b = *op;
+  a.kind = IR_OP_HC_SUMS;
+  a.path = suffixed(op->path, ".sums");
+  a.nin = 2;
+  a.nout = 1;
+  a.out[0] = sums;
+  a.out_pos[0] = op->pos;
+  for (int i = 2; i < IR_MAXIO; i++) a.in[i] = 0, a.in_row0[i] = a.in_nrows[i] = 0;
+  for (int i = 0; i < IR_MAXIO; i++) a.out_row0[i] = a.out_nrows[i] = 0;
+  for (int i = 1; i < IR_MAXIO; i++) a.out[i] = 0;
+  memset(a.iattr, 0, sizeof a.iattr);
+  memset(a.fattr, 0, sizeof a.fattr);
+  b.kind = op->kind == IR_OP_HC_PRE ? IR_OP_HC_PRE_SUMS : IR_OP_HC_HEAD_SUMS;
+  b.path = suffixed(op->path, ".mix");
+  /* sums, then X, base and scale: fn's slot gives way */
+  b.in[0] = sums;
+  b.in_pos[0] = op->pos;
+  b.in_row0[0] = b.in_nrows[0] = 0;
+  b.in[1] = op->in[0];
+  b.in_pos[1] = op->in_pos[0];
+  b.in_row0[1] = op->in_row0[0];
+  b.in_nrows[1] = op->in_nrows[0];
+  out[0] = a;
+  out[1] = b;
+  ir_xfree(op->path);
+}
+
+/* How many ops op becomes on its device: 2 when lowered, else 1. */
+static int lowered_count(const ir_prog *p, const ir_op *op) {
+  int kind = op->kind;
+  return (kind == IR_OP_MOE_EXPERTS || kind == IR_OP_HC_PRE || kind == IR_OP_HC_HEAD) && on_gpu(p, op) ? 2 : 1;
+}
+
 int pass_lower(ir_prog *p, dsl_diag *d) {
   (void)d;
   int n = 0;
-  for (int i = 0; i < p->nops; i++) n += p->ops[i].kind == IR_OP_MOE_EXPERTS && on_gpu(p, &p->ops[i]);
+  for (int i = 0; i < p->nops; i++) n += lowered_count(p, &p->ops[i]) - 1;
   if (!n) return 0;
   int cap = p->nops + n, k = 0;
   ir_op *ops = ir_xrealloc(NULL, (size_t)cap * sizeof *ops);
   for (int i = 0; i < p->nops; i++) {
-    if (p->ops[i].kind == IR_OP_MOE_EXPERTS && on_gpu(p, &p->ops[i])) {
-      split_in_two(p, &p->ops[i], &ops[k]);
-      k += 2;
-    } else {
-      ops[k++] = p->ops[i];
-    }
+    ir_op *op = &p->ops[i];
+    if (lowered_count(p, op) == 1)
+      ops[k++] = *op;
+    else if (op->kind == IR_OP_MOE_EXPERTS)
+      split_in_two(p, op, &ops[k]), k += 2;
+    else
+      split_hc(p, op, &ops[k]), k += 2;
   }
   ir_xfree(p->ops);
   p->ops = ops;

@@ -48,6 +48,9 @@ static const char *const in_act[] = {"g", "u"};
 static const char *const in_moe_up[] = {"x", "idx", "w1", "w3"};
 static const char *const in_moe_down[] = {"act", "idx", "w2"};
 static const char *const out_act[] = {"act"};
+static const char *const in_hc_sums[] = {"X", "fn"};
+static const char *const out_sums[] = {"sums"};
+static const char *const in_hc_from_sums[] = {"sums", "X", "base", "scale"};
 static const char *const out_a[] = {"a"};
 
 const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
@@ -118,6 +121,14 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
      * every chosen expert into act, then the down rows into slots */
     [IR_OP_MOE_UP] = {"moe_up", 4, 1, in_moe_up, out_act, {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0, 1},
     [IR_OP_MOE_DOWN] = {"moe_down", 3, 1, in_moe_down, out_slots, {{0}}, 0, 0, 1},
+    /* hc_pre and hc_head lowered for a GPU (lower.c): the sums behind the
+     * mixes, a block each, then the rest from them */
+    [IR_OP_HC_SUMS] = {"hc_sums", 2, 1, in_hc_sums, out_sums, {{0}}, 0, 0, 1},
+    [IR_OP_HC_PRE_SUMS] = {"hc_pre_sums", 4, 3, in_hc_from_sums, out_hc_pre,
+                           {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6},
+                            {"iters", IR_ATTR_INT, 0, 20}}, 3, 0, 1},
+    [IR_OP_HC_HEAD_SUMS] = {"hc_head_sums", 4, 1, in_hc_from_sums, out_h,
+                            {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6}}, 2, 0, 1},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 

@@ -83,6 +83,10 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
       const ir_tensor *fn = &p->tensors[op->in[1]];
       return 2.0 * (double)in0->dim[0] * (double)fn->dim[0] * (double)fn->dim[1] + 4.0 * elems(in0);
     }
+    /* Lowered (lower.c): the mixes and the norm, then the weighted sum. */
+    case IR_OP_HC_SUMS: return 2.0 * elems(out0) * (double)p->tensors[op->in[1]].dim[1];
+    case IR_OP_HC_PRE_SUMS:
+    case IR_OP_HC_HEAD_SUMS: return 4.0 * elems(&p->tensors[op->in[1]]);
     /* Per output element: post·y and the N-term mix of the streams. */
     case IR_OP_HC_POST: return elems(out0) * (2.0 + 2.0 * (double)p->tensors[op->in[1]].dim[1]);
     /* Per token and expert: the score sqrt(softplus(z)) (an exp, a log
@@ -162,10 +166,10 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
 }
 
 /* The path an ordering hint sees: the op's, or for the two launches of a
- * lowered moe_experts (lower.c) the op they came from, so that a hint
- * naming it orders both. */
+ * lowered op (lower.c) the op they came from, so that a hint naming it
+ * orders both. */
 static const char *hint_path(const ir_op *op, char *buf, size_t n) {
-  if (op->kind != IR_OP_MOE_UP && op->kind != IR_OP_MOE_DOWN) return op->path;
+  if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY) return op->path;
   snprintf(buf, n, "%s", op->path);
   char *dot = strrchr(buf, '.');
   if (dot) *dot = 0;

@@ -4843,12 +4843,10 @@ START_TEST(test_gpu_ffn)
 }
 END_TEST
 
-/* matmul, hc_pre and hc_head on the GPU against the host kernels: a matmul
- * block takes its tile of columns for every slot (dead slots +0), f32 and
- * bf16 weights, a partial last tile; hc_pre's and hc_head's sums of one
- * pass (ds4_norm_dots) in batches that do and do not divide them, and
- * the Sinkhorn iterations in registers. */
-START_TEST(test_gpu_matmul_hc)
+/* matmul on the GPU against the host kernel: a block takes its tile of
+ * columns for every slot (dead slots +0), f32 and bf16 weights, a partial
+ * last tile. */
+START_TEST(test_gpu_matmul)
 {
   static const struct {
     int64_t k, n;
@@ -4862,12 +4860,97 @@ START_TEST(test_gpu_matmul_hc)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, mm[i].n);
     ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   }
-  hc_pre_op(&k, 4, 4, 40, 20); /* 25 sums: batches of 8, 8, 8 and 1 */
+  emu_stop();
+}
+END_TEST
+
+/* The lowered form of hc_pre (pre) or hc_head on T = 4 slots of N streams
+ * of D (lower.c): hc_sums, then hc_pre_sums or hc_head_sums. hc_sums
+ * against its host kernel (ffn_gpu_case; the second launch needs sums a
+ * norm can take, so it is checked through the pair), and the pair's
+ * outputs bit for bit the whole op's, on the GPU (its kernels on host
+ * threads) and on the host, in both block orders. */
+static void hc_lowered_case(int pre, int64_t N, int64_t D, int64_t iters)
+{
+  enum { T = 4 };
+  int64_t M = pre ? (2 + N) * N : N;
+  kt whole, sums, rest;
+  if (pre)
+    hc_pre_op(&whole, T, N, D, iters);
+  else
+    hc_head_op(&whole, T, N, D);
+  kt_init(&sums, IR_OP_HC_SUMS);
+  kt_add(&sums, 0, PLAN_F32, 3, (int64_t)T, N, D);
+  kt_add(&sums, 0, PLAN_F32, 2, M, N * D);
+  kt_add(&sums, 1, PLAN_F32, 2, (int64_t)T, M + 1);
+  kt_init(&rest, pre ? IR_OP_HC_PRE_SUMS : IR_OP_HC_HEAD_SUMS);
+  memcpy(rest.op.fattr, whole.op.fattr, sizeof rest.op.fattr);
+  memcpy(rest.op.iattr, whole.op.iattr, sizeof rest.op.iattr);
+  kt_add(&rest, 0, PLAN_F32, 2, (int64_t)T, M + 1);
+  for (int i = 0; i < whole.op.nin + whole.op.nout; i++) /* X, base, scale and the outputs */
+    if (i != 1) {
+      const ir_tensor *t = &whole.tensors[i];
+      kt_add(&rest, i >= whole.op.nin, PLAN_F32, t->ndim, t->dim[0], t->dim[1], t->ndim > 2 ? t->dim[2] : 0);
+    }
+  ffn_gpu_case(&sums, NULL, 0, g_gpu_steps, 2);
+
+  int nin = whole.op.nin, nout = whole.op.nout;
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kw = {.op = whole}, ks = {.op = sums}, kr = {.op = rest};
+    kw.op.prog.tensors = kw.op.tensors;
+    ks.op.prog.tensors = ks.op.tensors;
+    kr.op.prog.tensors = kr.op.tensors;
+    chain_build(&kw, gpu);
+    chain_build(&ks, gpu);
+    chain_build(&kr, gpu);
+    bufs bw, bs, br;
+    bufs_alloc(&bw, &whole);
+    bufs_alloc(&bs, &sums);
+    bufs_alloc(&br, &rest);
+    for (int s = 0; s < 2; s++) {
+      int pos = g_gpu_steps[s][0], ntok = g_gpu_steps[s][1];
+      ffn_fill(&whole, &bw, NULL, 0);
+      memcpy(bs.b[0], bw.b[0], (size_t)whole.tensors[0].bytes);
+      memcpy(bs.b[1], bw.b[1], (size_t)whole.tensors[1].bytes);
+      fill_garbage(bs.b[2], kt_elems(&sums, 2));
+      for (int i = 2; i < nin; i++)
+        memcpy(br.b[i], bw.b[i], (size_t)whole.tensors[i].bytes);
+      memcpy(br.b[1], bw.b[0], (size_t)whole.tensors[0].bytes);
+      for (int o = 0; o < nout; o++)
+        fill_garbage(br.b[nin + o], kt_elems(&rest, nin + o));
+      chain_run(&kw, &bw, pos, ntok);
+      chain_run(&ks, &bs, pos, ntok);
+      memcpy(br.b[0], bs.b[2], (size_t)sums.tensors[2].bytes);
+      chain_run(&kr, &br, pos, ntok);
+      for (int o = 0; o < nout; o++)
+        ck_assert_msg(memcmp(br.b[nin + o], bw.b[nin + o], (size_t)whole.tensors[nin + o].bytes) == 0,
+                      "%s %s: output %d of the lowered pair differs (pos %d, ntok %d)", gpu ? "GPU" : "host",
+                      pre ? "hc_pre" : "hc_head", o, pos, ntok);
+    }
+    bufs_free(&bw);
+    bufs_free(&bs);
+    bufs_free(&br);
+    chain_unbuild(&kw);
+    chain_unbuild(&ks);
+    chain_unbuild(&kr);
+  }
+}
+
+/* hc_pre and hc_head on the GPU against the host kernels, and their
+ * lowered forms against them; rows of 16-byte chunks and (N*D = 99) not. */
+START_TEST(test_gpu_hc)
+{
+  kt k;
+  hc_pre_op(&k, 4, 4, 40, 20);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
-  hc_pre_op(&k, 4, 3, 33, 2); /* 16 sums */
+  hc_pre_op(&k, 4, 3, 33, 2);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
-  hc_head_op(&k, 4, 4, 40); /* 5 sums: one batch, partly used */
+  hc_head_op(&k, 4, 4, 40);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  hc_lowered_case(1, 4, 40, 20);
+  hc_lowered_case(1, 3, 33, 2);
+  hc_lowered_case(0, 4, 40, 0);
+  hc_lowered_case(0, 3, 33, 0);
   emu_stop();
 }
 END_TEST
@@ -5050,7 +5133,8 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_compress_index);
   tcase_add_test(gpu, test_gpu_ffn);
   tcase_add_test(gpu, test_gpu_act);
-  tcase_add_test(gpu, test_gpu_matmul_hc);
+  tcase_add_test(gpu, test_gpu_matmul);
+  tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);
   suite_add_tcase(s, gpu);
   return s;

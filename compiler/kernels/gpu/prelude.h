@@ -357,75 +357,155 @@ DS4_DEVICE int ds4_block_argmax(float *redv, int32_t *redi, float v, int i)
   return best;
 }
 
-/* The sum of squares of x[0..K) and its dot products with the M rows of w
- * (f32, K apart), in one pass over x: sums[0] the squares, sums[1 + m] row
- * m's dot, written by thread 0 and visible to the block on return. The
- * row is cut into chunks of 4 elements (16 bytes); thread i sums chunks
- * i, i + NT, i + 2 NT, ... in ascending order, each chunk's elements in
- * ascending order, into one f32 per sum; the NT partials of each sum are
- * added by ds4_group_sum's pairwise tree, B sums at a time (red holds
- * B * NT floats). That order depends only on K and NT, not on how the
- * chunks are loaded: 16 bytes at a time, the M rows' chunks in flight
- * together, when K is a multiple of 4 and x and w are 16-byte aligned;
- * else one element at a time. `zero` as in ds4_lane_dot. */
-template <int NT, int M, int B>
-DS4_DEVICE void ds4_norm_dots(float *red, const float *x, const float *w, int64_t K, float *sums, int64_t zero)
+/* One thread's share of x . w over K f32 elements, for a block of NT
+ * threads: the rows are cut into chunks of 4 elements (16 bytes); thread
+ * i sums chunks i, i + NT, i + 2 NT, ... in ascending order, each chunk's
+ * elements in ascending order, into one f32. That order depends only on K
+ * and NT, not on how the chunks are loaded: 16 bytes at a time, U chunks
+ * in flight, when K is a multiple of 4 and both rows are 16-byte aligned;
+ * else one element at a time. `zero` as in ds4_lane_dot. The block's
+ * partial sums are then added by ds4_block_sum. */
+template <int NT>
+DS4_DEVICE float ds4_block_dot(const float *x, const float *w, int64_t K, int64_t zero)
 {
-  static_assert(NT > 0 && (NT & (NT - 1)) == 0, "a block is a power of two of threads");
-  int tid = ds4_thread();
-  float acc[M + 1];
-#pragma unroll
-  for (int j = 0; j <= M; j++)
-    acc[j] = 0.0f;
+  constexpr int U = 8;
   const int64_t nch = (K + 3) / 4 + zero;
+  int tid = ds4_thread();
+  float acc = 0.0f;
   unsigned long long addr = (unsigned long long)x | (unsigned long long)w;
   if (K % 4 == 0 && addr % 16 == 0) {
-    for (int64_t c = tid; c < nch; c += NT) {
-      ds4_f32x4 xv = *(const DS4_GLOBAL ds4_f32x4 *)(x + 4 * c);
-      ds4_f32x4 wv[M];
+    for (int64_t c0 = tid; c0 < nch; c0 += (int64_t)NT * U) {
+      ds4_f32x4 xv[U], wv[U];
 #pragma unroll
-      for (int m = 0; m < M; m++)
-        wv[m] = *(const DS4_GLOBAL ds4_f32x4 *)(w + m * K + 4 * c);
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        acc[0] = acc[0] + xv[q] * xv[q];
-#pragma unroll
-      for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          acc[1 + m] = acc[1 + m] + wv[m][q] * xv[q];
-    }
-  } else {
-    for (int64_t c = tid; c < nch; c += NT)
-      for (int64_t k = 4 * c; k < 4 * c + 4 && k < K; k++) {
-        float xk = x[k];
-        acc[0] = acc[0] + xk * xk;
-#pragma unroll
-        for (int m = 0; m < M; m++)
-          acc[1 + m] = acc[1 + m] + w[m * K + k] * xk;
+      for (int u = 0; u < U; u++) {
+        int64_t c = c0 + (int64_t)u * NT;
+        if (c < nch) {
+          xv[u] = *(const DS4_GLOBAL ds4_f32x4 *)(x + 4 * c);
+          wv[u] = *(const DS4_GLOBAL ds4_f32x4 *)(w + 4 * c);
+        }
       }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (c0 + (int64_t)u * NT < nch)
+#pragma unroll
+          for (int q = 0; q < 4; q++)
+            acc = acc + wv[u][q] * xv[u][q];
+    }
+    return acc;
+  }
+  for (int64_t c = tid; c < nch; c += NT)
+    for (int64_t k = 4 * c; k < 4 * c + 4 && k < K; k++)
+      acc = acc + w[k] * x[k];
+  return acc;
+}
+
+/* ---- hyper-connections: what hc_pre, hc_head and their lowered forms
+ * (hc_sums, then hc_pre_sums or hc_head_sums) share ---- */
+
+/* sums[m] = fn[m] . x for the M mixes and sums[M] = x . x, over K = N*D,
+ * by the whole block (each ds4_block_dot and ds4_block_sum, the sums one
+ * after another; hc_sums takes them one per block, with the same bits).
+ * Written by thread 0; visible to the block after a barrier. */
+template <int NT, int M>
+DS4_DEVICE void ds4_hc_sums(float *red, const float *x, const float *fn, int64_t K, float *sums, int64_t zero)
+{
+  for (int64_t j = 0; j <= M; j++) {
+    float acc = ds4_block_dot<NT>(x, j < M ? fn + j * K : x, K, zero);
+    acc = ds4_block_sum<NT>(red, acc);
+    if (ds4_thread() == 0)
+      sums[j] = acc;
+  }
+}
+
+/* hc_pre's mixes from its sums (thread 0 alone): mix_m = sums[m] / den,
+ * den = sqrt(sums[M] / (N*D) + eps); pre (to shared memory, for the
+ * block's weighted sum), post and the Sinkhorn-balanced comb (to the
+ * slot's rows), in the host kernel's loops and operation order (ds4_expf
+ * for expf), the N x N matrix in registers (its loops unrolled). */
+template <int N, int M, int D>
+DS4_DEVICE void ds4_hc_pre_mix(const float *sums, const float *base, const float *scale, float eps, float hc_eps,
+                               int64_t iters, float *pre, float *post, float *comb)
+{
+  float den = __builtin_sqrtf(sums[M] / (float)(N * D) + eps);
+  float mix[M], c[N * N];
+#pragma unroll
+  for (int m = 0; m < M; m++)
+    mix[m] = sums[m] / den;
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    pre[i] = 1.0f / (1.0f + ds4_expf(-(mix[i] * scale[0] + base[i]))) + hc_eps;
+    post[i] = 2.0f / (1.0f + ds4_expf(-(mix[N + i] * scale[1] + base[N + i])));
   }
 #pragma unroll
-  for (int j0 = 0; j0 <= M; j0 += B) {
+  for (int i = 0; i < N; i++) {
+    float *row = c + i * N;
 #pragma unroll
-    for (int j = 0; j < B; j++)
-      if (j0 + j <= M)
-        red[j * NT + tid] = acc[j0 + j];
-    ds4_barrier();
-    for (int s = NT / 2; s > 0; s /= 2) {
-      if (tid < s)
+    for (int j = 0; j < N; j++)
+      row[j] = mix[2 * N + i * N + j] * scale[2] + base[2 * N + i * N + j];
+    float mx = row[0];
 #pragma unroll
-        for (int j = 0; j < B; j++)
-          if (j0 + j <= M)
-            red[j * NT + tid] = red[j * NT + tid] + red[j * NT + tid + s];
-      ds4_barrier();
+    for (int j = 1; j < N; j++)
+      if (row[j] > mx)
+        mx = row[j];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+      row[j] = ds4_expf(row[j] - mx);
+      sum += row[j];
     }
-    if (tid == 0)
 #pragma unroll
-      for (int j = 0; j < B; j++)
-        if (j0 + j <= M)
-          sums[j0 + j] = red[j * NT];
-    ds4_barrier(); /* red free again; sums written */
+    for (int j = 0; j < N; j++)
+      row[j] = row[j] / sum + hc_eps;
+  }
+  for (int64_t it = 0; it < iters; it++) {
+    if (it > 0)
+#pragma unroll
+      for (int i = 0; i < N; i++) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < N; j++)
+          sum += c[i * N + j];
+#pragma unroll
+        for (int j = 0; j < N; j++)
+          c[i * N + j] = c[i * N + j] / (sum + hc_eps);
+      }
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < N; i++)
+        sum += c[i * N + j];
+#pragma unroll
+      for (int i = 0; i < N; i++)
+        c[i * N + j] = c[i * N + j] / (sum + hc_eps);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N * N; k++)
+    comb[k] = c[k];
+}
+
+/* hc_head's weights from its sums (thread 0 alone): pre_i =
+ * sigmoid(sums[i] / den * scale[0] + base[i]) + hc_eps for the N mixes. */
+template <int N, int D>
+DS4_DEVICE void ds4_hc_head_mix(const float *sums, const float *base, const float *scale, float eps, float hc_eps,
+                                float *pre)
+{
+  float den = __builtin_sqrtf(sums[N] / (float)(N * D) + eps);
+  for (int64_t i = 0; i < N; i++)
+    pre[i] = 1.0f / (1.0f + ds4_expf(-(sums[i] / den * scale[0] + base[i]))) + hc_eps;
+}
+
+/* out[j] = sum_i pre[i] * X[i][j] over the N streams ascending from +0, for
+ * j = thread, thread + NT, ...: the weighted sum of hc_pre and hc_head. */
+template <int NT, int N, int D>
+DS4_DEVICE void ds4_hc_combine(const float *pre, const float *X, float *out)
+{
+  for (int64_t j = ds4_thread(); j < D; j += NT) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < N; i++)
+      acc += pre[i] * X[i * D + j];
+    out[j] = acc;
   }
 }
 

@@ -23,17 +23,14 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       hr[j] = 0.0f;
     return;
   }
-  /* As in hc_pre: the streams are the stream-major flattening, and
-   * fn . (xs / den) is taken as (fn . xs) / den. */
+  /* As in hc_pre: the streams are the stream-major flattening. */
   const float *xs = X + t * (N * D);
-  float pre[NMIX];
-  ds4h_hc_mix(xs, N * D, fn, NMIX, EPS, pre);
+  float sums[NMIX + 1], pre[NMIX];
+  for (int64_t m = 0; m < NMIX; m++)
+    ds4h_hc_sum(xs, fn + m * (N * D), N * D, &sums[m]);
+  ds4h_hc_sum(xs, xs, N * D, &sums[NMIX]);
+  ds4h_hc_mix_of_sums(sums, N * D, NMIX, EPS, pre);
   for (int64_t i = 0; i < NMIX; i++)
     pre[i] = ds4h_hc_gate(pre[i], scale[0], base[i], HC_EPS);
-  for (int64_t j = 0; j < D; j++) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < N; i++)
-      acc += pre[i] * xs[i * D + j];
-    hr[j] = acc;
-  }
+  ds4h_hc_combine(pre, N, xs, D, hr);
 }

@@ -30,58 +30,13 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   }
   /* The token's N streams are contiguous: already the stream-major
-   * flattening. fn . (xs / den) is taken as (fn . xs) / den, as DeepSeek
-   * computes it. */
+   * flattening. */
   const float *xs = X + t * (N * D);
-  float mix[NMIX];
-  ds4h_hc_mix(xs, N * D, fn, NMIX, EPS, mix);
-  float pre[N];
-  for (int64_t i = 0; i < N; i++) {
-    pre[i] = ds4h_hc_gate(mix[i], scale[0], base[i], HC_EPS);
-    pr[i] = 2.0f / (1.0f + expf(-(mix[N + i] * scale[1] + base[N + i])));
-  }
-  /* Sinkhorn: row softmax plus HC_EPS, a column normalisation, then
-   * ITERS - 1 rounds of rows then columns; each sum in ascending order. */
-  float c[N * N];
-  for (int64_t i = 0; i < N; i++) {
-    float *row = c + i * N;
-    for (int64_t j = 0; j < N; j++)
-      row[j] = mix[2 * N + i * N + j] * scale[2] + base[2 * N + i * N + j];
-    float mx = row[0];
-    for (int64_t j = 1; j < N; j++)
-      if (row[j] > mx)
-        mx = row[j];
-    float sum = 0.0f;
-    for (int64_t j = 0; j < N; j++) {
-      row[j] = expf(row[j] - mx);
-      sum += row[j];
-    }
-    for (int64_t j = 0; j < N; j++)
-      row[j] = row[j] / sum + HC_EPS;
-  }
-  for (int64_t it = 0; it < ITERS; it++) {
-    if (it > 0)
-      for (int64_t i = 0; i < N; i++) {
-        float sum = 0.0f;
-        for (int64_t j = 0; j < N; j++)
-          sum += c[i * N + j];
-        for (int64_t j = 0; j < N; j++)
-          c[i * N + j] = c[i * N + j] / (sum + HC_EPS);
-      }
-    for (int64_t j = 0; j < N; j++) {
-      float sum = 0.0f;
-      for (int64_t i = 0; i < N; i++)
-        sum += c[i * N + j];
-      for (int64_t i = 0; i < N; i++)
-        c[i * N + j] = c[i * N + j] / (sum + HC_EPS);
-    }
-  }
-  for (int64_t k = 0; k < N * N; k++)
-    cr[k] = c[k];
-  for (int64_t j = 0; j < D; j++) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < N; i++)
-      acc += pre[i] * xs[i * D + j];
-    xr[j] = acc;
-  }
+  float sums[NMIX + 1], mix[NMIX], pre[N], c[N * N];
+  for (int64_t m = 0; m < NMIX; m++)
+    ds4h_hc_sum(xs, fn + m * (N * D), N * D, &sums[m]);
+  ds4h_hc_sum(xs, xs, N * D, &sums[NMIX]);
+  ds4h_hc_mix_of_sums(sums, N * D, NMIX, EPS, mix);
+  ds4h_hc_pre_weights(mix, N, base, scale, HC_EPS, ITERS, pre, pr, cr, c);
+  ds4h_hc_combine(pre, N, xs, D, xr);
 }

@@ -72,26 +72,88 @@ DS4H_FN float ds4h_topk_scan(const float *key, const float *value, unsigned char
   return sum;
 }
 
-/* Hyper-connections (DS4-MATH §4.1, §4.3): mix[m] = fn[m] . RMSNorm_u(xs)
- * over the nd values of a token's streams (stream-major), taken as
- * (fn[m] . xs) / rms, as DeepSeek computes it. */
-DS4H_FN void ds4h_hc_mix(const float *xs, int64_t nd, const float *fn, int64_t nmix, float eps, float *mix)
+/* Hyper-connections (DS4-MATH §4.1, §4.3): the sums behind a token's
+ * mixes, over the nd values of its streams (stream-major): sums[m] =
+ * fn[m] . xs for the nmix mixes, sums[nmix] = xs . xs, each in ascending
+ * order. hc_pre and hc_head compute them; lowered for a GPU, hc_sums. */
+DS4H_FN void ds4h_hc_sum(const float *xs, const float *w, int64_t nd, float *out)
 {
-  float ss = 0.0f;
+  float acc = 0.0f;
   for (int64_t k = 0; k < nd; k++)
-    ss += xs[k] * xs[k];
-  float den = sqrtf(ss / (float)nd + eps);
-  for (int64_t m = 0; m < nmix; m++) {
-    const float *fr = fn + m * nd;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < nd; k++)
-      acc += fr[k] * xs[k];
-    mix[m] = acc / den;
-  }
+    acc += w[k] * xs[k];
+  *out = acc;
+}
+
+/* mix[m] = fn[m] . RMSNorm_u(xs), taken as (fn[m] . xs) / rms as DeepSeek
+ * computes it, from the sums above. */
+DS4H_FN void ds4h_hc_mix_of_sums(const float *sums, int64_t nd, int64_t nmix, float eps, float *mix)
+{
+  float den = sqrtf(sums[nmix] / (float)nd + eps);
+  for (int64_t m = 0; m < nmix; m++)
+    mix[m] = sums[m] / den;
 }
 
 /* A stream's weight: sigmoid(mix * scale + base) + hc_eps. */
 DS4H_FN float ds4h_hc_gate(float mix, float scale, float base, float hc_eps)
 {
   return 1.0f / (1.0f + expf(-(mix * scale + base))) + hc_eps;
+}
+
+/* hc_pre's weights from its mixes (n streams): pre, post, and the comb
+ * balanced by Sinkhorn: a row softmax plus hc_eps, a column
+ * normalisation, then iters - 1 rounds of rows then columns; each sum in
+ * ascending order. c is the caller's n x n scratch. */
+DS4H_FN void ds4h_hc_pre_weights(const float *mix, int64_t n, const float *base, const float *scale, float hc_eps,
+                                 int64_t iters, float *pre, float *post, float *comb, float *c)
+{
+  for (int64_t i = 0; i < n; i++) {
+    pre[i] = ds4h_hc_gate(mix[i], scale[0], base[i], hc_eps);
+    post[i] = 2.0f / (1.0f + expf(-(mix[n + i] * scale[1] + base[n + i])));
+  }
+  for (int64_t i = 0; i < n; i++) {
+    float *row = c + i * n;
+    for (int64_t j = 0; j < n; j++)
+      row[j] = mix[2 * n + i * n + j] * scale[2] + base[2 * n + i * n + j];
+    float mx = row[0];
+    for (int64_t j = 1; j < n; j++)
+      if (row[j] > mx)
+        mx = row[j];
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+      row[j] = expf(row[j] - mx);
+      sum += row[j];
+    }
+    for (int64_t j = 0; j < n; j++)
+      row[j] = row[j] / sum + hc_eps;
+  }
+  for (int64_t it = 0; it < iters; it++) {
+    if (it > 0)
+      for (int64_t i = 0; i < n; i++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+          sum += c[i * n + j];
+        for (int64_t j = 0; j < n; j++)
+          c[i * n + j] = c[i * n + j] / (sum + hc_eps);
+      }
+    for (int64_t j = 0; j < n; j++) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < n; i++)
+        sum += c[i * n + j];
+      for (int64_t i = 0; i < n; i++)
+        c[i * n + j] = c[i * n + j] / (sum + hc_eps);
+    }
+  }
+  for (int64_t k = 0; k < n * n; k++)
+    comb[k] = c[k];
+}
+
+/* out[j] = sum_i pre[i] * xs[i][j] over the n streams ascending from +0. */
+DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64_t d, float *out)
+{
+  for (int64_t j = 0; j < d; j++) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+      acc += pre[i] * xs[i * d + j];
+    out[j] = acc;
+  }
 }

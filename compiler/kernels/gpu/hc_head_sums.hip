@@ -1,0 +1,32 @@
+/* hc_head_sums GPU kernel template, the second launch of an hc_head
+ * lowered for a GPU (lower.c): hc_head from the sums hc_sums wrote
+ * (sums[t,m] = fn[m] . X[t], sums[t,N] = X[t] . X[t]), with hc_head's
+ * bits. kgen_gpu puts in front the defines T, N, D, NMIX (= N), EPS,
+ * HC_EPS, GRID, NTHREADS and KERNEL_NAME.
+ * Grid: one block per token slot t (T). Thread 0 turns the slot's sums
+ * into pre_m (ds4_hc_head_mix); then thread i computes h[j] for j = i,
+ * i + NTHREADS, ... (ds4_hc_combine). Dead rows: h zero. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  DS4_SHARED float pre[N];
+  const float *sums = (const float *)bufs[0];
+  const float *X = (const float *)bufs[1];
+  const float *base = (const float *)bufs[2];
+  const float *scale = (const float *)bufs[3];
+  float *h = (float *)bufs[4];
+  int64_t t = ds4_block(), ntok = step[1];
+  int tid = ds4_thread();
+  if (t >= GRID)
+    return;
+  float *hr = h + t * D;
+  if (t >= ntok) {
+    for (int64_t j = tid; j < D; j += NTHREADS)
+      hr[j] = 0.0f;
+    return;
+  }
+  if (tid == 0)
+    ds4_hc_head_mix<N, D>(sums + t * (N + 1), base, scale, EPS, HC_EPS, pre);
+  ds4_barrier(); /* pre[] written */
+  ds4_hc_combine<NTHREADS, N, D>(pre, X + t * (N * D), hr);
+}
