@@ -542,9 +542,10 @@ static int kgen_check_rope_attrs(kgen_ctx *c)
   return kgen_check_yarn_attrs(c);
 }
 
-/* Windows an index_scores block scores: one per GPU thread (kgen_gpu.c
- * gives the kind this many threads). */
-#define KGEN_INDEX_TILE 256
+/* (window, head) dot products an index_scores block computes: one per GPU
+ * thread (kgen_gpu.c gives the kind this many threads), so a block scores
+ * KGEN_INDEX_PAIRS / heads windows (at least one). */
+#define KGEN_INDEX_PAIRS 256
 
 static int kgen_check_ratio(kgen_ctx *c, int a)
 {
@@ -624,13 +625,14 @@ static int kgen_specialise_index_scores(kgen_ctx *c, kgen_spec *s)
                      heads, v['H'], v['Q'], v['D']);
   if (kgen_check_ratio(c, 1))
     return -1;
-  int64_t ntiles = (v['N'] + KGEN_INDEX_TILE - 1) / KGEN_INDEX_TILE;
+  int64_t tile = heads < KGEN_INDEX_PAIRS ? KGEN_INDEX_PAIRS / heads : 1;
+  int64_t ntiles = (v['N'] + tile - 1) / tile;
   kgen_def_int(s, "T", v['T']);
   kgen_def_int(s, "NH", heads);
   kgen_def_int(s, "HD", v['D']);
   kgen_def_int(s, "NENT", v['N']);
   kgen_def_int(s, "RATIO", c->op->iattr[1]);
-  kgen_def_int(s, "TILE", KGEN_INDEX_TILE);
+  kgen_def_int(s, "TILE", tile);
   kgen_def_int(s, "NTILES", ntiles);
   kgen_def_float(s, "HSCALE", (float)(1.0 / sqrt((double)heads)));
   kgen_def_float(s, "DSCALE", (float)(1.0 / sqrt((double)v['D'])));
@@ -776,6 +778,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       kgen_def_int(s, "R", r);
       kgen_def_float(s, "THETA", f);
       kgen_def_int(s, "INVERSE", op->iattr[3]);
+      s->grid = (uint64_t)(T * heads);
+      s->grid_text = "token slot x head";
     }
     break;
   }

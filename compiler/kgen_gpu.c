@@ -61,7 +61,7 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_HC_HEAD] = {256, 0, 0},
   [IR_OP_COMPRESS_STORE] = {256, 0, 0},
   [IR_OP_COMPRESS_POOL] = {256, 0, 0},
-  [IR_OP_INDEX_SCORES] = {256, 0, 0}, /* one thread per window: KGEN_INDEX_TILE (256) */
+  [IR_OP_INDEX_SCORES] = {256, 0, 0}, /* a thread per (window, head): KGEN_INDEX_PAIRS (256) */
   [IR_OP_INDEX_SELECT] = {256, 0, 0},
   [IR_OP_SWIGLU_ACT] = {256, 0, 0}, /* one thread per element: KGEN_ACT_TILE (256) */
   /* moe_experts lowered (lower.c): as matmul, a warp per row of a tile of
@@ -160,6 +160,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_COMPRESS_POOL: /* red, y; ring, brow: int32_t per slot */
     return (nt + (uint64_t)kgen_spec_int(s, "W")) * 4 +
            (uint64_t)((1 + kgen_spec_int(s, "OVERLAP")) * kgen_spec_int(s, "RATIO")) * 8;
+  case IR_OP_INDEX_SCORES: /* term */
+    return (uint64_t)(kgen_spec_int(s, "TILE") * kgen_spec_int(s, "NH")) * 4;
   case IR_OP_INDEX_SELECT: /* counts[2], above_n, ties_n; taken_key, taken */
     return nt * 16 + (uint64_t)kgen_spec_int(s, "TOPK") * 8;
   default:

@@ -535,7 +535,7 @@ static void rope_case(int heads, int hd, int r, double theta, int pos_scale, int
   rope_op(&k, heads, hd, r, theta, inverse, yarn);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T);
+  ck_assert_uint_eq(b.kk.grid, T * heads); /* a block per slot and head */
   bufs bs;
   bufs_alloc(&bs, &k);
   for (int s = 0; s < NSTEPS; s++) {
@@ -3574,8 +3574,9 @@ START_TEST(test_compress_pool_table)
 }
 END_TEST
 
-/* index_scores alone, over two tiles of windows: float64 scores for the
- * visible windows, -inf past them, zeros in dead rows. */
+/* index_scores alone, over several tiles of windows (256 / heads a tile):
+ * float64 scores for the visible windows, -inf past them, zeros in dead
+ * rows. */
 static void iscores_case(int heads, int d, int nent, int m, const int (*steps)[2], int nsteps)
 {
   enum { T = 3 };
@@ -3583,7 +3584,8 @@ static void iscores_case(int heads, int d, int nent, int m, const int (*steps)[2
   iscores_op(&k, T, heads, d, nent, m);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T * ((nent + 255) / 256));
+  int tile = heads < 256 ? 256 / heads : 1;
+  ck_assert_uint_eq(b.kk.grid, T * ((nent + tile - 1) / tile));
   bufs bs;
   bufs_alloc(&bs, &k);
   for (int s = 0; s < nsteps; s++) {
@@ -3618,9 +3620,9 @@ static void iscores_case(int heads, int d, int nent, int m, const int (*steps)[2
 START_TEST(test_index_scores)
 {
   static const int steps[][2] = {{0, 3}, {5, 2}, {290, 3}, {596, 1}, {1000, 3}};
-  iscores_case(4, 16, 300, 2, steps, 5); /* windows in two tiles, the last partial */
+  iscores_case(4, 16, 300, 2, steps, 5); /* 64 windows a tile: five, the last partial */
   static const int small[][2] = {{0, 3}, {3, 3}, {41, 2}};
-  iscores_case(64, 8, 11, 4, small, 3); /* DS4's 64 heads, fewer windows than a tile */
+  iscores_case(64, 8, 11, 4, small, 3); /* DS4's 64 heads: 4 windows a tile, the last partial */
 }
 END_TEST
 
@@ -4845,7 +4847,8 @@ END_TEST
 
 /* matmul on the GPU against the host kernel: a block takes its tile of
  * columns for every slot (dead slots +0), f32 and bf16 weights, a partial
- * last tile. */
+ * last tile; rope, a block per slot and head, the copied and the rotated
+ * channels, forward and inverse. */
 START_TEST(test_gpu_matmul)
 {
   static const struct {
@@ -4860,6 +4863,10 @@ START_TEST(test_gpu_matmul)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, mm[i].n);
     ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   }
+  rope_op(&k, 3, 40, 16, 10000.0, 0, NULL);
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  rope_op(&k, 2, 64, 64, 160000.0, 1, g_ds4_yarn);
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   emu_stop();
 }
 END_TEST

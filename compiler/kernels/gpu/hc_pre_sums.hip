@@ -10,7 +10,10 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
-  DS4_SHARED float pre[N];
+  /* Reached through a run-time offset of 0: read at constant indices
+   * only, the array could be split into padded scalars, and the block
+   * would use more shared memory than kgen_gpu reports. */
+  DS4_SHARED float pre_mem[N];
   const float *sums = (const float *)bufs[0];
   const float *X = (const float *)bufs[1];
   const float *base = (const float *)bufs[2];
@@ -22,6 +25,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int tid = ds4_thread();
   if (t >= GRID)
     return;
+  float *pre = pre_mem + ((int64_t)ds4_grid() - GRID);
   float *xr = x + t * D, *pr = post + t * N, *cr = comb + t * (N * N);
   if (t >= ntok) {
     for (int64_t j = tid; j < D; j += NTHREADS)

@@ -4,11 +4,11 @@
  * in front the defines T, NH, HD, R, THETA, INVERSE, INV_FREQ, GRID,
  * NTHREADS and KERNEL_NAME; INV_FREQ holds the R/2 inverse frequencies
  * (theta^(-2i/R), or YaRN's), computed by ds4c as for the host kernel.
- * Grid: one block per token slot t (T). Threads: a head has HD - R/2 units
- * (a copied channel or a rotated pair); thread i takes units i, i +
- * NTHREADS, ... of the row's NH * (HD - R/2) and writes both channels of a
- * pair from loads made before either store, so it also works in place. No
- * reduction; sin and cos come from ds4_sincosf. */
+ * Grid: one block per token slot and head, T * NH; block b is slot b / NH,
+ * head b mod NH. Threads: a head has HD - R/2 units (a copied channel or a
+ * rotated pair); thread i takes units i, i + NTHREADS, ... and writes both
+ * channels of a pair from loads made before either store, so it also
+ * works in place. No reduction; sin and cos come from ds4_sincosf. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -16,23 +16,21 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   static const float inv_freq[R / 2 + 1] = INV_FREQ;
   const float *x = (const float *)bufs[0];
   float *y = (float *)bufs[1];
-  int64_t t = ds4_block(), pos = step[0], ntok = step[1];
+  uint32_t block = ds4_block();
+  int64_t pos = step[0], ntok = step[1];
   int tid = ds4_thread();
-  if (t >= GRID)
+  if (block >= GRID)
     return;
-  float *yr = y + t * (NH * HD);
+  int64_t t = block / NH, h = block % NH;
+  float *yh = y + t * (NH * HD) + h * HD;
   if (t >= ntok) {
-    for (int64_t c = tid; c < NH * HD; c += NTHREADS)
-      yr[c] = 0.0f;
+    for (int64_t c = tid; c < HD; c += NTHREADS)
+      yh[c] = 0.0f;
     return;
   }
-  const float *xr = x + t * (NH * HD);
+  const float *xh = x + t * (NH * HD) + h * HD;
   float fpos = (float)(pos + t);
-  const int64_t units = HD - R / 2;
-  for (int64_t u = tid; u < NH * units; u += NTHREADS) {
-    int64_t h = u / units, v = u % units;
-    const float *xh = xr + h * HD;
-    float *yh = yr + h * HD;
+  for (int64_t v = tid; v < HD - R / 2; v += NTHREADS) {
     if (v < HD - R) {
       yh[v] = xh[v];
       continue;
