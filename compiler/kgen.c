@@ -952,6 +952,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "N", v['N']);
     kgen_def_int(s, "D", v['D']);
+    s->grid = (uint64_t)(T * v['N']);
+    s->grid_text = "token slot x output stream";
     break;
   case IR_OP_SCORE_ROUTE:
   case IR_OP_HASH_ROUTE:

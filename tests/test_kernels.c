@@ -2033,7 +2033,7 @@ START_TEST(test_hc_post)
   kt_add(&k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)N, (int64_t)D);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T);
+  ck_assert_uint_eq(b.kk.grid, T * N); /* a block per slot and output stream */
   bufs bs;
   bufs_alloc(&bs, &k);
   float *post = bs.b[2], *comb = bs.b[3], *out = bs.b[4];
@@ -4943,8 +4943,9 @@ static void hc_lowered_case(int pre, int64_t N, int64_t D, int64_t iters)
   }
 }
 
-/* hc_pre and hc_head on the GPU against the host kernels, and their
- * lowered forms against them; rows of 16-byte chunks and (N*D = 99) not. */
+/* hc_pre, hc_head and hc_post on the GPU against the host kernels, and
+ * the lowered forms of the first two against them; rows of 16-byte chunks
+ * and (N*D = 99) not. */
 START_TEST(test_gpu_hc)
 {
   kt k;
@@ -4953,6 +4954,13 @@ START_TEST(test_gpu_hc)
   hc_pre_op(&k, 4, 3, 33, 2);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   hc_head_op(&k, 4, 4, 40);
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  kt_init(&k, IR_OP_HC_POST); /* a block per slot and output stream */
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)37);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)3, (int64_t)37);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)3);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)3, (int64_t)3);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)3, (int64_t)37);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   hc_lowered_case(1, 4, 40, 20);
   hc_lowered_case(1, 3, 33, 2);

@@ -2,11 +2,11 @@
  * X[i] (DS4-MATH §4.2, docs/OPS.md), the sum over the first index of comb.
  * kgen_gpu puts in front the defines T, N, D, GRID, NTHREADS and
  * KERNEL_NAME.
- * Grid: one block per token slot t (T). Threads: thread i computes
- * channels d = i, i + NTHREADS, ... of every output stream j (j
- * ascending), each starting from post_j * y[d] and adding comb[i][j] *
- * X[i][d] over i ascending, the host kernel's operations in its order, so
- * the same bits. No reduction across threads. */
+ * Grid: one block per token slot and output stream, T * N; block b is slot
+ * b / N, stream j = b mod N. Threads: thread i computes channels d = i,
+ * i + NTHREADS, ... of stream j, each starting from post_j * y[d] and
+ * adding comb[i][j] * X[i][d] over i ascending, the host kernel's
+ * operations in its order, so the same bits. No reduction across threads. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -15,23 +15,24 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *post = (const float *)bufs[2];
   const float *comb = (const float *)bufs[3];
   float *out = (float *)bufs[4];
-  int64_t t = ds4_block(), ntok = step[1];
+  uint32_t block = ds4_block();
+  int64_t ntok = step[1];
   int tid = ds4_thread();
-  if (t >= GRID)
+  if (block >= GRID)
     return;
-  float *xo = out + t * (N * D);
+  int64_t t = block / N, j = block % N;
+  float *xo = out + t * (N * D) + j * D;
   if (t >= ntok) {
-    for (int64_t k = tid; k < N * D; k += NTHREADS)
-      xo[k] = 0.0f;
+    for (int64_t d = tid; d < D; d += NTHREADS)
+      xo[d] = 0.0f;
     return;
   }
   const float *yr = y + t * D, *xs = X + t * (N * D);
-  const float *pr = post + t * N, *cr = comb + t * (N * N);
-  for (int64_t j = 0; j < N; j++)
-    for (int64_t d = tid; d < D; d += NTHREADS) {
-      float acc = pr[j] * yr[d];
-      for (int64_t i = 0; i < N; i++)
-        acc += cr[i * N + j] * xs[i * D + d];
-      xo[j * D + d] = acc;
-    }
+  const float pj = post[t * N + j], *cr = comb + t * (N * N);
+  for (int64_t d = tid; d < D; d += NTHREADS) {
+    float acc = pj * yr[d];
+    for (int64_t i = 0; i < N; i++)
+      acc += cr[i * N + j] * xs[i * D + d];
+    xo[d] = acc;
+  }
 }

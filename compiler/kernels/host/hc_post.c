@@ -3,7 +3,7 @@
  * X_out[j] = post_j * y + sum_i comb[i][j] * X[i], the sum over the first
  * index of comb, i ascending. kgen_host prepends <stdint.h>, <math.h> and
  * the defines T, N, D, GRID and KERNEL_NAME; grid: one block per token slot
- * (T). */
+ * and output stream, T * N (block b is slot b / N, stream b mod N). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -14,22 +14,22 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   const float *post = (const float *)bufs[2];
   const float *comb = (const float *)bufs[3];
   float *out = (float *)bufs[4];
-  int64_t t = block, ntok = step[1];
-  if (t >= GRID)
+  int64_t ntok = step[1];
+  if (block >= GRID)
     return;
-  float *xo = out + t * (N * D);
+  int64_t t = block / N, j = block % N;
+  float *xo = out + t * (N * D) + j * D;
   if (t >= ntok) {
-    for (int64_t k = 0; k < N * D; k++)
-      xo[k] = 0.0f;
+    for (int64_t d = 0; d < D; d++)
+      xo[d] = 0.0f;
     return;
   }
   const float *yr = y + t * D, *xs = X + t * (N * D);
   const float *pr = post + t * N, *cr = comb + t * (N * N);
-  for (int64_t j = 0; j < N; j++)
-    for (int64_t d = 0; d < D; d++) {
-      float acc = pr[j] * yr[d];
-      for (int64_t i = 0; i < N; i++)
-        acc += cr[i * N + j] * xs[i * D + d];
-      xo[j * D + d] = acc;
-    }
+  for (int64_t d = 0; d < D; d++) {
+    float acc = pr[j] * yr[d];
+    for (int64_t i = 0; i < N; i++)
+      acc += cr[i * N + j] * xs[i * D + d];
+    xo[d] = acc;
+  }
 }
