@@ -46,23 +46,28 @@ static int *rows_copy(const ir_op *op) {
   return r;
 }
 
-/* The activation between the two launches of op: [T, k, F] f32 with T and
- * k from idx and F from w1, on the op's device. */
-static int act_tensor(ir_prog *p, const ir_op *op) {
-  const ir_tensor *idx = &p->tensors[op->in[1]], *w1 = &p->tensors[op->in[2]];
+/* An f32 activation of op's device named <op><suffix>, of ndim dims: what
+ * one launch of a lowered op hands the other. */
+static int between_tensor(ir_prog *p, const ir_op *op, const char *suffix, int ndim, const int64_t *dim) {
   ir_tensor a = {0};
-  a.path = suffixed(op->path, ".act");
+  a.path = suffixed(op->path, suffix);
   a.pos = op->pos;
   a.dtype = PLAN_F32;
   a.role = PLAN_ACTIVATION;
-  a.ndim = 3;
-  a.dim[0] = idx->dim[0];
-  a.dim[1] = idx->dim[1];
-  a.dim[2] = w1->dim[1];
-  a.bytes = a.dim[0] * a.dim[1] * a.dim[2] * 4;
+  a.ndim = ndim;
+  a.bytes = 4;
+  for (int i = 0; i < ndim; i++) a.dim[i] = dim[i], a.bytes *= dim[i];
   a.device = op->device;
   a.view_of = -1;
   return ir_add_tensor(p, &a);
+}
+
+/* The activation between a moe_experts' launches: [T, k, F] with T and k
+ * from idx and F from w1. */
+static int act_tensor(ir_prog *p, const ir_op *op) {
+  const ir_tensor *idx = &p->tensors[op->in[1]], *w1 = &p->tensors[op->in[2]];
+  int64_t dim[3] = {idx->dim[0], idx->dim[1], w1->dim[1]};
+  return between_tensor(p, op, ".act", 3, dim);
 }
 
 /* Writes op's two launches to out[0] and out[1]; takes op's path, and
@@ -96,21 +101,11 @@ static void split_in_two(ir_prog *p, ir_op *op, ir_op *out) {
   ir_xfree(op->path);
 }
 
-/* The sums between an hc op's two launches: [T, M+1] f32 with T from X
- * and M from fn, on the op's device. */
+/* The sums between an hc op's launches: [T, M+1] with T from X and M
+ * from fn. */
 static int sums_tensor(ir_prog *p, const ir_op *op) {
-  ir_tensor s = {0};
-  s.path = suffixed(op->path, ".sums");
-  s.pos = op->pos;
-  s.dtype = PLAN_F32;
-  s.role = PLAN_ACTIVATION;
-  s.ndim = 2;
-  s.dim[0] = p->tensors[op->in[0]].dim[0];
-  s.dim[1] = p->tensors[op->in[1]].dim[0] + 1;
-  s.bytes = s.dim[0] * s.dim[1] * 4;
-  s.device = op->device;
-  s.view_of = -1;
-  return ir_add_tensor(p, &s);
+  int64_t dim[2] = {p->tensors[op->in[0]].dim[0], p->tensors[op->in[1]].dim[0] + 1};
+  return between_tensor(p, op, ".sums", 2, dim);
 }
 
 /* Writes an hc_pre's or hc_head's two launches to out[0] and out[1];

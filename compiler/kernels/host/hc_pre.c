@@ -21,12 +21,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   float *xr = x + t * D, *pr = post + t * N, *cr = comb + t * (N * N);
   if (t >= ntok) {
-    for (int64_t j = 0; j < D; j++)
-      xr[j] = 0.0f;
-    for (int64_t i = 0; i < N; i++)
-      pr[i] = 0.0f;
-    for (int64_t k = 0; k < N * N; k++)
-      cr[k] = 0.0f;
+    ds4h_hc_pre_dead(xr, D, pr, cr, N);
     return;
   }
   /* The token's N streams are contiguous: already the stream-major

@@ -147,6 +147,17 @@ DS4H_FN void ds4h_hc_pre_weights(const float *mix, int64_t n, const float *base,
     comb[k] = c[k];
 }
 
+/* hc_pre's outputs for a dead slot: x[d], post[n] and comb[n*n] all +0. */
+DS4H_FN void ds4h_hc_pre_dead(float *x, int64_t d, float *post, float *comb, int64_t n)
+{
+  for (int64_t j = 0; j < d; j++)
+    x[j] = 0.0f;
+  for (int64_t i = 0; i < n; i++)
+    post[i] = 0.0f;
+  for (int64_t k = 0; k < n * n; k++)
+    comb[k] = 0.0f;
+}
+
 /* out[j] = sum_i pre[i] * xs[i][j] over the n streams ascending from +0. */
 DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64_t d, float *out)
 {
