@@ -494,7 +494,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("alloc");
   TCase *tc = tcase_create("alloc");
-  tcase_set_timeout(tc, 900);
+  tcase_set_timeout(tc, 800); /* x CK_TIMEOUT_MULTIPLIER: tests/CMakeLists.txt */
   tcase_add_unchecked_fixture(tc, setup, teardown);
   tcase_add_test(tc, compile_every_allocation);
   tcase_add_test(tc, open_every_allocation);
