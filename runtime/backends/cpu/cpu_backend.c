@@ -101,8 +101,8 @@ struct rt_stream {
   atomic_int syncers;
   atomic_int producer_waiting;
   atomic_int shutdown;
-  /* The event and generation the executor sleeps for, once a wait has
-   * outlasted its spin (stream_state); NULL otherwise. */
+  /* The event and generation the executor waits for, spinning or asleep
+   * (stream_state); NULL otherwise. */
   _Atomic(rt_event_base *) waiting;
   _Atomic uint64_t waiting_gen;
   pthread_mutex_t mu;
@@ -345,14 +345,18 @@ static void execute(rt_stream *s, const cpu_cmd *c) {
     /* A cpu event or a host-visible event of another backend, whose owner
      * stores host_gen and notifies the bundle's rt_sync the same way. */
     _Atomic uint64_t *g = &c->u.event.ev->host_gen;
-    for (int i = 0; i < CPU_SPIN; i++) {
-      if (atomic_load_explicit(g, memory_order_acquire) >= c->u.event.gen) return;
-      if (rt_sync_poisoned(d->sync)) return;
-      cpu_backoff(i);
-    }
+    if (atomic_load_explicit(g, memory_order_acquire) >= c->u.event.gen) return;
+    /* Published before the spin: on a loaded machine the spin's yields can
+     * outlast a watchdog's bound, and its report must still name the wait. */
     atomic_store_explicit(&s->waiting_gen, c->u.event.gen, memory_order_relaxed);
     atomic_store_explicit(&s->waiting, c->u.event.ev, memory_order_release);
-    rt_sync_wait(d->sync, g, c->u.event.gen);
+    int done = 0;
+    for (int i = 0; i < CPU_SPIN && !done; i++) {
+      if (atomic_load_explicit(g, memory_order_acquire) >= c->u.event.gen) done = 1;
+      else if (rt_sync_poisoned(d->sync)) done = 1;
+      else cpu_backoff(i);
+    }
+    if (!done) rt_sync_wait(d->sync, g, c->u.event.gen);
     atomic_store_explicit(&s->waiting, NULL, memory_order_relaxed);
     break;
   }
