@@ -386,6 +386,12 @@ static int kgen_finite_float(kgen_ctx *c, int a, float *out)
  * and in the GPU kernel's shared memory. */
 #define KGEN_HC_MAXN 64
 
+/* Columns of x (hc_pre_sums) or h (hc_head_sums) per block: one per GPU
+ * thread (kgen_gpu.c gives the kinds this many), so a slot's weighted sum
+ * spreads over D / 256 blocks instead of streaming N * D floats through
+ * one multiprocessor. */
+#define KGEN_HC_COLS 256
+
 /* hc_pre and hc_head: fn [M, N*D] and base [M] with M = (2+N)*N mixes
  * (pre, post, comb) and scale [3], or M = N (pre only) and scale [1].
  * Lowered (lower.c), hc_pre_sums and hc_head_sums take sums [T, M+1] for
@@ -438,6 +444,13 @@ static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
     if (c->op->iattr[2] < 1)
       return kgen_attr_error(c, "iters", "must be at least 1");
     kgen_def_int(s, "ITERS", c->op->iattr[2]);
+  }
+  if (from_sums) {
+    int64_t ncol = (d + KGEN_HC_COLS - 1) / KGEN_HC_COLS;
+    kgen_def_int(s, "COLS", KGEN_HC_COLS);
+    kgen_def_int(s, "NCOL", ncol);
+    s->grid = (uint64_t)(v['T'] * ncol);
+    s->grid_text = "token slot x tile of 256 columns";
   }
   return 0;
 }

@@ -30,6 +30,7 @@ typedef struct kgen_gpu_kind {
   int nthreads;
   int lanes;
   unsigned typed_slots; /* bit i: input slot i */
+  int min_blocks;       /* MINBLOCKS (prelude.h); 0 means 1 */
 } kgen_gpu_kind;
 
 static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
@@ -65,8 +66,10 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_INDEX_SELECT] = {256, 0, 0},
   [IR_OP_SWIGLU_ACT] = {256, 0, 0}, /* one thread per element: KGEN_ACT_TILE (256) */
   /* moe_experts lowered (lower.c): as matmul, a warp per row of a tile of
-   * KGEN_MATMUL_TILE (8), the tiles spread over the whole GPU */
-  [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3},
+   * KGEN_MATMUL_TILE (8), the tiles spread over the whole GPU. moe_up asks
+   * for two blocks a multiprocessor (unbounded, its two rows in flight a
+   * warp take 146 registers a thread on sm_90: one block). */
+  [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3, 2},
   [IR_OP_MOE_DOWN] = {256, 32, 1u << 2},
   /* hc_pre and hc_head lowered (lower.c): a block per sum, then a block
    * per slot */
@@ -98,6 +101,7 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
 {
   uint64_t nt = (uint64_t)g->nthreads;
   kgen_gpu_define(b, undefs, "NTHREADS", "%d", g->nthreads);
+  kgen_gpu_define(b, undefs, "MINBLOCKS", "%d", g->min_blocks ? g->min_blocks : 1);
   if (g->lanes)
     kgen_gpu_define(b, undefs, "LANES", "%d", g->lanes);
   for (int i = 0; i < s->nin; i++)
@@ -148,13 +152,18 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     kgen_gpu_define(b, undefs, "NLIST", "%" PRId64, nlist);
     return nt * 4 * 2 + (select2 ? (uint64_t)nlist * 4 * 2 : 0);
   }
-  case IR_OP_HC_PRE: /* red, sums, pre */
-    return (nt + 1 + (uint64_t)kgen_spec_int(s, "NMIX") + (uint64_t)kgen_spec_int(s, "N")) * 4;
+  case IR_OP_HC_PRE: { /* red, sums, pre, the Sinkhorn's two matrices */
+    uint64_t n = (uint64_t)kgen_spec_int(s, "N");
+    return (nt + 1 + (uint64_t)kgen_spec_int(s, "NMIX") + n + 2 * n * n) * 4;
+  }
   case IR_OP_HC_HEAD: /* red, sums, pre */
     return (nt + 1 + 2 * (uint64_t)kgen_spec_int(s, "NMIX")) * 4;
   case IR_OP_HC_SUMS: /* red */
     return nt * 4;
-  case IR_OP_HC_PRE_SUMS:
+  case IR_OP_HC_PRE_SUMS: { /* pre, the Sinkhorn's two matrices */
+    uint64_t n = (uint64_t)kgen_spec_int(s, "N");
+    return (n + 2 * n * n) * 4;
+  }
   case IR_OP_HC_HEAD_SUMS: /* pre */
     return (uint64_t)kgen_spec_int(s, "N") * 4;
   case IR_OP_COMPRESS_POOL: /* red, y; ring, brow: int32_t per slot */

@@ -9,8 +9,8 @@
  *   - the NMIX dot products fn[m] . state and the state's sum of squares,
  *     one after another (ds4_hc_sums: each by the whole block, 16-byte
  *     chunks, ds4_block_sum's fixed tree);
- *   - thread 0 turns them into pre, post and comb (ds4_hc_pre_mix, the
- *     Sinkhorn iterations in registers);
+ *   - thread 0 turns them into pre and post (ds4_hc_pre_gates), the block
+ *     into comb (ds4_hc_comb_sinkhorn, a thread per element);
  *   - thread i computes x[j] for j = i, i + NTHREADS, ..., summing
  *     pre_s * X[s][j] over the streams s ascending from +0, as on the host.
  * Dead rows: x, post and comb all zero. */
@@ -20,8 +20,8 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   /* One array: small parts read at constant indices could otherwise be
    * split into padded scalars, and the block would use more shared memory
    * than kgen_gpu reports. */
-  DS4_SHARED float smem[NTHREADS + NMIX + 1 + N];
-  float *red = smem, *sums = red + NTHREADS, *pre = sums + NMIX + 1;
+  DS4_SHARED float smem[NTHREADS + NMIX + 1 + N + 2 * N * N];
+  float *red = smem, *sums = red + NTHREADS, *pre = sums + NMIX + 1, *mat = pre + N;
   const float *X = (const float *)bufs[0];
   const float *fn = (const float *)bufs[1];
   const float *base = (const float *)bufs[2];
@@ -46,8 +46,9 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *xs = X + t * (N * D);
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   ds4_hc_sums<NTHREADS, NMIX>(red, xs, fn, N * D, sums, zero);
+  ds4_barrier(); /* sums[] written by thread 0, read by the Sinkhorn's threads */
   if (tid == 0)
-    ds4_hc_pre_mix<N, NMIX, D>(sums, base, scale, EPS, HC_EPS, ITERS, pre, pr, cr);
-  ds4_barrier(); /* pre[] written */
+    ds4_hc_pre_gates<N, NMIX, D, true>(sums, base, scale, EPS, HC_EPS, pre, pr);
+  ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, sums, base, scale, EPS, HC_EPS, ITERS, cr); /* ends in a barrier: pre[] written */
   ds4_hc_combine<NTHREADS, N, D>(pre, xs, xr);
 }

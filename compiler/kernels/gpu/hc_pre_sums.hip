@@ -2,18 +2,22 @@
  * for a GPU (lower.c): hc_pre from the sums hc_sums wrote (sums[t,m] =
  * fn[m] . X[t], sums[t,NMIX] = X[t] . X[t]), with hc_pre's bits.
  * kgen_gpu puts in front the defines T, N, D, NMIX (= (2+N)*N), EPS,
- * HC_EPS, ITERS, GRID, NTHREADS and KERNEL_NAME.
- * Grid: one block per token slot t (T). Thread 0 turns the slot's sums
- * into pre, post and comb (ds4_hc_pre_mix); then thread i computes x[j]
- * for j = i, i + NTHREADS, ... (ds4_hc_combine). Dead rows: x, post and
- * comb all zero. */
+ * HC_EPS, ITERS, COLS (= NTHREADS), NCOL, GRID, NTHREADS and KERNEL_NAME.
+ * Grid: token slot t x tile c of COLS columns (T * NCOL). Thread 0 turns
+ * the slot's sums into pre (ds4_hc_pre_gates; in the slot's first tile
+ * also post), the first tile's block into the Sinkhorn-balanced comb
+ * (ds4_hc_comb_sinkhorn, a thread per element); then thread i computes
+ * x[j] for the tile's column j = COLS * c + i (ds4_hc_combine_col). Every
+ * block of a slot computes pre from the same sums in the same order, so
+ * the tiles agree bit for bit. Dead rows: x, post and comb all zero. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  static_assert(COLS == NTHREADS, "a thread per column of the tile");
   /* Reached through a run-time offset of 0: read at constant indices
    * only, the array could be split into padded scalars, and the block
    * would use more shared memory than kgen_gpu reports. */
-  DS4_SHARED float pre_mem[N];
+  DS4_SHARED float smem[N + 2 * N * N];
   const float *sums = (const float *)bufs[0];
   const float *X = (const float *)bufs[1];
   const float *base = (const float *)bufs[2];
@@ -21,23 +25,37 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   float *x = (float *)bufs[4];
   float *post = (float *)bufs[5];
   float *comb = (float *)bufs[6];
-  int64_t t = ds4_block(), ntok = step[1];
+  uint32_t block = ds4_block();
+  int64_t ntok = step[1];
   int tid = ds4_thread();
-  if (t >= GRID)
+  if (block >= GRID)
     return;
-  float *pre = pre_mem + ((int64_t)ds4_grid() - GRID);
+  int64_t t = block / NCOL, c0 = (int64_t)(block % NCOL) * COLS;
+  int first = c0 == 0;
+  float *pre = smem + ((int64_t)ds4_grid() - GRID), *mat = pre + N;
   float *xr = x + t * D, *pr = post + t * N, *cr = comb + t * (N * N);
   if (t >= ntok) {
-    for (int64_t j = tid; j < D; j += NTHREADS)
-      xr[j] = 0.0f;
-    for (int64_t i = tid; i < N; i += NTHREADS)
-      pr[i] = 0.0f;
-    for (int64_t k = tid; k < N * N; k += NTHREADS)
-      cr[k] = 0.0f;
+    if (c0 + tid < D)
+      xr[c0 + tid] = 0.0f;
+    if (first)
+      for (int64_t k = tid; k < N * N; k += NTHREADS) {
+        if (k < N)
+          pr[k] = 0.0f;
+        cr[k] = 0.0f;
+      }
     return;
   }
-  if (tid == 0)
-    ds4_hc_pre_mix<N, NMIX, D>(sums + t * (NMIX + 1), base, scale, EPS, HC_EPS, ITERS, pre, pr, cr);
-  ds4_barrier(); /* pre[] written */
-  ds4_hc_combine<NTHREADS, N, D>(pre, X + t * (N * D), xr);
+  const float *st = sums + t * (NMIX + 1);
+  if (first) {
+    if (tid == 0)
+      ds4_hc_pre_gates<N, NMIX, D, true>(st, base, scale, EPS, HC_EPS, pre, pr);
+    ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, st, base, scale, EPS, HC_EPS, ITERS, cr);
+  } else {
+    if (tid == 0)
+      ds4_hc_pre_gates<N, NMIX, D, false>(st, base, scale, EPS, HC_EPS, pre, pr);
+    ds4_barrier();
+  }
+  /* pre[] written: the barrier above, or the one ds4_hc_comb_sinkhorn
+   * ends with */
+  ds4_hc_combine_col<N, D>(pre, X + t * (N * D), c0 + tid, xr);
 }

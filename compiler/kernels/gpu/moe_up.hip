@@ -11,9 +11,11 @@
  * for every choice of every slot, so a decode step's chosen experts are
  * spread over the whole GPU and its dead slots launch no blocks. Threads:
  * group g = thread / LANES (one warp) takes row f = TILE * b + g of each
- * live choice in turn, streaming the gate and up rows with 16-byte loads:
- * ds4_lane_dot and ds4_lane_sum, as moe_experts' ds4_swiglu sums them, so
- * act holds the bits moe_experts computes for its activations. */
+ * live choice in turn, streaming the gate and up rows together with
+ * 16-byte loads (ds4_lane_dot2, x read from global memory as it is used:
+ * every group of the GPU reads the same few rows, so they come from
+ * cache), then ds4_lane_sum: the order moe_experts' ds4_swiglu sums in,
+ * so act holds the bits moe_experts computes for its activations. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -42,8 +44,14 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     float a = 0.0f;
     if (r >= 0) {
       const float *xr = x + (s / TOPK) * H;
-      float g = ds4_lane_dot<LANES, H>(xr, w1 + (r * F + f) * H, lane, zero);
-      float u = ds4_lane_dot<LANES, H>(xr, w3 + (r * F + f) * H, lane, zero);
+      float g, u;
+      if constexpr (W1_BF16 == W3_BF16) {
+        ds4_lane_dot2<LANES, H, W1_T, DS4_X_GLOBAL>(xr, w1 + (r * F + f) * H, xr, w3 + (r * F + f) * H, lane, zero,
+                                                     &g, &u);
+      } else {
+        g = ds4_lane_dot<LANES, H, W1_T, DS4_X_GLOBAL>(xr, w1 + (r * F + f) * H, lane, zero);
+        u = ds4_lane_dot<LANES, H, W3_T, DS4_X_GLOBAL>(xr, w3 + (r * F + f) * H, lane, zero);
+      }
       g = ds4_lane_sum<LANES>(g);
       u = ds4_lane_sum<LANES>(u);
       a = ds4_swiglu_act(g, u, SWIGLU_LIMIT);

@@ -79,9 +79,13 @@ DS4_DEVICE float ds4_lane_down(float v, int s)
 #elif defined(__NVPTX__)
 
 #define DS4_DEVICE static inline __attribute__((device, always_inline, unused))
+/* MINBLOCKS (kgen_gpu; 1 for most kinds): blocks a multiprocessor must
+ * hold at once, so ptxas keeps a thread's registers to 64K / (NTHREADS *
+ * MINBLOCKS); the streaming kinds ask for 2, or their loads hoisted
+ * ahead would leave one block per multiprocessor. */
 #define DS4_KERNEL                                                                   \
   extern "C" __attribute__((global)) __attribute__((visibility("default")))         \
-  __attribute__((launch_bounds(NTHREADS)))
+  __attribute__((launch_bounds(NTHREADS, MINBLOCKS)))
 #define DS4_SHARED __attribute__((shared))
 
 DS4_DEVICE uint32_t ds4_block(void) { return (uint32_t)__nvvm_read_ptx_sreg_ctaid_x(); }
@@ -417,72 +421,94 @@ DS4_DEVICE void ds4_hc_sums(float *red, const float *x, const float *fn, int64_t
   }
 }
 
-/* hc_pre's mixes from its sums (thread 0 alone): mix_m = sums[m] / den,
- * den = sqrt(sums[M] / (N*D) + eps); pre (to shared memory, for the
- * block's weighted sum), post and the Sinkhorn-balanced comb (to the
- * slot's rows), in the host kernel's loops and operation order (ds4_expf
- * for expf), the N x N matrix in registers (its loops unrolled). */
-template <int N, int M, int D>
-DS4_DEVICE void ds4_hc_pre_mix(const float *sums, const float *base, const float *scale, float eps, float hc_eps,
-                               int64_t iters, float *pre, float *post, float *comb)
+/* hc_pre's gates from its sums (one thread): mix_m = sums[m] / den, den =
+ * sqrt(sums[M] / (N*D) + eps); pre_i = sigmoid(mix_i * scale[0] +
+ * base[i]) + hc_eps (to shared memory, for the block's weighted sum) and,
+ * with POST, post_i = 2 sigmoid(mix_{N+i} * scale[1] + base[N+i]) (to the
+ * slot's row), in the host kernel's operation order (ds4_expf for expf). */
+template <int N, int M, int D, bool POST>
+DS4_DEVICE void ds4_hc_pre_gates(const float *sums, const float *base, const float *scale, float eps, float hc_eps,
+                                 float *pre, float *post)
 {
   float den = __builtin_sqrtf(sums[M] / (float)(N * D) + eps);
-  float mix[M], c[N * N];
 #pragma unroll
-  for (int m = 0; m < M; m++)
-    mix[m] = sums[m] / den;
+  for (int i = 0; i < N; i++)
+    pre[i] = 1.0f / (1.0f + ds4_expf(-(sums[i] / den * scale[0] + base[i]))) + hc_eps;
+  if constexpr (POST)
 #pragma unroll
-  for (int i = 0; i < N; i++) {
-    pre[i] = 1.0f / (1.0f + ds4_expf(-(mix[i] * scale[0] + base[i]))) + hc_eps;
-    post[i] = 2.0f / (1.0f + ds4_expf(-(mix[N + i] * scale[1] + base[N + i])));
-  }
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    float *row = c + i * N;
-#pragma unroll
-    for (int j = 0; j < N; j++)
-      row[j] = mix[2 * N + i * N + j] * scale[2] + base[2 * N + i * N + j];
-    float mx = row[0];
-#pragma unroll
-    for (int j = 1; j < N; j++)
-      if (row[j] > mx)
-        mx = row[j];
+    for (int i = 0; i < N; i++)
+      post[i] = 2.0f / (1.0f + ds4_expf(-(sums[N + i] / den * scale[1] + base[N + i])));
+}
+
+/* One Sinkhorn normalisation of the N x N matrix src into dst, by the
+ * whole block: element k = (i, j) divided by (the sum of its row i, or
+ * with COLS its column j, + hc_eps), the sum over the row or column in
+ * ascending order from +0, as the host's loop does it. Every element
+ * reads only the old matrix, so the elements spread over the threads and
+ * the bits stay the host's. Ends with a barrier (dst written). */
+template <int N, int NT, bool COLS>
+DS4_DEVICE void ds4_hc_norm_pass(const float *src, float *dst, float hc_eps)
+{
+  for (int k = ds4_thread(); k < N * N; k += NT) {
+    int i = k / N, j = k % N;
     float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < N; j++) {
-      row[j] = ds4_expf(row[j] - mx);
-      sum += row[j];
-    }
-#pragma unroll
-    for (int j = 0; j < N; j++)
-      row[j] = row[j] / sum + hc_eps;
+    for (int q = 0; q < N; q++)
+      sum += COLS ? src[q * N + j] : src[i * N + q];
+    dst[k] = src[k] / (sum + hc_eps);
   }
+  ds4_barrier();
+}
+
+/* hc_pre's comb from its sums, by the whole block (every thread calls it):
+ * the mixes 2N + k scaled and shifted, each row's softmax + hc_eps, then
+ * ITERS rounds of Sinkhorn balancing (rows from the second round on,
+ * then columns), written to the slot's comb row. The host kernel's
+ * operations on each element in its order (ds4_hc_norm_pass), a thread
+ * per element: N*N dependent divisions on one thread take tens of
+ * microseconds. m is two N*N buffers of shared memory. */
+template <int N, int M, int D, int NT>
+DS4_DEVICE void ds4_hc_comb_sinkhorn(float *m, const float *sums, const float *base, const float *scale, float eps,
+                                     float hc_eps, int64_t iters, float *comb)
+{
+  float *a = m, *b = m + N * N;
+  float den = __builtin_sqrtf(sums[M] / (float)(N * D) + eps);
+  for (int k = ds4_thread(); k < N * N; k += NT)
+    a[k] = sums[2 * N + k] / den * scale[2] + base[2 * N + k];
+  ds4_barrier();
+  for (int k = ds4_thread(); k < N * N; k += NT) {
+    const float *row = a + (k / N) * N;
+    float mx = row[0];
+#pragma unroll
+    for (int q = 1; q < N; q++)
+      if (row[q] > mx)
+        mx = row[q];
+    b[k] = ds4_expf(a[k] - mx);
+  }
+  ds4_barrier();
+  for (int k = ds4_thread(); k < N * N; k += NT) {
+    const float *row = b + (k / N) * N;
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < N; q++)
+      sum += row[q];
+    a[k] = b[k] / sum + hc_eps;
+  }
+  ds4_barrier();
   for (int64_t it = 0; it < iters; it++) {
-    if (it > 0)
-#pragma unroll
-      for (int i = 0; i < N; i++) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < N; j++)
-          sum += c[i * N + j];
-#pragma unroll
-        for (int j = 0; j < N; j++)
-          c[i * N + j] = c[i * N + j] / (sum + hc_eps);
-      }
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < N; i++)
-        sum += c[i * N + j];
-#pragma unroll
-      for (int i = 0; i < N; i++)
-        c[i * N + j] = c[i * N + j] / (sum + hc_eps);
+    if (it > 0) {
+      ds4_hc_norm_pass<N, NT, false>(a, b, hc_eps);
+      float *t = a;
+      a = b;
+      b = t;
     }
+    ds4_hc_norm_pass<N, NT, true>(a, b, hc_eps);
+    float *t = a;
+    a = b;
+    b = t;
   }
-#pragma unroll
-  for (int k = 0; k < N * N; k++)
-    comb[k] = c[k];
+  for (int k = ds4_thread(); k < N * N; k += NT)
+    comb[k] = a[k];
 }
 
 /* hc_head's weights from its sums (thread 0 alone): pre_i =
@@ -509,6 +535,21 @@ DS4_DEVICE void ds4_hc_combine(const float *pre, const float *X, float *out)
   }
 }
 
+/* out[j] = sum_i pre[i] * X[i][j] for the one column j (nothing when j >=
+ * D): ds4_hc_combine's order, a thread per column, so that a slot's
+ * columns spread over blocks. */
+template <int N, int D>
+DS4_DEVICE void ds4_hc_combine_col(const float *pre, const float *X, int64_t j, float *out)
+{
+  if (j >= D)
+    return;
+  float acc = 0.0f;
+#pragma unroll
+  for (int64_t i = 0; i < N; i++)
+    acc += pre[i] * X[i * D + j];
+  out[j] = acc;
+}
+
 /* ---- dot products split over the lanes of a group ---- */
 
 /* The sum of v over a group of L consecutive lanes (L a power of two, at
@@ -533,15 +574,33 @@ DS4_DEVICE float ds4_lane_sum(float v)
  * while the weights are in flight (the FFNs' x and activations). */
 enum ds4_xspace { DS4_X_AHEAD, DS4_X_GLOBAL, DS4_X_SHARED };
 
+/* Chunks a lane loads ahead: at most UMAX, and no more than it has (a
+ * short row's registers go to more warps a multiprocessor instead). */
+template <int UMAX, int L, int64_t NCH>
+constexpr int ds4_chunks_ahead()
+{
+  return (NCH + L - 1) / L < UMAX ? (int)((NCH + L - 1) / L) : UMAX;
+}
+
+/* 16 bytes of x from where XS says (DS4_X_AHEAD: global memory). */
+template <ds4_xspace XS>
+DS4_DEVICE ds4_f32x4 ds4_load_x(const float *p)
+{
+  if constexpr (XS == DS4_X_SHARED)
+    return *(const DS4_LDS ds4_f32x4 *)p;
+  else
+    return *(const DS4_GLOBAL ds4_f32x4 *)p;
+}
+
 /* One lane's share of x . w over KK elements, for a group of L lanes: the
  * row is cut into chunks of 16 bytes of w (V = 16 / sizeof(W) elements,
  * the last one short when V does not divide KK); lane l sums chunks l,
  * l + L, l + 2L, ... in ascending order, each chunk's elements in
  * ascending order, into one f32. That order depends only on KK, L and W,
- * not on how the chunks are loaded: 16 bytes at a time, U chunks of w in
- * flight before the first is used, when every chunk is whole and both
- * rows are 16-byte aligned; else one element at a time; x from where XS
- * says.
+ * not on how the chunks are loaded: 16 bytes at a time, U chunks of w
+ * (8, or as many as the lane has) in flight before the first is used,
+ * when every chunk is whole and both rows are 16-byte aligned; else one
+ * element at a time; x from where XS says.
  * `zero` must be 0 at run time and unknown to the compilers (the caller
  * takes it from ds4_grid()): it is added to the chunk count, whose loads
  * are then guarded by a bound only known at run time. Under a constant
@@ -551,7 +610,7 @@ enum ds4_xspace { DS4_X_AHEAD, DS4_X_GLOBAL, DS4_X_SHARED };
 template <int L, int64_t KK, typename W, ds4_xspace XS = DS4_X_AHEAD>
 DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero)
 {
-  constexpr int V = 16 / (int)sizeof(W), U = 8;
+  constexpr int V = 16 / (int)sizeof(W), U = ds4_chunks_ahead<8, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
   float acc = 0.0f;
   unsigned long long addr = (unsigned long long)x | (unsigned long long)w;
@@ -577,12 +636,8 @@ DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero
         if constexpr (XS == DS4_X_AHEAD) {
           acc = ds4_chunk_dot(acc, xv[u], wv[u], W{});
         } else {
-          for (int q = 0; q < V / 4; q++) {
-            if constexpr (XS == DS4_X_SHARED)
-              xv[0][q] = *(const DS4_LDS ds4_f32x4 *)(x + c * V + 4 * q);
-            else
-              xv[0][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
-          }
+          for (int q = 0; q < V / 4; q++)
+            xv[0][q] = ds4_load_x<XS>(x + c * V + 4 * q);
           acc = ds4_chunk_dot(acc, xv[0], wv[u], W{});
         }
       }
@@ -593,6 +648,55 @@ DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero
     for (int64_t k = c * V; k < c * V + V && k < KK; k++)
       acc = acc + x[k] * ds4_f32(w[k]);
   return acc;
+}
+
+/* ds4_lane_dot of two rows at once: *out_a = xa . wa and *out_b = xb . wb,
+ * each summed in ds4_lane_dot's order (so to its bits), with the U chunks
+ * of both weight rows in flight together: twice the bytes a lane keeps in
+ * flight, for the same registers as one row with x loaded ahead. x is read
+ * as each chunk is summed (XS: global or shared memory; xb may be xa). */
+template <int L, int64_t KK, typename W, ds4_xspace XS>
+DS4_DEVICE void ds4_lane_dot2(const float *xa, const W *wa, const float *xb, const W *wb, int lane, int64_t zero,
+                              float *out_a, float *out_b)
+{
+  static_assert(XS != DS4_X_AHEAD, "two rows keep only the weights ahead");
+  constexpr int V = 16 / (int)sizeof(W), U = ds4_chunks_ahead<4, L, (KK + V - 1) / V>();
+  const int64_t nch = (KK + V - 1) / V + zero;
+  unsigned long long addr = (unsigned long long)xa | (unsigned long long)wa | (unsigned long long)xb |
+                            (unsigned long long)wb;
+  if (KK % V != 0 || addr % 16 != 0) {
+    *out_a = ds4_lane_dot<L, KK, W, XS>(xa, wa, lane, zero);
+    *out_b = ds4_lane_dot<L, KK, W, XS>(xb, wb, lane, zero);
+    return;
+  }
+  float a = 0.0f, b = 0.0f;
+  for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
+    ds4_u32x4 va[U], vb[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int64_t c = c0 + (int64_t)u * L;
+      if (c < nch) {
+        va[u] = *(const DS4_GLOBAL ds4_u32x4 *)(wa + c * V);
+        vb[u] = *(const DS4_GLOBAL ds4_u32x4 *)(wb + c * V);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int64_t c = c0 + (int64_t)u * L;
+      if (c >= nch)
+        continue;
+      ds4_f32x4 xv[V / 4];
+      for (int q = 0; q < V / 4; q++)
+        xv[q] = ds4_load_x<XS>(xa + c * V + 4 * q);
+      a = ds4_chunk_dot(a, xv, va[u], W{});
+      if (xb != xa)
+        for (int q = 0; q < V / 4; q++)
+          xv[q] = ds4_load_x<XS>(xb + c * V + 4 * q);
+      b = ds4_chunk_dot(b, xv, vb[u], W{});
+    }
+  }
+  *out_a = a;
+  *out_b = b;
 }
 
 /* a . b over n elements in index order, one thread. */

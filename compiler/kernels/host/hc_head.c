@@ -32,5 +32,5 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   ds4h_hc_mix_of_sums(sums, N * D, NMIX, EPS, pre);
   for (int64_t i = 0; i < NMIX; i++)
     pre[i] = ds4h_hc_gate(pre[i], scale[0], base[i], HC_EPS);
-  ds4h_hc_combine(pre, N, xs, D, hr);
+  ds4h_hc_combine(pre, N, xs, D, 0, D, hr);
 }

@@ -33,5 +33,5 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   ds4h_hc_sum(xs, xs, N * D, &sums[NMIX]);
   ds4h_hc_mix_of_sums(sums, N * D, NMIX, EPS, mix);
   ds4h_hc_pre_weights(mix, N, base, scale, HC_EPS, ITERS, pre, pr, cr, c);
-  ds4h_hc_combine(pre, N, xs, D, xr);
+  ds4h_hc_combine(pre, N, xs, D, 0, D, xr);
 }

@@ -3,7 +3,9 @@
  * there): hc_pre from the sums hc_sums wrote (sums[t,m] = fn[m] . X[t],
  * sums[t,NMIX] = X[t] . X[t]), with hc_pre's bits. kgen_host prepends
  * <stdint.h>, <math.h>, prelude.h and the defines T, N, D, NMIX, EPS,
- * HC_EPS, ITERS, GRID and KERNEL_NAME; grid: one block per token slot (T). */
+ * HC_EPS, ITERS, COLS, NCOL, GRID and KERNEL_NAME; grid: token slot x tile
+ * of COLS columns (T * NCOL), the tile's first block also writing post and
+ * comb. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -16,16 +18,24 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   float *x = (float *)bufs[4];
   float *post = (float *)bufs[5];
   float *comb = (float *)bufs[6];
-  int64_t t = block, ntok = step[1];
-  if (t >= GRID)
+  if (block >= GRID)
     return;
+  int64_t t = block / NCOL, c0 = (int64_t)(block % NCOL) * COLS, ntok = step[1];
+  int64_t c1 = c0 + COLS < D ? c0 + COLS : D;
   float *xr = x + t * D, *pr = post + t * N, *cr = comb + t * (N * N);
   if (t >= ntok) {
-    ds4h_hc_pre_dead(xr, D, pr, cr, N);
+    ds4h_hc_pre_dead(xr + c0, c1 - c0, pr, cr, c0 == 0 ? N : 0);
     return;
   }
-  float mix[NMIX], pre[N], c[N * N];
+  /* Every tile computes the weights; only the first keeps post and comb. */
+  float mix[NMIX], pre[N], post_t[N], comb_t[N * N], c[N * N];
   ds4h_hc_mix_of_sums(sums + t * (NMIX + 1), N * D, NMIX, EPS, mix);
-  ds4h_hc_pre_weights(mix, N, base, scale, HC_EPS, ITERS, pre, pr, cr, c);
-  ds4h_hc_combine(pre, N, X + t * (N * D), D, xr);
+  ds4h_hc_pre_weights(mix, N, base, scale, HC_EPS, ITERS, pre, post_t, comb_t, c);
+  if (c0 == 0) {
+    for (int64_t i = 0; i < N; i++)
+      pr[i] = post_t[i];
+    for (int64_t k = 0; k < N * N; k++)
+      cr[k] = comb_t[k];
+  }
+  ds4h_hc_combine(pre, N, X + t * (N * D), D, c0, c1, xr);
 }

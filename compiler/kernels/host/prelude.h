@@ -158,10 +158,12 @@ DS4H_FN void ds4h_hc_pre_dead(float *x, int64_t d, float *post, float *comb, int
     comb[k] = 0.0f;
 }
 
-/* out[j] = sum_i pre[i] * xs[i][j] over the n streams ascending from +0. */
-DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64_t d, float *out)
+/* out[j] = sum_i pre[i] * xs[i][j] over the n streams ascending from +0,
+ * for the columns j0 <= j < j1 of rows of d. */
+DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64_t d, int64_t j0, int64_t j1,
+                             float *out)
 {
-  for (int64_t j = 0; j < d; j++) {
+  for (int64_t j = j0; j < j1; j++) {
     float acc = 0.0f;
     for (int64_t i = 0; i < n; i++)
       acc += pre[i] * xs[i * d + j];
