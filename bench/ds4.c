@@ -7,7 +7,9 @@
  * schedule, say). For each: the default prompt as prefill, then W warm-up
  * and N timed decode steps, each fed its predecessor's token; a step's time
  * is the wall time of writing its token, rt_replay_step and reading the next
- * token back (what a decode loop does), as median, p10 and p90.
+ * token back (what a decode loop does), as median, p10 and p90. A bundle
+ * on one GPU device runs twice: under stream replay and under graph replay
+ * (rt_options.graph: each step one graph launch), side by side.
  *
  * The floor of a decode step is the weight bytes it must read over the
  * device-to-device copy bandwidth measured first (bench_gpu.c): every weight
@@ -86,13 +88,18 @@ typedef struct result {
   uint32_t launches;
   int32_t *tokens;      /* the tokens the timed steps generated */
   char model[64], schedule[64];
+  int graph;            /* replayed as graph launches */
+  int graphable;        /* one GPU device: graph replay can run it */
 } result;
 
 /* Prefill the default prompt, then warm-up and timed decode steps. */
-static rt_status run_bundle(const char *dir, const opts *o, result *r) {
+static rt_status run_bundle(const char *dir, const opts *o, int graph, result *r) {
   rt_bundle *bd = NULL;
-  RT_TRY(rt_bundle_open(dir, NULL, &bd));
+  rt_options ro = {.graph = graph};
+  RT_TRY(rt_bundle_open(dir, &ro, &bd));
   const plan *p = rt_bundle_plan(bd);
+  r->graph = graph;
+  r->graphable = p->ndevices == 1 && p->devices[0].backend != PLAN_BACKEND_CPU;
   snprintf(r->model, sizeof r->model, "%s", plan_str(p, p->info.model));
   snprintf(r->schedule, sizeof r->schedule, "%s", plan_str(p, p->info.schedule));
   r->bytes = floor_bytes(p);
@@ -208,33 +215,37 @@ int main(int argc, char **argv) {
   add_row(&t, "copy bandwidth", "cuMemcpyAsync device to device of 1 GiB: read + written bytes / event-timed median",
           "%.0f GB/s", copy_bps * 1e-9);
 
-  result r[MAX_BUNDLES] = {0};
-  int parity = 1, ran = 0;
-  for (int i = 0; i < o.nbundles; i++) {
-    s = run_bundle(o.bundles[i], &o, &r[i]);
-    if (s) {
-      add_error(&t, o.bundles[i], s);
-      continue;
+  result r[2 * MAX_BUNDLES] = {0};
+  int parity = 1, ran = 0, nr = 0;
+  for (int b = 0; b < o.nbundles; b++) {
+    for (int graph = 0; graph < 2; graph++) {
+      if (graph && (nr == 0 || r[nr - 1].graph || !r[nr - 1].graphable)) break;
+      int i = nr++;
+      s = run_bundle(o.bundles[b], &o, graph, &r[i]);
+      if (s) {
+        add_error(&t, o.bundles[b], s);
+        continue;
+      }
+      double floor_us = (double)r[i].bytes / copy_bps * 1e6;
+      char what[80], how[240];
+      snprintf(what, sizeof what, "%s decode step, %s", r[i].schedule, graph ? "graph" : "streams");
+      snprintf(how, sizeof how, "%s, %u launches; step wall time over %d steps after %d; floor = %.1f MiB / copy bw",
+               r[i].model, r[i].launches, o.steps, o.warmup, (double)r[i].bytes / 1048576.0);
+      add_row(&t, what, how, "%.1f us (p10 %.1f, p90 %.1f); floor %.1f us; %.2fx floor", r[i].q[0], r[i].q[1],
+              r[i].q[2], floor_us, r[i].q[0] / floor_us);
+      if (ran && (strcmp(r[i].model, r[0].model) != 0 ||
+                  memcmp(r[i].tokens, r[0].tokens, (size_t)o.steps * sizeof *r[i].tokens) != 0))
+        parity = 0;
+      ran++;
     }
-    double floor_us = (double)r[i].bytes / copy_bps * 1e6;
-    char what[80], how[240];
-    snprintf(what, sizeof what, "%s decode step", r[i].schedule);
-    snprintf(how, sizeof how, "%s, %u launches; step wall time over %d steps after %d; floor = %.1f MiB / copy bw",
-             r[i].model, r[i].launches, o.steps, o.warmup, (double)r[i].bytes / 1048576.0);
-    add_row(&t, what, how, "%.1f us (p10 %.1f, p90 %.1f); floor %.1f us; %.2fx floor", r[i].q[0], r[i].q[1],
-            r[i].q[2], floor_us, r[i].q[0] / floor_us);
-    if (ran && (strcmp(r[i].model, r[0].model) != 0 ||
-                memcmp(r[i].tokens, r[0].tokens, (size_t)o.steps * sizeof *r[i].tokens) != 0))
-      parity = 0;
-    ran++;
   }
   if (ran > 1) {
-    add_row(&t, "parity", "the timed steps' generated tokens, every bundle against the first",
+    add_row(&t, "parity", "the timed steps' generated tokens, every run against the first",
             "%s", parity ? "identical" : "DIFFER");
     if (!parity) t.failed = 1;
   }
   printf("ds4_bench:\n");
   print_table(&t);
-  for (int i = 0; i < o.nbundles; i++) free(r[i].tokens);
+  for (int i = 0; i < nr; i++) free(r[i].tokens);
   return t.failed ? 1 : 0;
 }

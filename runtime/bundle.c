@@ -301,6 +301,13 @@ static void bundle_free(rt_bundle *b) {
     pthread_cond_destroy(&b->sub_cv);
     pthread_mutex_destroy(&b->sub_mu);
   }
+  if (b->graph) {
+    /* Drained first: a graph must not be destroyed while it runs. */
+    const rt_dev *v = &b->devs[0];
+    for (uint32_t i = 0; i < v->nstreams; i++)
+      rt_status_free(v->be->stream_sync(b->streams[v->streams[i]]));
+    v->be->graph_destroy(b->graph);
+  }
   if (b->streams) {
     for (uint32_t s = 0; s < p->nstreams; s++) {
       if (!b->streams[s]) continue;
@@ -1034,12 +1041,31 @@ static rt_status read_plan(rt_bundle *b, const char *dir) {
   return s;
 }
 
+/* rt_options.graph: what the plan and the options must be for it. The
+ * backend's own support is checked once the device is open. */
+static rt_status graph_check(const rt_bundle *b, const rt_options *opts) {
+  const plan *p = &b->p;
+  const char *name = b->dir;
+  if (opts->trace)
+    return rt_status_make("%s: graph replay runs a step as one graph launch, while a trace times "
+                          "each launch: ask for one or the other", name);
+  if (p->ndevices != 1)
+    return rt_status_make("%s: graph replay needs a plan on one GPU device; this plan has %u "
+                          "devices", name, p->ndevices);
+  const plan_device *d = &p->devices[0];
+  if (d->backend != PLAN_BACKEND_CUDA && d->backend != PLAN_BACKEND_HIP)
+    return rt_status_make("%s: graph replay needs a GPU device; device '%s' is on the %s backend",
+                          name, plan_str(p, d->name), rt_backend_name(d->backend));
+  return NULL;
+}
+
 static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
                              const rt_fault *fault) {
   b->dir = strdup(dir);
   if (!b->dir) return rt_status_make("out of memory");
   RT_TRY(read_plan(b, dir));
   const plan *p = &b->p;
+  if (opts && opts->graph) RT_TRY(graph_check(b, opts));
   b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
   RT_TRY(verify_codeobjs(b));
   RT_TRY(bind_weights(b, opts ? opts->weights : NULL));
@@ -1060,6 +1086,13 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
     if (!b->trace_start || !b->trace_end) return rt_status_make("out of memory");
   }
   RT_TRY(open_devices(b, opts, fault));
+  if (opts && opts->graph) {
+    if (!b->devs[0].be->graph_begin)
+      return rt_status_make("%s: device '%s': the %s backend has no graph replay%s", dir,
+                            plan_str(p, p->devices[0].name), b->devs[0].be->name,
+                            fault ? " (with injected faults)" : "");
+    b->use_graph = 1;
+  }
   RT_TRY(register_host_arenas(b));
   RT_TRY(fill_weights(b));
   RT_TRY(open_streams_events(b));

@@ -19,7 +19,8 @@ enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
     "              [--weights PATH] [--threads N] [--routing-stats FILE]\n"
-    "              [--dump-logits FILE] [--watchdog MS] [--trace FILE] [--json]\n"
+    "              [--dump-logits FILE] [--watchdog MS] [--trace FILE] [--graph]\n"
+    "              [--json]\n"
     "       ds4run compare A B [--steps N] [--warmup W] [--blocks K] [--prompt 1,2,3]\n"
     "              [--seed S] [--threads N] [--json]\n"
     "       ds4run --help\n"
@@ -49,6 +50,9 @@ static const char usage_text[] =
     "                  to FILE as Chrome trace-event JSON (Perfetto,\n"
     "                  chrome://tracing); print busy time and overlap per\n"
     "                  device, copy durations and the last step's critical path\n"
+    "  --graph         replay each step as one graph launch (CUDA or HIP graph,\n"
+    "                  captured from the plan in the first step; a plan on\n"
+    "                  one GPU device, not with --trace); print its nodes\n"
     "  --json          print the results as one JSON object\n"
     "\n"
     "Exit status: 0 ok, 1 error, 2 check failed, 64 usage.\n"
@@ -72,6 +76,8 @@ typedef struct cli {
   const char *routing_stats;
   const char *dump_logits;
   const char *trace;
+  int graph;
+  uint64_t graph_nodes, graph_edges; /* --graph: after the run */
 } cli;
 
 static int usage_error(const char *fmt, ...) {
@@ -147,6 +153,8 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       c->check = 1;
     } else if (!strcmp(a, "--json")) {
       c->json = 1;
+    } else if (!strcmp(a, "--graph")) {
+      c->graph = 1;
     } else if (!strcmp(a, "--steps")) {
       if (ds4run_parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 1000000, &v))
         return usage_error("--steps needs a count >= 0");
@@ -336,6 +344,9 @@ static void print_human(const cli *c, const plan *p, const rt_weights_info *w, c
   char hex[65];
   rt_hex(r->outputs_sha256, 32, hex);
   printf("outputs sha256: %s\n", hex);
+  if (c->graph)
+    printf("graph:     %llu nodes, %llu dependencies, one launch a step\n",
+           (unsigned long long)c->graph_nodes, (unsigned long long)c->graph_edges);
   if (trace) print_trace_human(c, p, trace);
 }
 
@@ -378,6 +389,9 @@ static void print_json(const cli *c, const plan *p, const rt_weights_info *w, co
     printf(", \"routes\": %u}", rt_routing_stats_routes(stats));
   }
   if (trace) print_trace_json(c, p, trace);
+  if (c->graph)
+    printf(", \"graph\": {\"nodes\": %llu, \"dependencies\": %llu}",
+           (unsigned long long)c->graph_nodes, (unsigned long long)c->graph_edges);
   char hex[65];
   rt_hex(r->outputs_sha256, 32, hex);
   printf(", \"outputs_sha256\": \"%s\"}\n", hex);
@@ -483,6 +497,7 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
   if (!s && h->stats) s = rt_routing_stats_write(h->stats, c->routing_stats);
   const rt_trace_summary *trace = NULL;
   if (!s && h->trace) s = rt_trace_writer_finish(h->trace, &trace);
+  if (!s && c->graph) s = rt_graph_stats(b, &c->graph_nodes, &c->graph_edges);
   if (h->dump && !s && !c->json) { /* the ids a reference run must be fed */
     printf("logits:    %d rows x %u float32 written to %s; ids fed:", h->dump->nids, h->dump->vocab,
            c->dump_logits);
@@ -514,7 +529,8 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
 
 static int run(cli *c) {
   rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights,
-                     .watchdog_ms = c->watchdog_ms, .trace = c->trace != NULL};
+                     .watchdog_ms = c->watchdog_ms, .trace = c->trace != NULL,
+                     .graph = c->graph};
   rt_bundle *b = NULL;
   step_hooks h = {0};
   rt_status s = c->routing_stats ? check_writable(c->routing_stats) : NULL;

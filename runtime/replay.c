@@ -3,6 +3,7 @@
  * plan's enqueue-after constraints across devices), then wait for the
  * streams. No dependency resolution happens here; bundle.c did it all,
  * timestamps included when the bundle traces. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "rt_impl.h"
@@ -95,6 +96,59 @@ void *rt_submitter_main(void *arg) {
   return NULL;
 }
 
+/* Every device's submitter enqueues its commands of step gen: device 0's
+ * on the caller, the others' on their threads. */
+static void submit_all(rt_bundle *b, uint64_t gen) {
+  uint32_t nd = b->p.ndevices;
+  if (nd > 1) {
+    pthread_mutex_lock(&b->sub_mu);
+    b->sub_gen = gen;
+    b->sub_pending = (int)nd - 1;
+    pthread_cond_broadcast(&b->sub_cv);
+    pthread_mutex_unlock(&b->sub_mu);
+  }
+  rt_submit_device(b, 0, gen);
+  if (nd > 1) {
+    pthread_mutex_lock(&b->sub_mu);
+    while (b->sub_pending > 0) pthread_cond_wait(&b->sub_done_cv, &b->sub_mu);
+    pthread_mutex_unlock(&b->sub_mu);
+  }
+}
+
+/* rt_options.graph: the first step captures device 0's commands into a
+ * graph (nothing runs while they are enqueued), every step then launches
+ * it. A failure poisons the step, as a failed enqueue does. */
+static void graph_step(rt_bundle *b, uint64_t gen) {
+  rt_dev *v = &b->devs[0];
+  const rt_backend *be = v->be;
+  if (!b->graph) {
+    rt_stream **streams = malloc(v->nstreams * sizeof *streams);
+    if (!streams) {
+      rt_sync_poison(&b->sync, rt_status_make("graph replay: out of memory"));
+      return;
+    }
+    for (uint32_t i = 0; i < v->nstreams; i++) streams[i] = b->streams[v->streams[i]];
+    rt_graph *g = NULL;
+    rt_status s = be->graph_begin(streams, v->nstreams);
+    if (!s) {
+      rt_submit_device(b, 0, gen);
+      s = be->graph_end(streams, v->nstreams, &g);
+    }
+    free(streams);
+    if (s) {
+      rt_sync_poison(&b->sync, rt_status_wrap(s, "graph replay: capturing the plan"));
+      return;
+    }
+    if (rt_sync_poisoned(&b->sync)) {
+      be->graph_destroy(g);
+      return;
+    }
+    b->graph = g;
+  }
+  rt_status s = be->graph_launch(b->graph);
+  if (s) rt_sync_poison(&b->sync, s);
+}
+
 rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   const plan *p = &b->p;
   int32_t block[4] = {step[0], step[1], step[2], 0};
@@ -108,19 +162,10 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   }
   uint64_t gen = ++b->generation;
   if (b->watchdog) rt_watchdog_arm(b->watchdog, gen);
-  if (p->ndevices > 1) {
-    pthread_mutex_lock(&b->sub_mu);
-    b->sub_gen = gen;
-    b->sub_pending = (int)p->ndevices - 1;
-    pthread_cond_broadcast(&b->sub_cv);
-    pthread_mutex_unlock(&b->sub_mu);
-  }
-  rt_submit_device(b, 0, gen);
-  if (p->ndevices > 1) {
-    pthread_mutex_lock(&b->sub_mu);
-    while (b->sub_pending > 0) pthread_cond_wait(&b->sub_done_cv, &b->sub_mu);
-    pthread_mutex_unlock(&b->sub_mu);
-  }
+  if (b->use_graph)
+    graph_step(b, gen);
+  else
+    submit_all(b, gen);
   for (uint32_t s = 0; s < p->nstreams; s++) {
     rt_status e = b->devs[p->streams[s].device].be->stream_sync(b->streams[s]);
     if (e) rt_sync_poison(&b->sync, e);
@@ -132,6 +177,18 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   if (err) err = rt_status_wrap(err, "step %d (pos %d, %d tokens)", step[2], step[0], step[1]);
   b->trace_valid = err == NULL;
   return err;
+}
+
+rt_status rt_graph_stats(const rt_bundle *b, uint64_t *out_nodes, uint64_t *out_edges) {
+  *out_nodes = *out_edges = 0;
+  if (!b->use_graph)
+    return rt_status_make("rt_graph_stats: bundle %s was opened without graph replay (set "
+                          "rt_options.graph)", b->dir);
+  if (!b->graph)
+    return rt_status_make("rt_graph_stats: bundle %s: no graph yet (the first step captures it)",
+                          b->dir);
+  b->devs[0].be->graph_stats(b->graph, out_nodes, out_edges);
+  return NULL;
 }
 
 rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,

@@ -18,6 +18,9 @@ typedef struct rt_options {
   uint32_t watchdog_ms; /* 0: off; else a step that makes no progress for this long
                            fails, naming what waits for what (docs/RUNTIME.md,
                            "Faults and the watchdog") */
+  int graph;            /* nonzero: replay each step as one graph launch (a plan on
+                           one GPU device; not with trace; docs/RUNTIME.md, "Graph
+                           replay") */
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;
@@ -65,6 +68,10 @@ rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, 
  * stream's commands, wait for the step to finish. Inputs must have been
  * written before; outputs are readable after. */
 rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]);
+
+/* With rt_options.graph, after the first step: the nodes and dependencies
+ * of the graph the plan was captured into (the driver's counts). */
+rt_status rt_graph_stats(const rt_bundle *b, uint64_t *out_nodes, uint64_t *out_edges);
 
 /* With rt_options.trace: when the stream of each LAUNCH and COPY of the last
  * step began it (after its waits) and finished it, in nanoseconds on the

@@ -111,6 +111,11 @@ struct rt_bundle {
 
   rt_watchdog *watchdog; /* rt_options.watchdog_ms; NULL: off */
 
+  /* rt_options.graph: the plan's one device replays each step as one
+   * launch of `graph`, captured from its commands in the first step. */
+  int use_graph;
+  rt_graph *graph;
+
   /* Submitter threads of devices 1..n-1: woken per step. */
   pthread_mutex_t sub_mu;
   pthread_cond_t sub_cv, sub_done_cv;

@@ -4,8 +4,10 @@
  * pool, poisoning on an injected launch failure, code-object checks (one
  * per device target), copies the cpu backend cannot reach, cpu waits on
  * another backend's event, the seeded weight generator, rt_generate's
- * chunking and per-command tracing. */
+ * chunking, per-command tracing, and graph replay over the host stand-in
+ * for libcuda.so.1 (tests/gpu/fake_cuda.c). */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1405,6 +1407,197 @@ static rt_status trace_hook(void *ctx, rt_bundle *b, const int32_t step[4], cons
 
 /* rt_generate on a traced bundle: the same outputs as without trace, and
  * a hook sees the trace of every step. */
+/* ---- graph replay ------------------------------------------------------ */
+
+/* The stand-in's PTX: it knows ds4_smoke (out[i] = 2 in[i] + pos for i <
+ * ntok) by its .entry line. */
+static const char graph_ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n"
+                                ".visible .entry ds4_smoke(.param .u64 a, .param .u64 b)\n{ ret; }\n";
+
+
+/* One cuda device, three streams: main doubles x into a; side doubles a
+ * into b and copy copies a into c, both after main's record; main then
+ * doubles b into y and copies c into z, after both. */
+static void graph_plan(tb *b, uint32_t *x, uint32_t *y, uint32_t *z) {
+  tb_init(b);
+  uint32_t d = tb_gpu_device(b, "gpu0", PLAN_BACKEND_CUDA, "sm_90");
+  tb_codeobj(b, "kernels/sm_90.ptx", "sm_90");
+  uint32_t main = tb_stream(b, "main", d), side = tb_stream(b, "side", d), copy = tb_stream(b, "copy", d);
+  tb_io(b);
+  *x = tb_tensor(b, "x", PLAN_F32, PLAN_INPUT, d, N);
+  uint32_t a = tb_tensor(b, "a", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t bt = tb_tensor(b, "b", PLAN_F32, PLAN_ACTIVATION, d, N);
+  uint32_t c = tb_tensor(b, "c", PLAN_F32, PLAN_ACTIVATION, d, N);
+  *y = tb_tensor(b, "y", PLAN_F32, PLAN_OUTPUT, d, N);
+  *z = tb_tensor(b, "z", PLAN_F32, PLAN_OUTPUT, d, N);
+  uint32_t k = tb_kernel(b, "ds4_smoke", 1, 2);
+  tb_launch(b, main, k, *x, a, 0);
+  uint32_t r1 = tb_record(b, main);
+  tb_wait(b, side, r1);
+  tb_launch(b, side, k, a, bt, 0);
+  uint32_t r2 = tb_record(b, side);
+  tb_wait(b, copy, r1);
+  tb_copy(b, copy, a, c);
+  uint32_t r3 = tb_record(b, copy);
+  tb_wait(b, main, r2);
+  tb_wait(b, main, r3);
+  tb_launch(b, main, k, bt, *y, 0);
+  tb_copy(b, main, c, *z);
+  tb_write(b);
+  tb_file(b, "kernels/sm_90.ptx", graph_ptx);
+  char path[256];
+  snprintf(path, sizeof path, "%s/kernels/sm_90.ptx", b->dir);
+  file_digest(path, b->codeobjs[1].sha256);
+  snprintf(path, sizeof path, "%s/plan.ds4p", b->dir);
+  rt_status s = plan_write(&b->p, path);
+  ck_assert_msg(s == NULL, "plan_write: %s", rt_status_msg(s));
+}
+
+/* What a graph of plan p's one device must hold: a node per LAUNCH and
+ * COPY in plan order, each depending on its stream's previous node and,
+ * through the WAITs since then, on the last node of the awaited RECORD's
+ * stream before that RECORD (the plan's cross-stream edges). Returns the
+ * node count; edges[i] = {from, to}. */
+static int plan_graph_edges(const plan *p, int (*edges)[2], int cap, int *out_nedges) {
+  int last[8], pending[8][8], npending[8] = {0}, *rec_node = calloc(p->info.nevents + 1, sizeof *rec_node);
+  ck_assert(p->nstreams <= 8 && rec_node);
+  for (uint32_t s = 0; s < p->nstreams; s++) last[s] = -1;
+  int nodes = 0, n = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    const plan_command *c = &p->commands[i];
+    uint32_t s = c->stream;
+    if (c->kind == PLAN_CMD_RECORD) {
+      rec_node[c->a] = last[s];
+    } else if (c->kind == PLAN_CMD_WAIT) {
+      int from = rec_node[c->a], dup = from < 0;
+      for (int k = 0; k < npending[s]; k++) dup |= pending[s][k] == from;
+      if (!dup) {
+        ck_assert_int_lt(npending[s], 8);
+        pending[s][npending[s]++] = from;
+      }
+    } else {
+      if (last[s] >= 0) {
+        ck_assert_int_lt(n, cap);
+        edges[n][0] = last[s];
+        edges[n++][1] = nodes;
+      }
+      for (int k = 0; k < npending[s]; k++) {
+        if (pending[s][k] == last[s]) continue;
+        ck_assert_int_lt(n, cap);
+        edges[n][0] = pending[s][k];
+        edges[n++][1] = nodes;
+      }
+      npending[s] = 0;
+      last[s] = nodes++;
+    }
+  }
+  free(rec_node);
+  *out_nedges = n;
+  return nodes;
+}
+
+static int edge_cmp(const void *a, const void *b) {
+  const int *x = a, *y = b;
+  return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+static rt_bundle *open_graph(const char *dir, int graph) {
+  rt_options o = {.graph = graph};
+  rt_bundle *bd = NULL;
+  rt_status s = rt_bundle_open(dir, &o, &bd);
+  ck_assert_msg(s == NULL, "rt_bundle_open: %s", rt_status_msg(s));
+  return bd;
+}
+
+/* Graph replay gives stream replay's outputs step after step (the step
+ * block and the inputs stay in device memory, read by every launch of the
+ * one graph); the graph holds a node per launch and copy and exactly the
+ * plan's dependencies, in-stream and cross-stream. */
+START_TEST(graph_replay) {
+  tu_use_fake_cuda(1);
+  tb b;
+  uint32_t x, y, z;
+  graph_plan(&b, &x, &y, &z);
+  rt_bundle *streams = open_graph(b.dir, 0), *graph = open_graph(b.dir, 1);
+  uint64_t nodes = 0, edges = 0;
+  rt_status s = rt_graph_stats(graph, &nodes, &edges);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_msg(strstr(rt_status_msg(s), "no graph yet") != NULL, "%s", rt_status_msg(s));
+  rt_status_free(s);
+  for (int step = 0; step < 3; step++) {
+    rt_bundle *both[2] = {streams, graph};
+    for (int i = 0; i < 2; i++) {
+      write_f32(both[i], x, (float)(10 * step));
+      step_ok(both[i], 3 + step, N, step);
+    }
+    /* y = 2 (2 (2 x + pos) + pos) + pos, z = 2 x + pos, in both modes. */
+    for (int i = 0; i < 2; i++) {
+      expect_f32(both[i], y, 8.0f, 7.0f * (float)(3 + step), (float)(10 * step));
+      expect_f32(both[i], z, 2.0f, (float)(3 + step), (float)(10 * step));
+    }
+  }
+  const plan *p = rt_bundle_plan(graph);
+  int want[32][2], got[32][2], nwant = 0, ngot = 0;
+  int want_nodes = plan_graph_edges(p, want, 32, &nwant);
+  ck_assert_int_eq(want_nodes, 5); /* 3 launches + 2 copies */
+  ck_assert_ptr_null(rt_graph_stats(graph, &nodes, &edges));
+  ck_assert_uint_eq(nodes, (uint64_t)want_nodes);
+  ck_assert_uint_eq(edges, (uint64_t)nwant);
+  void *h = dlopen(getenv("DS4_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  ck_assert_ptr_nonnull(h);
+  int (*last_graph)(int (*)[2], int, int *) = (int (*)(int (*)[2], int, int *))dlsym(h, "fake_cuda_last_graph");
+  ck_assert_ptr_nonnull(last_graph);
+  ck_assert_int_eq(last_graph(got, 32, &ngot), want_nodes);
+  dlclose(h);
+  ck_assert_int_eq(ngot, nwant);
+  qsort(want, (size_t)nwant, sizeof want[0], edge_cmp);
+  qsort(got, (size_t)ngot, sizeof got[0], edge_cmp);
+  for (int i = 0; i < nwant; i++)
+    ck_assert_msg(got[i][0] == want[i][0] && got[i][1] == want[i][1], "dependency %d: %d -> %d, want %d -> %d",
+                  i, got[i][0], got[i][1], want[i][0], want[i][1]);
+  /* Cross-stream: launch 0 to launch 1 and to copy 2 (r1), launch 1 and
+   * copy 2 to launch 3 (r2, r3); main's own order: 0 to 3, 3 to copy 4. */
+  ck_assert_int_eq(nwant, 6);
+  rt_bundle_close(streams);
+  rt_bundle_close(graph);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* What graph replay refuses, before any device opens. */
+START_TEST(graph_refusals) {
+  tu_use_fake_cuda(1);
+  tb b;
+  uint32_t x, y, z;
+  graph_plan(&b, &x, &y, &z);
+  rt_options o = {.graph = 1, .trace = 1};
+  rt_bundle *bd = (rt_bundle *)1;
+  rt_status s = rt_bundle_open(b.dir, &o, &bd);
+  ck_assert_ptr_null(bd);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_msg(strstr(rt_status_msg(s), "graph replay runs a step as one graph launch, while a trace "
+                                         "times each launch") != NULL, "%s", rt_status_msg(s));
+  rt_status_free(s);
+  bd = open_graph(b.dir, 0);
+  s = rt_graph_stats(bd, &(uint64_t){0}, &(uint64_t){0});
+  ck_assert_msg(s && strstr(rt_status_msg(s), "opened without graph replay"), "%s", rt_status_msg(s));
+  rt_status_free(s);
+  rt_bundle_close(bd);
+  tb_cleanup(&b);
+
+  simple_plan(&b, "t_double");
+  tb_write(&b);
+  o.trace = 0;
+  bd = (rt_bundle *)1;
+  s = rt_bundle_open(b.dir, &o, &bd);
+  ck_assert_ptr_null(bd);
+  ck_assert_msg(s && strstr(rt_status_msg(s), "graph replay needs a GPU device; device 'cpu0' is on the cpu backend"),
+                "%s", rt_status_msg(s));
+  rt_status_free(s);
+  tb_cleanup(&b);
+}
+END_TEST
+
 START_TEST(trace_generate) {
   tb b;
   generate_plan(&b);
@@ -1548,6 +1741,11 @@ static Suite *runtime_suite(void) {
   tcase_add_test(tr, trace_refusals);
   tcase_add_test(tr, trace_generate);
   suite_add_tcase(s, tr);
+  TCase *gr = tcase_create("graph");
+  tcase_set_timeout(gr, 120);
+  tcase_add_test(gr, graph_replay);
+  tcase_add_test(gr, graph_refusals);
+  suite_add_tcase(s, gr);
   return s;
 }
 

@@ -110,6 +110,16 @@ const char *tu_build_dir(void) {
   return build;
 }
 
+void tu_use_fake_cuda(int devices) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/tests/libds4_fake_cuda.so", tu_build_dir());
+  ck_assert_msg(access(path, R_OK) == 0, "%s is missing", path);
+  setenv("DS4_CUDA_LIBRARY", path, 1);
+  char n[16];
+  snprintf(n, sizeof n, "%d", devices);
+  setenv("DS4_FAKE_CUDA_DEVICES", n, 1);
+}
+
 void tu_tmpdir_make(char *tmpl) {
   size_t n = strlen(tmpl);
   ck_assert_msg(n >= 6, "'%s' is no mkdtemp template", tmpl);

@@ -35,6 +35,10 @@ char *tu_replace_all(const char *text, const char *from, const char *to);
 void tu_chdir_source(void);
 /* $DS4_BUILD_DIR, where ds4c and ds4run are; the test fails without it. */
 const char *tu_build_dir(void);
+/* Points the cuda backend at the host stand-in for libcuda.so.1 that the
+ * build puts in $DS4_BUILD_DIR/tests (tests/gpu/fake_cuda.c), with that
+ * many devices. */
+void tu_use_fake_cuda(int devices);
 
 /* Makes a fresh folder from tmpl, a path ending in six characters that
  * mkdtemp replaces: they are set back to XXXXXX first, so one buffer

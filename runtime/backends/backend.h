@@ -29,6 +29,7 @@ typedef struct rt_event_base {
 } rt_event_base;
 typedef struct rt_module rt_module;
 typedef struct rt_kernel rt_kernel;
+typedef struct rt_graph rt_graph;
 
 /* The poison and wake-up point shared by every device of one bundle. The
  * first error of a step is kept, later ones are dropped; every host-side
@@ -167,6 +168,24 @@ typedef struct rt_backend {
   /* What the stream is doing now (see rt_stream_state); any thread, any
    * time, never blocks. */
   void (*stream_state)(rt_stream *s, rt_stream_state *out);
+
+  /* Graph replay (optional: NULL where the backend has none). Between
+   * graph_begin and graph_end, what is enqueued (launch, copy_async,
+   * event_record, event_wait) on streams[0..n) of one device is recorded
+   * into a graph instead of running: launches and copies become its
+   * nodes, each depending on the stream's previous one and, through an
+   * event_wait, on the last one before the awaited record. Waits on
+   * another backend's events and host-visible records cannot be recorded.
+   * graph_end returns the graph ready to run, or fails and leaves the
+   * streams as they were; it must follow every graph_begin that
+   * succeeded. graph_launch enqueues one run of the whole graph on
+   * streams[0]; the other streams stay idle. */
+  rt_status (*graph_begin)(rt_stream *const *streams, uint32_t n);
+  rt_status (*graph_end)(rt_stream *const *streams, uint32_t n, rt_graph **out_graph);
+  rt_status (*graph_launch)(rt_graph *g);
+  /* Nodes and dependencies, as the driver counts them. */
+  void (*graph_stats)(const rt_graph *g, uint64_t *out_nodes, uint64_t *out_edges);
+  void (*graph_destroy)(rt_graph *g);
 } rt_backend;
 
 /* The backend for a plan_backend value, or an error for an unknown one.

@@ -15,6 +15,17 @@
  * smoke kernel of gpu_smoke.c; fake_fault, which faults; fake_hang, which
  * runs until the test opens its gate with fake_cuda_hang_gate).
  *
+ * Graphs by stream capture, as graph replay uses them: between
+ * cuStreamBeginCapture_v2 and cuStreamEndCapture, launches, copies and
+ * memsets on the capturing streams become nodes depending on their
+ * stream's frontier; a record captures the frontier, a wait on it joins
+ * the waiting stream to the capture and adds the recorded nodes to its
+ * frontier; the end fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED unless
+ * every node leads to the origin's frontier. A launched graph runs its
+ * nodes in capture order (a topological one) on the stream.
+ * fake_cuda_last_graph tells a test what the last graph instantiated
+ * held.
+ *
  * DS4_FAKE_CUDA_DEVICES: the number of devices (default 1; 0 makes cuInit
  * fail with CUDA_ERROR_NO_DEVICE). */
 #include <pthread.h>
@@ -43,10 +54,16 @@ enum {
   CUDA_ERROR_ILLEGAL_ADDRESS = 700,
   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
   CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+  CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+  CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+  CUDA_ERROR_ILLEGAL_STATE = 401,
 };
 
 #define FAKE_MAX_DEVICES 8
 #define FAKE_MAX_REGISTERED 64
+#define FAKE_MAX_STREAMS 64
 
 typedef struct CUctx_st {
   int device;
@@ -108,6 +125,11 @@ static struct {
   void *ptr;
   size_t bytes;
 } fake_registered[FAKE_MAX_REGISTERED];
+static CUstream fake_streams[FAKE_MAX_STREAMS]; /* live streams, for the end of a capture */
+static uint64_t fake_captures;                  /* captures begun */
+/* fake_cuda_last_graph: what the last graph instantiated held. */
+static int fake_last_nodes, fake_last_nedges;
+static int (*fake_last_edges)[2];
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -117,7 +139,24 @@ static uint64_t now_ns(void) {
 
 /* ---- streams ---- */
 
-enum { OP_MEMSET, OP_MEMCPY, OP_RECORD, OP_WAIT, OP_CALLBACK, OP_LAUNCH };
+enum { OP_MEMSET, OP_MEMCPY, OP_RECORD, OP_WAIT, OP_CALLBACK, OP_LAUNCH, OP_GRAPH };
+
+/* A set of node indices (a capture's frontier), without repeats. */
+typedef struct fake_set {
+  int *v;
+  int n, cap;
+} fake_set;
+
+/* A graph: nodes in capture order; deps[i] the nodes node i depends on. */
+typedef struct CUgraph_st {
+  struct fake_op *nodes; /* LAUNCH, MEMCPY or MEMSET, next unused */
+  fake_set *deps;
+  int n, cap;
+  int invalid;  /* something unsupported was enqueued during the capture */
+  uint64_t id;  /* the capture's number, never reused */
+} *CUgraph;
+typedef struct CUgraph_st *CUgraphExec; /* instantiated: a copy of the graph */
+typedef void *CUgraphNode;
 
 typedef struct fake_op {
   struct fake_op *next;
@@ -134,6 +173,7 @@ typedef struct fake_op {
   uint32_t grid, block;
   void *const *bufs;
   const int32_t *step;
+  CUgraphExec graph; /* OP_GRAPH */
 } fake_op;
 
 struct CUstream_st {
@@ -142,6 +182,9 @@ struct CUstream_st {
   int busy, shutdown;
   pthread_cond_t work_cv;
   pthread_t thread;
+  CUgraph capture;   /* the capture the stream takes part in, or NULL */
+  int origin;        /* it began that capture */
+  fake_set frontier; /* the nodes its next node depends on */
 };
 
 struct CUevent_st {
@@ -149,6 +192,8 @@ struct CUevent_st {
   int timing;
   uint64_t recorded, completed; /* record sequence numbers */
   uint64_t ns;                  /* when the last completed record ran */
+  uint64_t captured;            /* the capture it was last recorded in, or 0 */
+  fake_set nodes;               /* the recording stream's frontier then */
 };
 
 struct CUmod_st {
@@ -207,6 +252,9 @@ static void execute(CUstream s, fake_op *op) {
     op->event->ns = now_ns();
     pthread_cond_broadcast(&fake_cv);
     return;
+  case OP_GRAPH:
+    for (int i = 0; i < op->graph->n && !ctx->error; i++) execute(s, &op->graph->nodes[i]);
+    return;
   default:
     break;
   }
@@ -256,6 +304,84 @@ static CUresult check_stream(CUstream s) {
   return s->ctx->error;
 }
 
+/* ---- capture (called with fake_mu held) ---- */
+
+static int set_add(fake_set *set, int v) {
+  for (int i = 0; i < set->n; i++)
+    if (set->v[i] == v) return 0;
+  if (set->n == set->cap) {
+    int cap = set->cap ? 2 * set->cap : 8;
+    int *nv = realloc(set->v, (size_t)cap * sizeof *nv);
+    if (!nv) return -1;
+    set->v = nv;
+    set->cap = cap;
+  }
+  set->v[set->n++] = v;
+  return 0;
+}
+
+static int set_copy(fake_set *dst, const fake_set *src) {
+  dst->n = 0;
+  for (int i = 0; i < src->n; i++)
+    if (set_add(dst, src->v[i])) return -1;
+  return 0;
+}
+
+static void graph_free(CUgraph g) {
+  if (!g) return;
+  for (int i = 0; i < g->n; i++) free(g->deps[i].v);
+  free(g->nodes);
+  free(g->deps);
+  free(g);
+}
+
+/* op becomes node n of the stream's capture, after the stream's frontier,
+ * which it then is alone; op itself is freed. */
+static CUresult capture_node(CUstream s, fake_op *op) {
+  CUgraph g = s->capture;
+  CUresult r = CUDA_SUCCESS;
+  if (op->kind != OP_LAUNCH && op->kind != OP_MEMCPY && op->kind != OP_MEMSET) {
+    g->invalid = 1; /* host callbacks cannot be captured */
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  } else if (g->n == g->cap) {
+    int cap = g->cap ? 2 * g->cap : 16;
+    fake_op *nodes = realloc(g->nodes, (size_t)cap * sizeof *nodes);
+    fake_set *deps = nodes ? realloc(g->deps, (size_t)cap * sizeof *deps) : NULL;
+    if (nodes) g->nodes = nodes;
+    if (deps) {
+      g->deps = deps;
+      g->cap = cap;
+    } else {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  if (!r) {
+    g->nodes[g->n] = *op;
+    g->deps[g->n] = (fake_set){0};
+    if (set_copy(&g->deps[g->n], &s->frontier)) r = CUDA_ERROR_OUT_OF_MEMORY;
+    s->frontier.n = 0;
+    if (!r && set_add(&s->frontier, g->n)) r = CUDA_ERROR_OUT_OF_MEMORY;
+    g->n++;
+  }
+  free(op);
+  return r;
+}
+
+/* Whether every node of g leads to one of the origin's frontier: mark
+ * from the frontier backwards (deps point to earlier nodes). */
+static int capture_joined(CUgraph g, const fake_set *frontier) {
+  char *seen = calloc((size_t)g->n + 1, 1);
+  if (!seen) return 0;
+  for (int i = 0; i < frontier->n; i++) seen[frontier->v[i]] = 1;
+  for (int i = g->n - 1; i >= 0; i--)
+    if (seen[i])
+      for (int k = 0; k < g->deps[i].n; k++) seen[g->deps[i].v[k]] = 1;
+  int all = 1;
+  for (int i = 0; i < g->n; i++) all &= seen[i];
+  free(seen);
+  return all;
+}
+
 static CUresult enqueue(CUstream s, fake_op *op) {
   CUresult r = check_stream(s);
   if (r) {
@@ -264,6 +390,11 @@ static CUresult enqueue(CUstream s, fake_op *op) {
   }
   op->next = NULL;
   pthread_mutex_lock(&fake_mu);
+  if (s->capture) {
+    r = capture_node(s, op);
+    pthread_mutex_unlock(&fake_mu);
+    return r;
+  }
   if (s->tail)
     s->tail->next = op;
   else
@@ -360,6 +491,15 @@ static const struct {
      "part or all of the requested memory range is already mapped"},
     {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
      "pointer does not correspond to a registered memory region"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted now"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+     "capture was not joined"},
+    {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+     "a capture would depend on work outside it"},
 };
 
 CUresult cuGetErrorName(CUresult r, const char **out_name) {
@@ -436,6 +576,13 @@ CUresult cuStreamCreate(CUstream *out_stream, unsigned int flags) {
     free(s);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  pthread_mutex_lock(&fake_mu);
+  for (int i = 0; i < FAKE_MAX_STREAMS; i++)
+    if (!fake_streams[i]) {
+      fake_streams[i] = s;
+      break;
+    }
+  pthread_mutex_unlock(&fake_mu);
   *out_stream = s;
   return CUDA_SUCCESS;
 }
@@ -466,10 +613,13 @@ CUresult cuStreamDestroy_v2(CUstream s) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   pthread_mutex_lock(&fake_mu);
   s->shutdown = 1;
+  for (int i = 0; i < FAKE_MAX_STREAMS; i++)
+    if (fake_streams[i] == s) fake_streams[i] = NULL;
   pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&fake_mu);
   pthread_join(s->thread, NULL);
   pthread_cond_destroy(&s->work_cv);
+  free(s->frontier.v);
   free(s);
   return CUDA_SUCCESS;
 }
@@ -497,6 +647,7 @@ CUresult cuEventCreate(CUevent *out_event, unsigned int flags) {
 
 CUresult cuEventDestroy_v2(CUevent e) {
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e->nodes.v);
   free(e);
   return CUDA_SUCCESS;
 }
@@ -504,6 +655,17 @@ CUresult cuEventDestroy_v2(CUevent e) {
 CUresult cuEventRecord(CUevent e, CUstream s) {
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   if (s && e->ctx != s->ctx) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = check_stream(s);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  if (s->capture) { /* no node: the frontier, for the waits that follow */
+    e->captured = s->capture->id;
+    r = set_copy(&e->nodes, &s->frontier) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    pthread_mutex_unlock(&fake_mu);
+    return r;
+  }
+  e->captured = 0;
+  pthread_mutex_unlock(&fake_mu);
   fake_op *op = op_new(OP_RECORD);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&fake_mu);
@@ -513,9 +675,47 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   return enqueue(s, op);
 }
 
+/* The capture numbered id if it is still going on (some stream takes part
+ * in it), else NULL. */
+static CUgraph capture_live(uint64_t id) {
+  for (int i = 0; id && i < FAKE_MAX_STREAMS; i++)
+    if (fake_streams[i] && fake_streams[i]->capture && fake_streams[i]->capture->id == id)
+      return fake_streams[i]->capture;
+  return NULL;
+}
+
+/* A wait inside a capture, or on an event recorded in one (fake_mu held). */
+static CUresult capture_wait(CUstream s, CUevent e) {
+  CUgraph g = capture_live(e->captured);
+  if (!g) { /* an event recorded outside: a capture cannot wait on it */
+    s->capture->invalid = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  if (!s->capture) {
+    s->capture = g;
+    s->origin = 0;
+    s->frontier.n = 0;
+  } else if (s->capture != g) {
+    s->capture->invalid = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  for (int i = 0; i < e->nodes.n; i++)
+    if (set_add(&s->frontier, e->nodes.v[i])) return CUDA_ERROR_OUT_OF_MEMORY;
+  return CUDA_SUCCESS;
+}
+
 /* The event may belong to any context; a never-recorded event is no wait. */
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   if (!e || flags) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = check_stream(s);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  if (s->capture || capture_live(e->captured)) {
+    r = capture_wait(s, e);
+    pthread_mutex_unlock(&fake_mu);
+    return r;
+  }
+  pthread_mutex_unlock(&fake_mu);
   fake_op *op = op_new(OP_WAIT);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&fake_mu);
@@ -646,6 +846,145 @@ CUresult cuMemHostUnregister(void *ptr) {
     }
   pthread_mutex_unlock(&fake_mu);
   return r;
+}
+
+/* ---- graphs ---- */
+
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (mode < 0 || mode > 2) return CUDA_ERROR_INVALID_VALUE;
+  CUgraph g = calloc(1, sizeof *g);
+  if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fake_mu);
+  if (s->capture) {
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  } else {
+    g->id = ++fake_captures;
+    s->capture = g;
+    s->origin = 1;
+    s->frontier.n = 0;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  if (r) free(g);
+  return r;
+}
+
+/* Every stream of the capture leaves it; the graph is returned only when
+ * the capture was whole and joined. */
+CUresult cuStreamEndCapture(CUstream s, CUgraph *out_graph) {
+  if (!out_graph) return CUDA_ERROR_INVALID_VALUE;
+  *out_graph = NULL;
+  CUresult r = check_stream(s);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  CUgraph g = s->capture;
+  if (!g || !s->origin) {
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  if (g->invalid)
+    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  else if (!capture_joined(g, &s->frontier))
+    r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+  for (int i = 0; i < FAKE_MAX_STREAMS; i++)
+    if (fake_streams[i] && fake_streams[i]->capture == g) {
+      fake_streams[i]->capture = NULL;
+      fake_streams[i]->origin = 0;
+      fake_streams[i]->frontier.n = 0;
+    }
+  pthread_mutex_unlock(&fake_mu);
+  if (r)
+    graph_free(g);
+  else
+    *out_graph = g;
+  return r;
+}
+
+CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count) {
+  if (!g || !count) return CUDA_ERROR_INVALID_VALUE;
+  if (nodes)
+    for (size_t i = 0; i < *count && i < (size_t)g->n; i++) nodes[i] = (CUgraphNode)(uintptr_t)(i + 1);
+  *count = (size_t)g->n;
+  return CUDA_SUCCESS;
+}
+
+/* Counts only: the backend asks for nothing else. */
+CUresult cuGraphGetEdges_v2(CUgraph g, CUgraphNode *from, CUgraphNode *to, void *edge_data,
+                            size_t *count) {
+  if (!g || !count || from || to || edge_data) return CUDA_ERROR_INVALID_VALUE;
+  size_t n = 0;
+  for (int i = 0; i < g->n; i++) n += (size_t)g->deps[i].n;
+  *count = n;
+  return CUDA_SUCCESS;
+}
+
+/* The executable graph is a copy: the graph may be destroyed first. */
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *out_exec, CUgraph g, unsigned long long flags) {
+  if (!out_exec || !g || flags) return CUDA_ERROR_INVALID_VALUE;
+  CUgraphExec e = calloc(1, sizeof *e);
+  int nedges = 0;
+  for (int i = 0; i < g->n; i++) nedges += g->deps[i].n;
+  int(*edges)[2] = malloc((size_t)(nedges ? nedges : 1) * sizeof *edges);
+  if (e) e->nodes = malloc((size_t)(g->n ? g->n : 1) * sizeof *e->nodes);
+  if (!e || !edges || !e->nodes) {
+    if (e) free(e->nodes);
+    free(e);
+    free(edges);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  memcpy(e->nodes, g->nodes, (size_t)g->n * sizeof *e->nodes);
+  e->n = e->cap = g->n;
+  int k = 0;
+  for (int i = 0; i < g->n; i++)
+    for (int j = 0; j < g->deps[i].n; j++) {
+      edges[k][0] = g->deps[i].v[j];
+      edges[k++][1] = i;
+    }
+  pthread_mutex_lock(&fake_mu);
+  free(fake_last_edges);
+  fake_last_edges = edges;
+  fake_last_nodes = g->n;
+  fake_last_nedges = nedges;
+  pthread_mutex_unlock(&fake_mu);
+  *out_exec = e;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  fake_op *op = op_new(OP_GRAPH);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->graph = e;
+  return enqueue(s, op);
+}
+
+CUresult cuGraphDestroy(CUgraph g) {
+  if (!g) return CUDA_ERROR_INVALID_HANDLE;
+  graph_free(g);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e->nodes);
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+/* Test hook: the last graph instantiated: its node count (-1: none yet),
+ * and its dependencies as (from, to) node indices in capture order, up to
+ * cap of them into edges; *out_nedges gets how many there are. */
+int fake_cuda_last_graph(int (*edges)[2], int cap, int *out_nedges) {
+  pthread_mutex_lock(&fake_mu);
+  int n = fake_last_edges ? fake_last_nodes : -1;
+  *out_nedges = fake_last_nedges;
+  for (int i = 0; i < cap && i < fake_last_nedges; i++) {
+    edges[i][0] = fake_last_edges[i][0];
+    edges[i][1] = fake_last_edges[i][1];
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return n;
 }
 
 /* Test hook: open (1) or close (0) the gate fake_hang kernels wait at. */

@@ -21,6 +21,9 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 enum {
   CUDA_SUCCESS = 0,
@@ -34,6 +37,7 @@ enum {
   CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
   CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+  CU_STREAM_CAPTURE_MODE_RELAXED = 2,
 };
 
 /* Every function used: required (1) or optional (0), the field (named as
@@ -88,7 +92,17 @@ enum {
   X(0, cuDriverGetVersion, "cuDriverGetVersion", NULL, (int *out_version))                         \
   X(0, cuDeviceGetName, "cuDeviceGetName", NULL, (char *out_name, int len, CUdevice dev))          \
   X(0, cuDeviceGetAttribute, "cuDeviceGetAttribute", NULL,                                         \
-    (int *out_value, int attribute, CUdevice dev))
+    (int *out_value, int attribute, CUdevice dev))                                                 \
+  X(0, cuStreamBeginCapture, "cuStreamBeginCapture_v2", NULL, (CUstream s, int mode))               \
+  X(0, cuStreamEndCapture, "cuStreamEndCapture", NULL, (CUstream s, CUgraph * out_graph))          \
+  X(0, cuGraphGetNodes, "cuGraphGetNodes", NULL, (CUgraph g, CUgraphNode * nodes, size_t * count))  \
+  X(0, cuGraphGetEdges, "cuGraphGetEdges_v2", NULL,                                                \
+    (CUgraph g, CUgraphNode * from, CUgraphNode * to, void *edge_data, size_t *count))             \
+  X(0, cuGraphInstantiate, "cuGraphInstantiateWithFlags", NULL,                                    \
+    (CUgraphExec * out_exec, CUgraph g, unsigned long long flags))                                 \
+  X(0, cuGraphLaunch, "cuGraphLaunch", NULL, (CUgraphExec e, CUstream s))                          \
+  X(0, cuGraphDestroy, "cuGraphDestroy", NULL, (CUgraph g))                                        \
+  X(0, cuGraphExecDestroy, "cuGraphExecDestroy", NULL, (CUgraphExec e))
 
 typedef struct cuda_functions {
 #define CUDA_FIELD(required, field, symbol, old_symbol, params) CUresult(*field) params;
@@ -443,6 +457,55 @@ static rt_status cuda_launch(gpu_driver *d, gpu_stream s, gpu_function f, uint32
                   "cuLaunchKernel(grid %u, block %u)", grid, block);
 }
 
+/* ---- graphs ---- */
+
+/* Optional in the table, so that a driver without graphs still replays
+ * streams: graph replay fails here, naming what is missing. */
+static rt_status cuda_capture_begin(gpu_driver *d, gpu_stream s) {
+  if (!d->fn.cuStreamBeginCapture || !d->fn.cuStreamEndCapture || !d->fn.cuGraphGetNodes ||
+      !d->fn.cuGraphGetEdges || !d->fn.cuGraphInstantiate || !d->fn.cuGraphLaunch ||
+      !d->fn.cuGraphDestroy || !d->fn.cuGraphExecDestroy)
+    return rt_status_make("cuda device %s: %s lacks the graph functions graph replay needs "
+                          "(cuStreamBeginCapture_v2, cuGraphGetEdges_v2, "
+                          "cuGraphInstantiateWithFlags, ...: a driver for CUDA 12.3 or later)",
+                          d->name, d->file);
+  return cu_check(d, d->fn.cuStreamBeginCapture((CUstream)s, CU_STREAM_CAPTURE_MODE_RELAXED),
+                  "cuStreamBeginCapture_v2");
+}
+
+static rt_status cuda_capture_end(gpu_driver *d, gpu_stream s, gpu_graph *out_graph) {
+  CUgraph g = NULL;
+  *out_graph = NULL;
+  RT_TRY(cu_check(d, d->fn.cuStreamEndCapture((CUstream)s, &g), "cuStreamEndCapture"));
+  *out_graph = (gpu_graph)g;
+  return NULL;
+}
+
+static rt_status cuda_graph_count(gpu_driver *d, gpu_graph g, size_t *out_nodes, size_t *out_edges) {
+  *out_nodes = *out_edges = 0;
+  RT_TRY(cu_check(d, d->fn.cuGraphGetNodes((CUgraph)g, NULL, out_nodes), "cuGraphGetNodes"));
+  return cu_check(d, d->fn.cuGraphGetEdges((CUgraph)g, NULL, NULL, NULL, out_edges),
+                  "cuGraphGetEdges_v2");
+}
+
+static rt_status cuda_graph_instantiate(gpu_driver *d, gpu_graph g, gpu_graph_exec *out_exec) {
+  CUgraphExec e = NULL;
+  *out_exec = NULL;
+  RT_TRY(cu_check(d, d->fn.cuGraphInstantiate(&e, (CUgraph)g, 0), "cuGraphInstantiateWithFlags"));
+  *out_exec = (gpu_graph_exec)e;
+  return NULL;
+}
+
+static rt_status cuda_graph_launch(gpu_driver *d, gpu_graph_exec e, gpu_stream s) {
+  return cu_check(d, d->fn.cuGraphLaunch((CUgraphExec)e, (CUstream)s), "cuGraphLaunch");
+}
+
+static void cuda_graph_destroy(gpu_driver *d, gpu_graph g) { d->fn.cuGraphDestroy((CUgraph)g); }
+
+static void cuda_graph_exec_destroy(gpu_driver *d, gpu_graph_exec e) {
+  d->fn.cuGraphExecDestroy((CUgraphExec)e);
+}
+
 const gpu_api gpu_cuda_api = {
     .name = "cuda",
     .load = cuda_load,
@@ -471,6 +534,13 @@ const gpu_api gpu_cuda_api = {
     .function_find = cuda_function_find,
     .launch = cuda_launch,
     .host_task = cuda_host_task,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_count = cuda_graph_count,
+    .graph_instantiate = cuda_graph_instantiate,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
+    .graph_exec_destroy = cuda_graph_exec_destroy,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
 };

@@ -19,6 +19,8 @@ typedef struct gpu_stream_s *gpu_stream;
 typedef struct gpu_event_s *gpu_event;
 typedef struct gpu_module_s *gpu_module;
 typedef struct gpu_function_s *gpu_function;
+typedef struct gpu_graph_s *gpu_graph;
+typedef struct gpu_graph_exec_s *gpu_graph_exec;
 
 /* One device's hold on the driver: the library, its function table, the
  * device and (CUDA) its primary context. Each API defines it. */
@@ -105,6 +107,21 @@ typedef struct gpu_api {
                       uint32_t shared_bytes, const void *const *args, uint32_t nargs);
   /* t must stay valid until it has run. */
   rt_status (*host_task)(gpu_driver *drv, gpu_stream s, gpu_host_task *t);
+
+  /* Graphs, by stream capture (relaxed: other threads' driver calls are
+   * not restricted). Between capture_begin on s and capture_end, what is
+   * enqueued on s, and on every stream that waits on an event recorded on
+   * a capturing stream, goes into a graph instead of running, an event
+   * wait becoming a dependency; by capture_end every such stream must
+   * have been joined back into s (s waits on an event recorded after its
+   * last work). graph_count gives the graph's nodes and dependencies. */
+  rt_status (*capture_begin)(gpu_driver *drv, gpu_stream s);
+  rt_status (*capture_end)(gpu_driver *drv, gpu_stream s, gpu_graph *out_graph);
+  rt_status (*graph_count)(gpu_driver *drv, gpu_graph g, size_t *out_nodes, size_t *out_edges);
+  rt_status (*graph_instantiate)(gpu_driver *drv, gpu_graph g, gpu_graph_exec *out_exec);
+  rt_status (*graph_launch)(gpu_driver *drv, gpu_graph_exec e, gpu_stream s);
+  void (*graph_destroy)(gpu_driver *drv, gpu_graph g);
+  void (*graph_exec_destroy)(gpu_driver *drv, gpu_graph_exec e);
 
   /* Pin host memory for every device of the backend (portable). When the
    * range is already registered, by another device of this backend,

@@ -60,6 +60,10 @@ struct rt_device {
   pthread_mutex_t reg_mu;
   gpu_registration *regs;
   size_t nregs, regs_cap;
+
+  /* Graph capture's fork and join (graph_begin, graph_end); NULL until a
+   * graph is first captured. */
+  gpu_event fork_join;
 };
 
 /* Host work enqueued in stream order: the publication of a host-visible
@@ -108,6 +112,14 @@ struct rt_event {
   rt_device *dev;
   gpu_event ev;
   int host_visible;
+};
+
+struct rt_graph {
+  rt_device *dev;
+  rt_stream *origin; /* the stream it runs on */
+  gpu_graph g;
+  gpu_graph_exec exec;
+  size_t nodes, edges;
 };
 
 struct rt_module {
@@ -218,6 +230,7 @@ static void gpu_device_close(rt_device *d) {
         if (d->regs[i].owned) d->api->host_unregister(d->drv, d->regs[i].ptr);
       rt_status_free(d->api->stream_sync(d->drv, d->host_stream));
       if (d->anchor) d->api->event_destroy(d->drv, d->anchor);
+      if (d->fork_join) d->api->event_destroy(d->drv, d->fork_join);
       d->api->stream_destroy(d->drv, d->host_stream);
     }
     d->api->unload(d->drv);
@@ -734,6 +747,95 @@ static rt_status gpu_copy_async(rt_stream *s, void *dst, const void *src, size_t
   return d->api->memcpy_async(d->drv, s->s, dst, src, bytes);
 }
 
+/* ---- graphs ---- */
+
+static rt_status graph_streams_check(rt_stream *const *streams, uint32_t n) {
+  if (n == 0) return rt_status_make("graph_begin: no stream");
+  rt_device *d = streams[0]->dev;
+  for (uint32_t i = 1; i < n; i++)
+    if (streams[i]->dev != d)
+      return rt_status_make("%s device %s: a graph is captured on the streams of one device",
+                            d->api->name, d->name);
+  return NULL;
+}
+
+/* Ends a capture that went wrong, so that the origin stream runs again,
+ * and drops what it recorded. */
+static void capture_abandon(rt_device *d, rt_stream *origin) {
+  gpu_graph g = NULL;
+  rt_status_free(d->api->capture_end(d->drv, origin->s, &g));
+  if (g) d->api->graph_destroy(d->drv, g);
+}
+
+/* Capture starts on the first stream; the others join it at once through
+ * the fork event, so that each one's work is recorded from its first
+ * command on, whether or not that command waits on anything. */
+static rt_status gpu_graph_begin(rt_stream *const *streams, uint32_t n) {
+  RT_TRY(graph_streams_check(streams, n));
+  rt_device *d = streams[0]->dev;
+  RT_TRY(current(d));
+  if (!d->fork_join) RT_TRY(d->api->event_create(d->drv, 0, &d->fork_join));
+  RT_TRY(d->api->capture_begin(d->drv, streams[0]->s));
+  rt_status s = d->api->event_record(d->drv, d->fork_join, streams[0]->s);
+  for (uint32_t i = 1; i < n && !s; i++)
+    s = d->api->stream_wait_event(d->drv, streams[i]->s, d->fork_join);
+  if (s) capture_abandon(d, streams[0]);
+  return s;
+}
+
+static void gpu_graph_destroy(rt_graph *g) {
+  if (!g) return;
+  rt_device *d = g->dev;
+  rt_status_free(current(d));
+  if (g->exec) d->api->graph_exec_destroy(d->drv, g->exec);
+  if (g->g) d->api->graph_destroy(d->drv, g->g);
+  free(g);
+}
+
+/* Every other stream joins back into the first (which waits on its last
+ * work), then the capture ends and the graph is instantiated. */
+static rt_status gpu_graph_end(rt_stream *const *streams, uint32_t n, rt_graph **out_graph) {
+  *out_graph = NULL;
+  RT_TRY(graph_streams_check(streams, n));
+  rt_device *d = streams[0]->dev;
+  rt_status s = current(d);
+  for (uint32_t i = 1; i < n && !s; i++) {
+    s = d->api->event_record(d->drv, d->fork_join, streams[i]->s);
+    if (!s) s = d->api->stream_wait_event(d->drv, streams[0]->s, d->fork_join);
+  }
+  if (s) {
+    capture_abandon(d, streams[0]);
+    return s;
+  }
+  rt_graph *g = calloc(1, sizeof *g);
+  if (!g) {
+    capture_abandon(d, streams[0]);
+    return out_of_memory(d, "a graph");
+  }
+  g->dev = d;
+  g->origin = streams[0];
+  s = d->api->capture_end(d->drv, streams[0]->s, &g->g);
+  if (!s) s = d->api->graph_count(d->drv, g->g, &g->nodes, &g->edges);
+  if (!s) s = d->api->graph_instantiate(d->drv, g->g, &g->exec);
+  if (s) {
+    gpu_graph_destroy(g);
+    return s;
+  }
+  *out_graph = g;
+  return NULL;
+}
+
+static rt_status gpu_graph_launch(rt_graph *g) {
+  rt_device *d = g->dev;
+  RT_TRY(current(d));
+  return d->api->graph_launch(d->drv, g->exec, g->origin->s);
+}
+
+static void gpu_graph_stats(const rt_graph *g, uint64_t *out_nodes, uint64_t *out_edges) {
+  *out_nodes = g->nodes;
+  *out_edges = g->edges;
+}
+
 #define GPU_BACKEND(backend_name, open)         \
   {                                             \
       .name = backend_name,                     \
@@ -761,6 +863,11 @@ static rt_status gpu_copy_async(rt_stream *s, void *dst, const void *src, size_t
       .host_register = gpu_host_register,       \
       .host_unregister = gpu_host_unregister,   \
       .stream_state = gpu_stream_state,         \
+      .graph_begin = gpu_graph_begin,           \
+      .graph_end = gpu_graph_end,               \
+      .graph_launch = gpu_graph_launch,         \
+      .graph_stats = gpu_graph_stats,           \
+      .graph_destroy = gpu_graph_destroy,       \
   }
 
 const rt_backend rt_cuda_backend = GPU_BACKEND("cuda", cuda_device_open);

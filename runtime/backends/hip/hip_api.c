@@ -17,6 +17,9 @@ typedef struct ihipEvent_t *hipEvent_t;
 typedef struct ihipModule_t *hipModule_t;
 typedef struct ihipModuleSymbol_t *hipFunction_t;
 typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *user);
+typedef struct ihipGraph *hipGraph_t;
+typedef struct hipGraphNode *hipGraphNode_t;
+typedef struct hipGraphExec *hipGraphExec_t;
 
 enum {
   hipSuccess = 0,
@@ -27,6 +30,7 @@ enum {
   hipEventDisableTiming = 2,
   hipHostRegisterPortable = 1,
   hipMemcpyDefault = 4,
+  hipStreamCaptureModeRelaxed = 2,
 };
 #define HIP_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define HIP_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
@@ -70,7 +74,17 @@ enum {
   X(0, hipError_t, hipDeviceCanAccessPeer, (int *out_can, int dev, int peer))                      \
   X(0, hipError_t, hipDeviceEnablePeerAccess, (int peer, unsigned int flags))                     \
   X(0, hipError_t, hipDriverGetVersion, (int *out_version))                                        \
-  X(0, hipError_t, hipDeviceGetName, (char *out_name, int len, int dev))
+  X(0, hipError_t, hipDeviceGetName, (char *out_name, int len, int dev))                           \
+  X(0, hipError_t, hipStreamBeginCapture, (hipStream_t s, int mode))                               \
+  X(0, hipError_t, hipStreamEndCapture, (hipStream_t s, hipGraph_t * out_graph))                   \
+  X(0, hipError_t, hipGraphGetNodes, (hipGraph_t g, hipGraphNode_t * nodes, size_t * count))       \
+  X(0, hipError_t, hipGraphGetEdges,                                                               \
+    (hipGraph_t g, hipGraphNode_t * from, hipGraphNode_t * to, size_t * count))                    \
+  X(0, hipError_t, hipGraphInstantiate,                                                            \
+    (hipGraphExec_t * out_exec, hipGraph_t g, hipGraphNode_t * error_node, char *log, size_t len)) \
+  X(0, hipError_t, hipGraphLaunch, (hipGraphExec_t e, hipStream_t s))                              \
+  X(0, hipError_t, hipGraphDestroy, (hipGraph_t g))                                                \
+  X(0, hipError_t, hipGraphExecDestroy, (hipGraphExec_t e))
 
 typedef struct hip_functions {
 #define HIP_FIELD(required, ret, name, params) ret(*name) params;
@@ -365,6 +379,55 @@ static rt_status hip_launch(gpu_driver *d, gpu_stream s, gpu_function f, uint32_
                    "hipModuleLaunchKernel(grid %u, block %u)", grid, block);
 }
 
+/* ---- graphs ---- */
+
+/* Optional in the table, so that a runtime without graphs still replays
+ * streams: graph replay fails here, naming what is missing. */
+static rt_status hip_capture_begin(gpu_driver *d, gpu_stream s) {
+  if (!d->fn.hipStreamBeginCapture || !d->fn.hipStreamEndCapture || !d->fn.hipGraphGetNodes ||
+      !d->fn.hipGraphGetEdges || !d->fn.hipGraphInstantiate || !d->fn.hipGraphLaunch ||
+      !d->fn.hipGraphDestroy || !d->fn.hipGraphExecDestroy)
+    return rt_status_make("hip device %s: %s lacks the graph functions graph replay needs "
+                          "(hipStreamBeginCapture, hipGraphInstantiate, ...)",
+                          d->name, d->file);
+  return hip_check(d, d->fn.hipStreamBeginCapture((hipStream_t)s, hipStreamCaptureModeRelaxed),
+                   "hipStreamBeginCapture");
+}
+
+static rt_status hip_capture_end(gpu_driver *d, gpu_stream s, gpu_graph *out_graph) {
+  hipGraph_t g = NULL;
+  *out_graph = NULL;
+  RT_TRY(hip_check(d, d->fn.hipStreamEndCapture((hipStream_t)s, &g), "hipStreamEndCapture"));
+  *out_graph = (gpu_graph)g;
+  return NULL;
+}
+
+static rt_status hip_graph_count(gpu_driver *d, gpu_graph g, size_t *out_nodes, size_t *out_edges) {
+  *out_nodes = *out_edges = 0;
+  RT_TRY(hip_check(d, d->fn.hipGraphGetNodes((hipGraph_t)g, NULL, out_nodes), "hipGraphGetNodes"));
+  return hip_check(d, d->fn.hipGraphGetEdges((hipGraph_t)g, NULL, NULL, out_edges),
+                   "hipGraphGetEdges");
+}
+
+static rt_status hip_graph_instantiate(gpu_driver *d, gpu_graph g, gpu_graph_exec *out_exec) {
+  hipGraphExec_t e = NULL;
+  *out_exec = NULL;
+  RT_TRY(hip_check(d, d->fn.hipGraphInstantiate(&e, (hipGraph_t)g, NULL, NULL, 0),
+                   "hipGraphInstantiate"));
+  *out_exec = (gpu_graph_exec)e;
+  return NULL;
+}
+
+static rt_status hip_graph_launch(gpu_driver *d, gpu_graph_exec e, gpu_stream s) {
+  return hip_check(d, d->fn.hipGraphLaunch((hipGraphExec_t)e, (hipStream_t)s), "hipGraphLaunch");
+}
+
+static void hip_graph_destroy(gpu_driver *d, gpu_graph g) { d->fn.hipGraphDestroy((hipGraph_t)g); }
+
+static void hip_graph_exec_destroy(gpu_driver *d, gpu_graph_exec e) {
+  d->fn.hipGraphExecDestroy((hipGraphExec_t)e);
+}
+
 const gpu_api gpu_hip_api = {
     .name = "hip",
     .load = hip_load,
@@ -393,6 +456,13 @@ const gpu_api gpu_hip_api = {
     .function_find = hip_function_find,
     .launch = hip_launch,
     .host_task = hip_host_task,
+    .capture_begin = hip_capture_begin,
+    .capture_end = hip_capture_end,
+    .graph_count = hip_graph_count,
+    .graph_instantiate = hip_graph_instantiate,
+    .graph_launch = hip_graph_launch,
+    .graph_destroy = hip_graph_destroy,
+    .graph_exec_destroy = hip_graph_exec_destroy,
     .host_register = hip_host_register,
     .host_unregister = hip_host_unregister,
 };
