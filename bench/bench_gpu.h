@@ -12,7 +12,7 @@
 #include "plan.h"
 #include "rt.h"
 
-#define MAX_ROWS 24
+#define MAX_ROWS 48
 
 typedef struct row {
   char what[80], value[200], how[240];

@@ -19,14 +19,20 @@
  *
  * The bundles must generate the same tokens (every schedule of one model
  * gives the same bits on one backend); the table says whether they did and
- * the exit status is 1 when they did not. */
+ * the exit status is 1 when they did not.
+ *
+ * Then, for the first bundle: the plan's decode kernels launched alone
+ * against the same work in cuBLAS (bench/ds4_kernels.c); the decode step
+ * at positions 128, 1024 and the last the plan holds (the state grows
+ * with the context); and, as a table of its own, the last decode step by
+ * op kind from a trace (time, weight bytes, share of copy bandwidth). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_gpu.h"
+#include "ds4_bench.h"
 #include "plan.h"
 #include "rt.h"
 
@@ -53,32 +59,35 @@ static uint64_t weight_rows(const plan *p, const plan_tensor *t) {
   return src->ndim ? src->dim[0] : 1;
 }
 
+uint64_t ds4_weight_bytes(const plan *p, uint32_t c) {
+  const plan_command *cmd = &p->commands[c];
+  if (cmd->kind != PLAN_CMD_LAUNCH) return 0;
+  const char *kind = plan_str(p, p->kernels[cmd->a].kind);
+  const plan_arg *args = &p->args[cmd->args_begin];
+  uint64_t k = 1, total = 0;
+  /* moe_experts, or its two launches on a GPU (moe_up, moe_down) */
+  int experts = !strcmp(kind, "moe_experts") || !strcmp(kind, "moe_up") || !strcmp(kind, "moe_down");
+  if (experts) k = p->tensors[args[1].tensor].dim[1]; /* idx [T, k] */
+  for (uint32_t i = 0; i < cmd->nargs; i++) {
+    const plan_tensor *t = &p->tensors[args[i].tensor];
+    if (t->role != PLAN_WEIGHT) continue;
+    if (!strcmp(kind, "embed") || !strcmp(kind, "hash_route")) {
+      total += share(args[i].bytes, 1, t->dim[0]);
+    } else if (experts) {
+      /* a part holding E_p of E experts reads k/E of the whole: over the
+       * parts, k experts' bytes */
+      total += share(args[i].bytes, k, weight_rows(p, t));
+    } else {
+      total += args[i].bytes;
+    }
+  }
+  return total;
+}
+
 /* Weight bytes one decode token must read (see the header). */
 static uint64_t floor_bytes(const plan *p) {
   uint64_t total = 0;
-  for (uint32_t c = 0; c < p->ncommands; c++) {
-    const plan_command *cmd = &p->commands[c];
-    if (cmd->kind != PLAN_CMD_LAUNCH) continue;
-    const char *kind = plan_str(p, p->kernels[cmd->a].kind);
-    const plan_arg *args = &p->args[cmd->args_begin];
-    uint64_t k = 1;
-    /* moe_experts, or its two launches on a GPU (moe_up, moe_down) */
-    int experts = !strcmp(kind, "moe_experts") || !strcmp(kind, "moe_up") || !strcmp(kind, "moe_down");
-    if (experts) k = p->tensors[args[1].tensor].dim[1]; /* idx [T, k] */
-    for (uint32_t i = 0; i < cmd->nargs; i++) {
-      const plan_tensor *t = &p->tensors[args[i].tensor];
-      if (t->role != PLAN_WEIGHT) continue;
-      if (!strcmp(kind, "embed") || !strcmp(kind, "hash_route")) {
-        total += share(args[i].bytes, 1, t->dim[0]);
-      } else if (experts) {
-        /* a part holding E_p of E experts reads k/E of the whole: over the
-         * parts, k experts' bytes */
-        total += share(args[i].bytes, k, weight_rows(p, t));
-      } else {
-        total += args[i].bytes;
-      }
-    }
-  }
+  for (uint32_t c = 0; c < p->ncommands; c++) total += ds4_weight_bytes(p, c);
   return total;
 }
 
@@ -142,10 +151,161 @@ static rt_status run_bundle(const char *dir, const opts *o, int graph, result *r
   return s;
 }
 
+/* The prompt's tokens cycled, as the ids of positions [from, to) in
+ * chunks of the plan's slots; *out_last the token after the last. */
+static rt_status feed_range(rt_bundle *bd, const plan *p, const int32_t *prompt, int nprompt, int from, int to,
+                            int32_t *ids, int32_t *next, int *index, int32_t *out_last) {
+  for (int pos = from; pos < to; pos += (int)p->info.tokens) {
+    int ntok = to - pos < (int)p->info.tokens ? to - pos : (int)p->info.tokens;
+    for (int i = 0; i < ntok; i++) ids[i] = prompt[(pos + i) % nprompt];
+    RT_TRY(step_once(bd, p, ids, pos, ntok, (*index)++));
+    RT_TRY(rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next));
+    *out_last = next[ntok - 1];
+  }
+  return NULL;
+}
+
+/* The decode step at positions 128, 1024 and the last that leaves room
+ * for the warm-up and timed steps: the context fed up to each, then
+ * warm-up and timed steps from there (graph replay where it can run). */
+static void positions_rows(const char *dir, const opts *o, double copy_bps, table *t) {
+  rt_bundle *bd = NULL;
+  rt_options ro = {.graph = 1};
+  rt_status s = rt_bundle_open(dir, &ro, &bd);
+  if (s) { /* not one GPU device: stream replay */
+    rt_status_free(s);
+    ro.graph = 0;
+    s = rt_bundle_open(dir, &ro, &bd);
+  }
+  if (s) {
+    add_error(t, "decode by position", s);
+    return;
+  }
+  const plan *p = rt_bundle_plan(bd);
+  int32_t *prompt = NULL;
+  int nprompt = 0, index = 0, at = 0;
+  int32_t last = 0;
+  s = rt_default_prompt(p, &prompt, &nprompt);
+  int32_t *ids = calloc(p->info.tokens, sizeof *ids), *next = calloc(p->info.tokens, sizeof *next);
+  double *us = malloc((size_t)o->steps * sizeof *us);
+  if (!s && !(ids && next && us)) s = rt_status_make("out of memory");
+  int room = (int)p->info.max_seq - o->warmup - o->steps;
+  int want[3] = {128, 1024, room};
+  double bytes = (double)floor_bytes(p);
+  for (int w = 0; w < 3 && !s; w++) {
+    if (want[w] <= at || want[w] > room) continue;
+    s = feed_range(bd, p, prompt, nprompt, at, want[w], ids, next, &index, &last);
+    for (int i = 0; i < o->warmup + o->steps && !s; i++) {
+      ids[0] = last;
+      double t0 = now_ns();
+      s = step_once(bd, p, ids, want[w] + i, 1, index++);
+      if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
+      if (!s && i >= o->warmup) us[i - o->warmup] = (now_ns() - t0) * 1e-3;
+      last = next[0];
+    }
+    at = want[w] + o->warmup + o->steps;
+    if (s) break;
+    double med = quantile(us, o->steps, 0.5), floor_us = bytes / copy_bps * 1e6;
+    char what[80], how[240];
+    snprintf(what, sizeof what, "decode step at position %d", want[w]);
+    snprintf(how, sizeof how, "%s, %s replay; the context fed up to it, then %d steps after %d; floor of weights only",
+             plan_str(p, p->info.schedule), ro.graph ? "graph" : "stream", o->steps, o->warmup);
+    add_row(t, what, how, "%.1f us; %.2fx floor", med, med / floor_us);
+  }
+  if (s) add_error(t, "decode by position", s);
+  free(prompt);
+  free(ids);
+  free(next);
+  free(us);
+  rt_bundle_close(bd);
+}
+
+typedef struct kind_time {
+  const char *kind;
+  double us;
+  uint64_t bytes;
+  int launches;
+} kind_time;
+
+static int by_time(const void *a, const void *b) {
+  const kind_time *x = a, *y = b;
+  return (x->us < y->us) - (x->us > y->us);
+}
+
+/* The last of warm-up decode steps under a trace, summed by op kind: the
+ * spans' times (the streams overlap, so they add to more than the step,
+ * and each carries its timestamps' cost of a few us), the weight bytes
+ * and their rate against copy bandwidth. */
+static void op_rows(const char *dir, const opts *o, double copy_bps, table *t) {
+  rt_bundle *bd = NULL;
+  rt_options ro = {.trace = 1};
+  rt_status s = rt_bundle_open(dir, &ro, &bd);
+  if (s) {
+    add_error(t, "decode step by op kind", s);
+    return;
+  }
+  const plan *p = rt_bundle_plan(bd);
+  int32_t *prompt = NULL;
+  int nprompt = 0, index = 0;
+  int32_t last = 0;
+  s = rt_default_prompt(p, &prompt, &nprompt);
+  int32_t *ids = calloc(p->info.tokens, sizeof *ids), *next = calloc(p->info.tokens, sizeof *next);
+  kind_time *k = calloc(p->nkernels + 1, sizeof *k);
+  if (!s && !(ids && next && k)) s = rt_status_make("out of memory");
+  if (!s) s = prefill(bd, p, prompt, nprompt, ids, next, &index, &last);
+  for (int i = 0; i < o->warmup + 1 && !s; i++) {
+    ids[0] = last;
+    s = step_once(bd, p, ids, nprompt + i, 1, index++);
+    if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
+    last = next[0];
+  }
+  const uint64_t *start = NULL, *end = NULL;
+  if (!s) s = rt_trace_last_step(bd, &start, &end);
+  int nk = 0;
+  double total = 0;
+  for (uint32_t c = 0; c < p->ncommands && !s; c++) {
+    const plan_command *cmd = &p->commands[c];
+    if (cmd->kind != PLAN_CMD_LAUNCH && cmd->kind != PLAN_CMD_COPY) continue;
+    const char *kind = cmd->kind == PLAN_CMD_COPY ? "copy" : plan_str(p, p->kernels[cmd->a].kind);
+    int i = 0;
+    while (i < nk && strcmp(k[i].kind, kind)) i++;
+    if (i == nk) k[nk++].kind = kind;
+    double us = end[c] > start[c] ? (double)(end[c] - start[c]) * 1e-3 : 0;
+    k[i].us += us;
+    k[i].bytes += ds4_weight_bytes(p, c);
+    k[i].launches++;
+    total += us;
+  }
+  if (!s) {
+    qsort(k, (size_t)nk, sizeof *k, by_time);
+    for (int i = 0; i < nk; i++) {
+      char how[240];
+      snprintf(how, sizeof how, "%d launch%s; %.1f MiB of weights", k[i].launches, k[i].launches == 1 ? "" : "es",
+               (double)k[i].bytes / 1048576.0);
+      if (k[i].bytes)
+        add_row(t, k[i].kind, how, "%.1f us (%.1f%% of the spans); %.0f GB/s, %.0f%% of copy", k[i].us,
+                100.0 * k[i].us / total, (double)k[i].bytes / (k[i].us * 1e-6) * 1e-9,
+                100.0 * (double)k[i].bytes / (k[i].us * 1e-6) / copy_bps);
+      else
+        add_row(t, k[i].kind, how, "%.1f us (%.1f%% of the spans)", k[i].us, 100.0 * k[i].us / total);
+    }
+    add_row(t, "all spans", "summed over the streams, which overlap", "%.1f us", total);
+  }
+  if (s) add_error(t, "decode step by op kind", s);
+  free(prompt);
+  free(ids);
+  free(next);
+  free(k);
+  rt_bundle_close(bd);
+}
+
 static int usage(FILE *f, int rc) {
   fprintf(f, "usage: ds4_bench BUNDLE... [--steps N] [--warmup W] [--ordinal N]\n"
              "  Decode step time of each bundle (one model, several schedules) on one NVIDIA GPU,\n"
-             "  and the floor: the weight bytes a step must read over the measured copy bandwidth.\n"
+             "  under stream and graph replay, and the floor: the weight bytes a step must read\n"
+             "  over the measured copy bandwidth. For the first bundle also: its GEMVs and one\n"
+             "  layer's MoE against cuBLAS, the step at positions 128, 1024 and the last, and the\n"
+             "  step by op kind.\n"
              "  Defaults: --steps 50 --warmup 5 --ordinal 0.\n");
   return rc;
 }
@@ -206,14 +366,17 @@ int main(int argc, char **argv) {
     add_row(&t, "GPU", "cuDeviceGetName", "%s, cuda ordinal %u", g.info.name, o.ordinal);
     s = bench_copy(&g, &copy_bps);
   }
-  gpu_close(&g);
   if (s) {
+    gpu_close(&g);
     fprintf(stderr, "ds4_bench: error: copy bandwidth: %s\n", rt_status_msg(s));
     rt_status_free(s);
     return 1;
   }
   add_row(&t, "copy bandwidth", "cuMemcpyAsync device to device of 1 GiB: read + written bytes / event-timed median",
           "%.0f GB/s", copy_bps * 1e-9);
+  table kt = {0};
+  ds4_kernel_rows(&g, o.bundles[0], copy_bps, &kt);
+  gpu_close(&g);
 
   result r[2 * MAX_BUNDLES] = {0};
   int parity = 1, ran = 0, nr = 0;
@@ -227,7 +390,7 @@ int main(int argc, char **argv) {
         continue;
       }
       double floor_us = (double)r[i].bytes / copy_bps * 1e6;
-      char what[80], how[240];
+      char what[96], how[240];
       snprintf(what, sizeof what, "%s decode step, %s", r[i].schedule, graph ? "graph" : "streams");
       snprintf(how, sizeof how, "%s, %u launches; step wall time over %d steps after %d; floor = %.1f MiB / copy bw",
                r[i].model, r[i].launches, o.steps, o.warmup, (double)r[i].bytes / 1048576.0);
@@ -244,8 +407,15 @@ int main(int argc, char **argv) {
             "%s", parity ? "identical" : "DIFFER");
     if (!parity) t.failed = 1;
   }
+  positions_rows(o.bundles[0], &o, copy_bps, &t);
   printf("ds4_bench:\n");
   print_table(&t);
+  printf("\nds4_bench: %s's kernels alone against cuBLAS:\n", o.bundles[0]);
+  print_table(&kt);
+  table ot = {0};
+  op_rows(o.bundles[0], &o, copy_bps, &ot);
+  printf("\nds4_bench: %s's last decode step by op kind (stream replay, traced):\n", o.bundles[0]);
+  print_table(&ot);
   for (int i = 0; i < nr; i++) free(r[i].tokens);
-  return t.failed ? 1 : 0;
+  return t.failed || kt.failed || ot.failed ? 1 : 0;
 }

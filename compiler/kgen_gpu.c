@@ -66,11 +66,12 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_INDEX_SELECT] = {256, 0, 0},
   [IR_OP_SWIGLU_ACT] = {256, 0, 0}, /* one thread per element: KGEN_ACT_TILE (256) */
   /* moe_experts lowered (lower.c): as matmul, a warp per row of a tile of
-   * KGEN_MATMUL_TILE (8), the tiles spread over the whole GPU. moe_up asks
-   * for two blocks a multiprocessor (unbounded, its two rows in flight a
-   * warp take 146 registers a thread on sm_90: one block). */
+   * KGEN_MATMUL_TILE (8), the tiles spread over the whole GPU, two blocks
+   * a multiprocessor (unbounded, moe_up's two rows in flight a warp take
+   * 146 registers a thread on sm_90 and moe_down's row with x ahead 130:
+   * one block; bounded, 127 and 126, no spills). */
   [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3, 2},
-  [IR_OP_MOE_DOWN] = {256, 32, 1u << 2},
+  [IR_OP_MOE_DOWN] = {256, 32, 1u << 2, 2},
   /* hc_pre and hc_head lowered (lower.c): a block per sum, then a block
    * per slot */
   [IR_OP_HC_SUMS] = {256, 0, 0},

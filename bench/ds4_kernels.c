@@ -1,0 +1,526 @@
+/* ds4_kernels.c - ds4_bench's side-by-side rows (ds4_bench.h): the plan's
+ * own decode kernels, loaded from the bundle's code object and launched
+ * alone on zeroed buffers of their own, against the same work through
+ * cuBLAS (libcublas dlopen'd: DS4_CUBLAS_LIBRARY, else libcublas.so.13 or
+ * .12), in one run:
+ *  - a GEMV of each decode matmul shape (a bf16 weight [N, K], one live
+ *    token): ours the plan's matmul kernel, theirs cublasGemmEx with x in
+ *    bf16 and y in f32. Each launch reads another copy of the weight, with
+ *    enough copies that they do not fit the L2, so every launch streams
+ *    its weight from memory, as in a decode step;
+ *  - one routed layer's MoE: ours the layer's moe_up and moe_down and its
+ *    shared expert's launches (gate, up, act, down), theirs the GEMVs of
+ *    top_k routed experts (gate, up, down) and of the shared expert as
+ *    cuBLAS calls; each side captured in a CUDA graph and timed as one
+ *    graph launch.
+ * Every time is an event-timed median of KRUNS after KWARMUP. The values
+ * are zeros: the time does not depend on them. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ds4_bench.h"
+
+#define KRUNS 30
+#define KWARMUP 3
+#define MAX_COPIES 16
+#define MAX_SHAPES 16
+#define KIT_TENSORS 32
+
+/* ---- cuBLAS, through dlopen (cublas_api.h's values) ---- */
+
+enum {
+  CUBLAS_OP_N = 0,
+  CUBLAS_OP_T = 1,
+  CUDA_R_32F = 0,
+  CUDA_R_16BF = 14,
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_GEMM_DEFAULT = -1,
+};
+
+typedef struct cublas {
+  void *lib;
+  void *handle;
+  char file[64];
+  int (*create)(void **handle);
+  int (*destroy)(void *handle);
+  int (*set_stream)(void *handle, void *stream);
+  int (*gemm_ex)(void *handle, int transa, int transb, int m, int n, int k, const void *alpha, const void *a,
+                 int atype, int lda, const void *b, int btype, int ldb, const void *beta, void *c, int ctype,
+                 int ldc, int compute, int algo);
+} cublas;
+
+static void cublas_close(cublas *c) {
+  if (c->handle) c->destroy(c->handle);
+  if (c->lib) dlclose(c->lib);
+  memset(c, 0, sizeof *c);
+}
+
+static rt_status cublas_open(cublas *c, gpu *g) {
+  memset(c, 0, sizeof *c);
+  const char *files[] = {getenv("DS4_CUBLAS_LIBRARY"), "libcublas.so.13", "libcublas.so.12"};
+  for (size_t i = 0; i < sizeof files / sizeof *files && !c->lib; i++) {
+    if (!files[i]) continue;
+    c->lib = dlopen(files[i], RTLD_NOW | RTLD_LOCAL);
+    if (c->lib) snprintf(c->file, sizeof c->file, "%s", files[i]);
+  }
+  if (!c->lib)
+    return rt_status_make("cuBLAS: cannot load libcublas.so.13 or libcublas.so.12 (%s); set "
+                          "DS4_CUBLAS_LIBRARY", dlerror());
+  *(void **)&c->create = dlsym(c->lib, "cublasCreate_v2");
+  *(void **)&c->destroy = dlsym(c->lib, "cublasDestroy_v2");
+  *(void **)&c->set_stream = dlsym(c->lib, "cublasSetStream_v2");
+  *(void **)&c->gemm_ex = dlsym(c->lib, "cublasGemmEx");
+  if (!c->create || !c->destroy || !c->set_stream || !c->gemm_ex) {
+    rt_status s = rt_status_make("cuBLAS: %s lacks cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2 "
+                                 "or cublasGemmEx", c->file);
+    cublas_close(c);
+    return s;
+  }
+  int st = c->create(&c->handle);
+  if (st) {
+    c->handle = NULL;
+    cublas_close(c);
+    return rt_status_make("cuBLAS: cublasCreate_v2 failed: status %d", st);
+  }
+  st = c->set_stream(c->handle, g->s);
+  if (st) {
+    cublas_close(c);
+    return rt_status_make("cuBLAS: cublasSetStream_v2 failed: status %d", st);
+  }
+  return NULL;
+}
+
+/* y[N] (f32) = w[N,K] (bf16, rows of K) . x[K] (bf16): in cuBLAS's column
+ * order w is K x N, so y = w^T x. */
+static rt_status cublas_gemv(cublas *c, const void *w, const void *x, float *y, int n, int k) {
+  const float alpha = 1.0f, beta = 0.0f;
+  int st = c->gemm_ex(c->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, 1, k, &alpha, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
+                      &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return st ? rt_status_make("cuBLAS: cublasGemmEx(%d x %d) failed: status %d", n, k, st) : NULL;
+}
+
+/* ---- the plan's kernels, alone ---- */
+
+/* What the launches of one section share: the code object, the step block
+ * (one live token at position 0) and a zeroed buffer per tensor they
+ * name, so that one launch's output is the next one's input as in the
+ * plan. */
+typedef struct kit {
+  gpu *g;
+  const plan *p;
+  gpu_module m;
+  owned o;
+  uint32_t tensor[KIT_TENSORS];
+  void *ptr[KIT_TENSORS];
+  int n;
+  int32_t *step;
+} kit;
+
+static rt_status read_whole(const char *path, char **out, size_t *out_len) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return rt_status_make("%s: cannot open: %s", path, strerror(errno));
+  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  char *buf = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+  rt_status s = NULL;
+  if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) s = rt_status_make("%s: cannot read", path);
+  fclose(f);
+  if (s) {
+    free(buf);
+    return s;
+  }
+  buf[n] = '\0';
+  *out = buf;
+  *out_len = (size_t)n;
+  return NULL;
+}
+
+/* The code object of the plan's first cuda device. */
+static rt_status kit_open(kit *k, gpu *g, const char *bundle, const plan *p) {
+  memset(k, 0, sizeof *k);
+  k->g = g;
+  k->p = p;
+  const char *arch = NULL;
+  for (uint32_t d = 0; d < p->ndevices && !arch; d++)
+    if (p->devices[d].backend == PLAN_BACKEND_CUDA) arch = plan_str(p, p->devices[d].arch);
+  if (!arch) return rt_status_make("%s: the plan has no cuda device", bundle);
+  const char *rel = NULL;
+  for (uint32_t i = 0; i < p->ncodeobjs && !rel; i++)
+    if (!strcmp(plan_str(p, p->codeobjs[i].target), arch)) rel = plan_str(p, p->codeobjs[i].path);
+  if (!rel) return rt_status_make("%s: no code object for %s", bundle, arch);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", bundle, rel);
+  char *image = NULL;
+  size_t len = 0;
+  RT_TRY(read_whole(path, &image, &len));
+  rt_status s = g->api->module_load(g->drv, image, &k->m);
+  free(image);
+  if (s) return s;
+  int32_t step[4] = {0, 1, 0, 0};
+  RT_TRY(gpu_alloc(g, &k->o, sizeof step, (void **)&k->step));
+  return gpu_upload(g, k->step, step, sizeof step);
+}
+
+static void kit_close(kit *k) {
+  if (!k->g) return;
+  gpu_free_all(k->g, &k->o);
+  if (k->m) k->g->api->module_unload(k->g->drv, k->m);
+  memset(k, 0, sizeof *k);
+}
+
+/* The routing choices of every slot: top_k distinct experts spread over
+ * the e held. */
+static rt_status fill_idx(kit *k, void *dst, const plan_tensor *t, uint64_t e) {
+  uint64_t rows = t->ndim ? t->dim[0] : 1, topk = t->ndim > 1 ? t->dim[1] : 1;
+  int32_t *ids = malloc(rows * topk * sizeof *ids);
+  if (!ids) return rt_status_make("out of memory");
+  for (uint64_t r = 0; r < rows; r++)
+    for (uint64_t j = 0; j < topk; j++) ids[r * topk + j] = (int32_t)(j * (e / topk) % e);
+  rt_status s = gpu_upload(k->g, dst, ids, rows * topk * sizeof *ids);
+  free(ids);
+  return s;
+}
+
+/* Tensor t's buffer, zeroed at first use (an i32 [T, k] idx: the choices
+ * of fill_idx over `experts`). */
+static rt_status kit_buffer(kit *k, uint32_t tensor, uint64_t experts, void **out) {
+  for (int i = 0; i < k->n; i++)
+    if (k->tensor[i] == tensor) {
+      *out = k->ptr[i];
+      return NULL;
+    }
+  if (k->n == KIT_TENSORS) return rt_status_make("ds4_bench: too many tensors in one section");
+  const plan_tensor *t = &k->p->tensors[tensor];
+  void *ptr;
+  RT_TRY(gpu_alloc(k->g, &k->o, t->bytes, &ptr));
+  RT_TRY(k->g->api->memset_async(k->g->drv, k->g->s, ptr, 0, t->bytes));
+  if (t->dtype == PLAN_I32 && t->ndim == 2 && experts) RT_TRY(fill_idx(k, ptr, t, experts));
+  k->tensor[k->n] = tensor;
+  k->ptr[k->n++] = ptr;
+  *out = ptr;
+  return NULL;
+}
+
+typedef struct launch {
+  gpu_function f;
+  uint32_t grid, block;
+  void **bufs; /* device memory: the launch's buffer pointers */
+} launch;
+
+/* Launch command c on the kit's buffers; with wcopy, arg 1 (the weight)
+ * is wcopy instead. */
+static rt_status kit_launch(kit *k, uint32_t c, uint64_t experts, void *wcopy, launch *out) {
+  const plan *p = k->p;
+  const plan_command *cmd = &p->commands[c];
+  const plan_kernel *kn = &p->kernels[cmd->a];
+  void *host[GPU_MAX_ARGS * 2];
+  if (cmd->nargs > sizeof host / sizeof *host) return rt_status_make("ds4_bench: too many arguments");
+  for (uint32_t i = 0; i < cmd->nargs; i++) {
+    const plan_arg *a = &p->args[cmd->args_begin + i];
+    void *base = wcopy;
+    if (i != 1 || !wcopy) RT_TRY(kit_buffer(k, a->tensor, experts, &base));
+    host[i] = (char *)base + a->offset;
+  }
+  RT_TRY(k->g->api->function_find(k->g->drv, k->m, plan_str(p, kn->symbol), &out->f));
+  RT_TRY(gpu_alloc(k->g, &k->o, cmd->nargs * sizeof(void *), (void **)&out->bufs));
+  RT_TRY(gpu_upload(k->g, out->bufs, host, cmd->nargs * sizeof(void *)));
+  out->grid = kn->grid;
+  out->block = kn->block;
+  return NULL;
+}
+
+static rt_status launch_run(kit *k, const launch *l) {
+  const void *args[2] = {l->bufs, k->step};
+  return k->g->api->launch(k->g->drv, k->g->s, l->f, l->grid, l->block, 0, args, 2);
+}
+
+/* ---- timing ---- */
+
+typedef rt_status (*run_fn)(void *ctx, int run);
+
+/* Event-timed median of KRUNS runs after KWARMUP, in microseconds. */
+static rt_status time_median(gpu *g, run_fn fn, void *ctx, double *out_us) {
+  double us[KRUNS];
+  for (int i = 0; i < KWARMUP + KRUNS; i++) {
+    double ms = 0;
+    RT_TRY(g->api->event_record(g->drv, g->e0, g->s));
+    RT_TRY(fn(ctx, i));
+    RT_TRY(g->api->event_record(g->drv, g->e1, g->s));
+    RT_TRY(gpu_elapsed(g, &ms));
+    if (i >= KWARMUP) us[i - KWARMUP] = ms * 1e3;
+  }
+  *out_us = quantile(us, KRUNS, 0.5);
+  return NULL;
+}
+
+/* ---- GEMV shapes ---- */
+
+typedef struct shape {
+  uint32_t first; /* the first launch of the shape */
+  uint64_t n, k;
+  int launches;
+} shape;
+
+/* Distinct (N, K) of the plan's matmul launches on a bf16 weight. */
+static int gemv_shapes(const plan *p, shape *out, int cap) {
+  int n = 0;
+  for (uint32_t c = 0; c < p->ncommands; c++) {
+    const plan_command *cmd = &p->commands[c];
+    if (cmd->kind != PLAN_CMD_LAUNCH || strcmp(plan_str(p, p->kernels[cmd->a].kind), "matmul")) continue;
+    const plan_tensor *w = &p->tensors[p->args[cmd->args_begin + 1].tensor];
+    if (w->dtype != PLAN_BF16 || w->ndim != 2) continue;
+    int i = 0;
+    while (i < n && (out[i].n != w->dim[0] || out[i].k != w->dim[1])) i++;
+    if (i < n) {
+      out[i].launches++;
+    } else if (n < cap) {
+      out[n++] = (shape){.first = c, .n = w->dim[0], .k = w->dim[1], .launches = 1};
+    }
+  }
+  return n;
+}
+
+typedef struct gemv_ctx {
+  kit *k;
+  cublas *cb;
+  launch ours[MAX_COPIES];
+  void *w[MAX_COPIES];
+  void *xb;
+  float *y;
+  int copies;
+  shape sh;
+} gemv_ctx;
+
+static rt_status run_ours(void *ctx, int run) {
+  gemv_ctx *c = ctx;
+  return launch_run(c->k, &c->ours[run % c->copies]);
+}
+
+static rt_status run_theirs(void *ctx, int run) {
+  gemv_ctx *c = ctx;
+  return cublas_gemv(c->cb, c->w[run % c->copies], c->xb, c->y, (int)c->sh.n, (int)c->sh.k);
+}
+
+/* The op a launch belongs to, without its layer ("attn.q_b"). */
+static const char *op_name(const plan *p, uint32_t c) {
+  const char *path = plan_str(p, p->ops[p->commands[c].op].path);
+  if (!strncmp(path, "layers.", 7)) {
+    const char *dot = strchr(path + 7, '.');
+    if (dot) return dot + 1;
+  }
+  return path;
+}
+
+static rt_status gemv_row(gpu *g, kit *k, cublas *cb, const shape *sh, double copy_bps, table *t) {
+  gemv_ctx c = {.k = k, .cb = cb, .sh = *sh};
+  uint64_t wbytes = sh->n * sh->k * 2, l2 = g->info.l2_bytes ? g->info.l2_bytes : 64ull << 20;
+  c.copies = (int)((3 * l2 + wbytes - 1) / wbytes);
+  if (c.copies < 2) c.copies = 2;
+  if (c.copies > MAX_COPIES) c.copies = MAX_COPIES;
+  for (int i = 0; i < c.copies; i++) {
+    RT_TRY(gpu_alloc(g, &k->o, wbytes, &c.w[i]));
+    RT_TRY(g->api->memset_async(g->drv, g->s, c.w[i], 0, wbytes));
+    RT_TRY(kit_launch(k, sh->first, 0, c.w[i], &c.ours[i]));
+  }
+  RT_TRY(gpu_alloc(g, &k->o, sh->k * 2, &c.xb));
+  RT_TRY(g->api->memset_async(g->drv, g->s, c.xb, 0, sh->k * 2));
+  RT_TRY(gpu_alloc(g, &k->o, sh->n * 4, (void **)&c.y));
+  double ours = 0, theirs = 0;
+  RT_TRY(time_median(g, run_ours, &c, &ours));
+  RT_TRY(time_median(g, run_theirs, &c, &theirs));
+  double bw_ours = (double)wbytes / (ours * 1e-6), bw_theirs = (double)wbytes / (theirs * 1e-6);
+  char what[80], how[240];
+  snprintf(what, sizeof what, "GEMV %llux%llu bf16", (unsigned long long)sh->n, (unsigned long long)sh->k);
+  snprintf(how, sizeof how, "%s, %d launch%s a step; %d weight copies rotated; ours: the plan's matmul, cuBLAS: "
+           "cublasGemmEx bf16 x, f32 y", op_name(k->p, sh->first), sh->launches, sh->launches == 1 ? "" : "es",
+           c.copies);
+  add_row(t, what, how, "ours %.1f us (%.0f%% of copy); cuBLAS %.1f us (%.0f%%); ours/cuBLAS %.2fx the time",
+          ours, 100.0 * bw_ours / copy_bps, theirs, 100.0 * bw_theirs / copy_bps, ours / theirs);
+  return NULL;
+}
+
+/* ---- one layer's MoE ---- */
+
+typedef struct moe_ctx {
+  gpu *g;
+  gpu_graph_exec exec;
+} moe_ctx;
+
+static rt_status run_graph(void *ctx, int run) {
+  (void)run;
+  moe_ctx *c = ctx;
+  return c->g->api->graph_launch(c->g->drv, c->exec, c->g->s);
+}
+
+/* What the capture enqueued, as a graph ready to launch; the capture is
+ * ended whatever happened. */
+static rt_status capture_finish(gpu *g, rt_status enqueued, gpu_graph_exec *out) {
+  gpu_graph graph = NULL;
+  rt_status s = g->api->capture_end(g->drv, g->s, &graph);
+  if (enqueued) {
+    rt_status_free(s);
+    s = enqueued;
+  }
+  if (!s) s = g->api->graph_instantiate(g->drv, graph, out);
+  if (graph) g->api->graph_destroy(g->drv, graph);
+  return s;
+}
+
+/* The launches of the first layer with a moe_up: its moe_up and moe_down
+ * and its shared expert's (ops under the same "layers.N.ffn.shared."). */
+static int moe_launches(const plan *p, uint32_t *out, int cap, char *layer, size_t layer_len) {
+  int n = 0;
+  layer[0] = '\0';
+  for (uint32_t c = 0; c < p->ncommands; c++) {
+    const plan_command *cmd = &p->commands[c];
+    if (cmd->kind != PLAN_CMD_LAUNCH) continue;
+    const char *kind = plan_str(p, p->kernels[cmd->a].kind);
+    const char *path = plan_str(p, p->ops[cmd->op].path);
+    if (!layer[0] && !strcmp(kind, "moe_up")) {
+      const char *ffn = strstr(path, ".ffn.");
+      if (!ffn || (size_t)(ffn - path) + 6 > layer_len) continue;
+      snprintf(layer, layer_len, "%.*s", (int)(ffn - path + 5), path); /* "layers.2.ffn." */
+    }
+  }
+  if (!layer[0]) return 0;
+  char shared[96];
+  snprintf(shared, sizeof shared, "%sshared.", layer);
+  for (uint32_t c = 0; c < p->ncommands && n < cap; c++) {
+    const plan_command *cmd = &p->commands[c];
+    if (cmd->kind != PLAN_CMD_LAUNCH) continue;
+    const char *kind = plan_str(p, p->kernels[cmd->a].kind);
+    const char *path = plan_str(p, p->ops[cmd->op].path);
+    int routed = !strncmp(path, layer, strlen(layer)) && (!strcmp(kind, "moe_up") || !strcmp(kind, "moe_down"));
+    if (routed || !strncmp(path, shared, strlen(shared))) out[n++] = c;
+  }
+  return n;
+}
+
+/* Theirs: top_k experts' gate, up and down, then the shared expert's, as
+ * cuBLAS GEMVs on our weight buffers (the routed ones [E, F, H] and [E,
+ * H, F]; the shared ones [F, H] and [H, F]). */
+static rt_status moe_cublas(kit *k, cublas *cb, const uint32_t *cmds, int n, uint64_t experts) {
+  const plan *p = k->p;
+  void *xb = NULL, *actb = NULL;
+  float *y = NULL;
+  uint64_t most = 0;
+  for (int i = 0; i < n; i++) {
+    const plan_command *cmd = &p->commands[cmds[i]];
+    for (uint32_t a = 0; a < cmd->nargs; a++) {
+      const plan_tensor *t = &p->tensors[p->args[cmd->args_begin + a].tensor];
+      for (uint32_t d = 0; d < t->ndim; d++)
+        if (t->dim[d] > most) most = t->dim[d];
+    }
+  }
+  RT_TRY(gpu_alloc(k->g, &k->o, most * 2, &xb));
+  RT_TRY(gpu_alloc(k->g, &k->o, most * 2, &actb));
+  RT_TRY(gpu_alloc(k->g, &k->o, most * 4, (void **)&y));
+  RT_TRY(k->g->api->memset_async(k->g->drv, k->g->s, xb, 0, most * 2));
+  RT_TRY(k->g->api->memset_async(k->g->drv, k->g->s, actb, 0, most * 2));
+  for (int i = 0; i < n; i++) {
+    const plan_command *cmd = &p->commands[cmds[i]];
+    const char *kind = plan_str(p, p->kernels[cmd->a].kind);
+    if (!strcmp(kind, "moe_up") || !strcmp(kind, "moe_down")) {
+      int up = !strcmp(kind, "moe_up");
+      /* moe_up: x, idx, w1, w3; moe_down: act, idx, w2 */
+      const plan_tensor *w = &p->tensors[p->args[cmd->args_begin + 2].tensor];
+      const plan_tensor *idx = &p->tensors[p->args[cmd->args_begin + 1].tensor];
+      uint64_t rows = w->dim[1], cols = w->dim[2], topk = idx->ndim > 1 ? idx->dim[1] : 1;
+      for (uint64_t j = 0; j < topk; j++) {
+        uint64_t e = j * (experts / topk) % experts;
+        for (uint32_t m = 2; m < (up ? 4u : 3u); m++) {
+          void *base;
+          RT_TRY(kit_buffer(k, p->args[cmd->args_begin + m].tensor, experts, &base));
+          const char *wp = (const char *)base + e * rows * cols * 2;
+          RT_TRY(cublas_gemv(cb, wp, up ? xb : actb, y, (int)rows, (int)cols));
+        }
+      }
+    } else if (!strcmp(kind, "matmul")) {
+      const plan_tensor *w = &p->tensors[p->args[cmd->args_begin + 1].tensor];
+      void *base;
+      RT_TRY(kit_buffer(k, p->args[cmd->args_begin + 1].tensor, experts, &base));
+      RT_TRY(cublas_gemv(cb, base, xb, y, (int)w->dim[0], (int)w->dim[1]));
+    }
+  }
+  return NULL;
+}
+
+static rt_status moe_row(gpu *g, kit *k, cublas *cb, double copy_bps, table *t) {
+  const plan *p = k->p;
+  uint32_t cmds[16];
+  char layer[64];
+  int n = moe_launches(p, cmds, 16, layer, sizeof layer);
+  if (n == 0) return rt_status_make("the plan has no moe_up launch");
+  uint64_t experts = 0, bytes = 0;
+  launch ours[16];
+  for (int i = 0; i < n; i++) {
+    const plan_command *cmd = &p->commands[cmds[i]];
+    if (!strcmp(plan_str(p, p->kernels[cmd->a].kind), "moe_up"))
+      experts = p->tensors[p->args[cmd->args_begin + 2].tensor].dim[0];
+    bytes += ds4_weight_bytes(p, cmds[i]);
+  }
+  for (int i = 0; i < n; i++) RT_TRY(kit_launch(k, cmds[i], experts, NULL, &ours[i]));
+  /* cuBLAS sets up its workspace outside the capture. */
+  RT_TRY(moe_cublas(k, cb, cmds, n, experts));
+  RT_TRY(g->api->stream_sync(g->drv, g->s));
+
+  moe_ctx ctx_ours = {.g = g}, ctx_theirs = {.g = g};
+  rt_status s = g->api->capture_begin(g->drv, g->s);
+  if (s) return s;
+  rt_status e = NULL;
+  for (int i = 0; i < n && !e; i++) e = launch_run(k, &ours[i]);
+  RT_TRY(capture_finish(g, e, &ctx_ours.exec));
+  s = g->api->capture_begin(g->drv, g->s);
+  if (!s) s = capture_finish(g, moe_cublas(k, cb, cmds, n, experts), &ctx_theirs.exec);
+  double us_ours = 0, us_theirs = 0;
+  if (!s) s = time_median(g, run_graph, &ctx_ours, &us_ours);
+  if (!s) s = time_median(g, run_graph, &ctx_theirs, &us_theirs);
+  if (ctx_ours.exec) g->api->graph_exec_destroy(g->drv, ctx_ours.exec);
+  if (ctx_theirs.exec) g->api->graph_exec_destroy(g->drv, ctx_theirs.exec);
+  if (s) return s;
+  char what[80], how[240];
+  snprintf(what, sizeof what, "MoE of %.*s", (int)strlen(layer) - 5, layer);
+  snprintf(how, sizeof how, "%d launches (moe_up, moe_down, shared gate, up, act, down) against their GEMVs in "
+           "cuBLAS, each side one CUDA graph; %.1f MiB of weights", n, (double)bytes / 1048576.0);
+  add_row(t, what, how, "ours %.1f us (%.0f%% of copy); cuBLAS %.1f us (%.0f%%); ours/cuBLAS %.2fx the time",
+          us_ours, 100.0 * (double)bytes / (us_ours * 1e-6) / copy_bps, us_theirs,
+          100.0 * (double)bytes / (us_theirs * 1e-6) / copy_bps, us_ours / us_theirs);
+  return NULL;
+}
+
+void ds4_kernel_rows(gpu *g, const char *bundle, double copy_bps, table *t) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/plan.ds4p", bundle);
+  plan p;
+  rt_status s = plan_read(path, &p);
+  if (s) {
+    add_error(t, "kernels against cuBLAS", s);
+    return;
+  }
+  cublas cb;
+  s = cublas_open(&cb, g);
+  if (s) {
+    add_error(t, "kernels against cuBLAS", s);
+    plan_free(&p);
+    return;
+  }
+  shape shapes[MAX_SHAPES];
+  int nshapes = gemv_shapes(&p, shapes, MAX_SHAPES);
+  for (int i = 0; i < nshapes; i++) {
+    kit k;
+    s = kit_open(&k, g, bundle, &p);
+    if (!s) s = gemv_row(g, &k, &cb, &shapes[i], copy_bps, t);
+    kit_close(&k);
+    if (s) add_error(t, "GEMV", s);
+  }
+  kit k;
+  s = kit_open(&k, g, bundle, &p);
+  if (!s) s = moe_row(g, &k, &cb, copy_bps, t);
+  kit_close(&k);
+  if (s) add_error(t, "MoE", s);
+  cublas_close(&cb);
+  plan_free(&p);
+}
