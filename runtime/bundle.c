@@ -435,6 +435,12 @@ static char *part_name(const char *pattern, uint64_t e) {
   return out;
 }
 
+/* Whether binding w into a plan tensor of dtype `to` rounds: F32 into bf16
+ * or f16 (every other conversion binding allows is exact, or an error). */
+static int lossy_binding(const st_weight *w, uint32_t to) {
+  return w->encoding == ST_PLAIN && w->values->dtype == ST_F32 && (to == PLAN_BF16 || to == PLAN_F16);
+}
+
 /* Checkpoint tensor `name` as part of weight t: it must hold values of
  * shape dims (the weight's, or a row's) that convert to t's dtype. */
 static rt_status bind_part(rt_bundle *b, uint32_t t, const char *name, uint32_t ndim,
@@ -461,6 +467,10 @@ static rt_status bind_part(rt_bundle *b, uint32_t t, const char *name, uint32_t 
                                                 packed, want));
   }
   s = st_weight_convertible(out, pt->dtype);
+  if (!s && !b->weights_cast && lossy_binding(out, pt->dtype))
+    s = rt_status_make("%s values would lose bits in the plan's %s (rt_options.weights_cast, ds4run "
+                       "--weights-cast, rounds them to nearest even)",
+                       st_dtype_name(out->values->dtype), plan_dtype_name(pt->dtype));
   return s ? weight_error(b, t, c, s) : NULL;
 }
 
@@ -480,13 +490,16 @@ static rt_status bind_weight(rt_bundle *b, uint32_t t) {
   bd->parts = calloc(nparts ? nparts : 1, sizeof *bd->parts);
   if (!bd->parts) return rt_status_make("out of memory");
   bd->part_elems = per_row ? row_elems_of(pt) : pt->bytes / plan_dtype_size(pt->dtype);
+  int cast = 0;
   for (uint64_t e = 0; e < nparts; e++) {
     char *name = per_row ? part_name(ck, e) : (char *)ck;
     if (!name) return rt_status_make("out of memory");
     rt_status s = bind_part(b, t, name, pt->ndim - per_row, pt->dim + per_row, &bd->parts[e]);
     if (per_row) free(name);
     if (s) return s;
+    cast |= lossy_binding(&bd->parts[e], pt->dtype);
   }
+  b->ncast += (uint32_t)cast;
   return NULL;
 }
 
@@ -753,6 +766,7 @@ void rt_bundle_weights(const rt_bundle *b, rt_weights_info *out) {
       .file = files == 1 ? st_file(b->ckpt, 0) : NULL,
       .from_checkpoint = b->nbound,
       .from_generator = b->ngenerated,
+      .cast = b->ncast,
       .seed = b->seed,
   };
 }
@@ -1067,6 +1081,7 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   const plan *p = &b->p;
   if (opts && opts->graph) RT_TRY(graph_check(b, opts));
   b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
+  b->weights_cast = opts && opts->weights_cast;
   RT_TRY(verify_codeobjs(b));
   RT_TRY(bind_weights(b, opts ? opts->weights : NULL));
   RT_TRY(rt_sync_init(&b->sync));

@@ -18,7 +18,7 @@ enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 
 static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
-    "              [--weights PATH] [--threads N] [--routing-stats FILE]\n"
+    "              [--weights PATH] [--weights-cast] [--threads N] [--routing-stats FILE]\n"
     "              [--dump-logits FILE] [--watchdog MS] [--trace FILE] [--graph]\n"
     "              [--json]\n"
     "       ds4run compare A B [--steps N] [--warmup W] [--blocks K] [--prompt 1,2,3]\n"
@@ -36,6 +36,9 @@ static const char usage_text[] =
     "  --weights PATH  weights from a safetensors file, or from every\n"
     "                  *.safetensors file of directory PATH (default: all\n"
     "                  from the seeded generator)\n"
+    "  --weights-cast  bind checkpoint tensors the plan's dtype cannot hold\n"
+    "                  exactly (F32 into bf16 or f16), rounding them to\n"
+    "                  nearest even (default: refuse them)\n"
     "  --threads N     threads per cpu device (default: the plan's)\n"
     "  --watchdog MS   fail a step that makes no progress for MS milliseconds,\n"
     "                  naming what waits for what (default: off)\n"
@@ -69,6 +72,7 @@ typedef struct cli {
   int json;
   uint64_t seed;
   const char *weights;
+  int weights_cast;
   int threads;
   uint32_t watchdog_ms;
   int32_t *prompt;
@@ -155,6 +159,8 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       c->json = 1;
     } else if (!strcmp(a, "--graph")) {
       c->graph = 1;
+    } else if (!strcmp(a, "--weights-cast")) {
+      c->weights_cast = 1;
     } else if (!strcmp(a, "--steps")) {
       if (ds4run_parse_int(i + 1 < argc ? argv[++i] : NULL, 0, 1000000, &v))
         return usage_error("--steps needs a count >= 0");
@@ -198,6 +204,7 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
     }
   }
   if (!c->bundle) return usage_error("no bundle given");
+  if (c->weights_cast && !c->weights) return usage_error("--weights-cast needs --weights");
   return 0;
 }
 
@@ -217,7 +224,9 @@ static void print_weights_human(const rt_weights_info *w) {
     printf("weights:   %u tensors from 1 file %s", w->from_checkpoint, w->file);
   else
     printf("weights:   %u tensors from %u files under %s", w->from_checkpoint, w->files, w->path);
-  printf("; %u from the generator\n", w->from_generator);
+  printf("; %u from the generator", w->from_generator);
+  if (w->cast) printf("; %u rounded to the plan's dtype (--weights-cast)", w->cast);
+  printf("\n");
 }
 
 static void print_weights_json(const rt_weights_info *w) {
@@ -226,8 +235,8 @@ static void print_weights_json(const rt_weights_info *w) {
     rt_json_string(stdout, w->path);
   else
     printf("null");
-  printf(", \"files\": %u, \"from_checkpoint\": %u, \"from_generator\": %u, \"seed\": %llu}",
-         w->files, w->from_checkpoint, w->from_generator, (unsigned long long)w->seed);
+  printf(", \"files\": %u, \"from_checkpoint\": %u, \"from_generator\": %u, \"cast\": %u, \"seed\": %llu}",
+         w->files, w->from_checkpoint, w->from_generator, w->cast, (unsigned long long)w->seed);
 }
 
 /* "DEVICE.STREAM", as traces and plan.txt name a stream. */
@@ -529,6 +538,7 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
 
 static int run(cli *c) {
   rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights,
+                     .weights_cast = c->weights_cast,
                      .watchdog_ms = c->watchdog_ms, .trace = c->trace != NULL,
                      .graph = c->graph};
   rt_bundle *b = NULL;

@@ -15,6 +15,10 @@ typedef struct rt_options {
   int trace;            /* nonzero: time every launch and copy (rt_trace_last_step) */
   const char *weights;  /* a safetensors file, or a directory of them; NULL: every
                            weight from the seeded generator */
+  int weights_cast;     /* nonzero: bind checkpoint tensors whose dtype the plan's
+                           cannot hold exactly (F32 into bf16 or f16), rounding them;
+                           else such a tensor fails the open (docs/RUNTIME.md,
+                           Weights) */
   uint32_t watchdog_ms; /* 0: off; else a step that makes no progress for this long
                            fails, naming what waits for what (docs/RUNTIME.md,
                            "Faults and the watchdog") */
@@ -52,6 +56,8 @@ typedef struct rt_weights_info {
   const char *file;         /* the one file, when files is 1 */
   uint32_t from_checkpoint; /* weights bound to a checkpoint tensor */
   uint32_t from_generator;  /* the others */
+  uint32_t cast;            /* of from_checkpoint, rounded into a narrower plan dtype
+                               (rt_options.weights_cast) */
   uint64_t seed;            /* the generator's */
 } rt_weights_info;
 void rt_bundle_weights(const rt_bundle *b, rt_weights_info *out);

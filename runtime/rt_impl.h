@@ -89,6 +89,8 @@ struct rt_bundle {
   st_set *ckpt;
   rt_binding *bound; /* [p.ntensors] */
   uint32_t nbound, ngenerated; /* weights that are not views, each way */
+  int weights_cast;            /* rt_options.weights_cast */
+  uint32_t ncast;              /* bound weights rounded into the plan's dtype */
   rt_sync sync;
   int sync_ready;
 

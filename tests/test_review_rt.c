@@ -405,6 +405,25 @@ START_TEST(trace_errors) {
 }
 END_TEST
 
+/* What ds4run refuses about --graph and --weights-cast, by exit status
+ * and message. */
+START_TEST(graph_and_cast_refusals) {
+  const char *b = tiny_hotcold();
+  char args[2048];
+  snprintf(args, sizeof args, "%s --weights-cast", b);
+  ck_assert_int_eq(ds4run(args, 1, out, sizeof out), 64);
+  ck_assert_msg(strstr(out, "ds4run: error: --weights-cast needs --weights"), "%s", out);
+  snprintf(args, sizeof args, "%s --graph", b);
+  ck_assert_int_eq(ds4run(args, 1, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "graph replay needs a plan on one GPU device; this plan has 2 devices"), "%s", out);
+  snprintf(args, sizeof args, "%s --graph --trace %s/g.json", b, tmpdir);
+  ck_assert_int_eq(ds4run(args, 1, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "graph replay runs a step as one graph launch, while a trace times each launch: "
+                            "ask for one or the other"), "%s", out);
+  ck_assert_msg(!strstr(out, "outputs sha256"), "ran anyway:\n%s", out);
+}
+END_TEST
+
 START_TEST(compare_two_schedules_is_exact) {
   const char *a = mini_cpu();
   char a_dir[700];
@@ -489,6 +508,7 @@ int main(void) {
   tcase_add_test(tc, trace_is_chrome_json_and_its_metrics_hold);
   tcase_add_test(tc, trace_metrics_in_json_output);
   tcase_add_test(tc, trace_errors);
+  tcase_add_test(tc, graph_and_cast_refusals);
   tcase_add_test(tc, compare_two_schedules_is_exact);
   tcase_add_test(tc, compare_another_model_fails_parity);
   tcase_add_test(tc, compare_refuses);

@@ -1083,8 +1083,10 @@ static void read_tensor(rt_bundle *b, uint32_t t, void *dst, size_t bytes) {
   ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
 }
 
+/* With rt_options.weights_cast: the checkpoint rounds F32 into the mini's
+ * bf16 and f16 weights (refuses_rounding_without_cast opens without). */
 static rt_status open_with(const mini *m, const char *weights, rt_bundle **out) {
-  rt_options o = {.weights = weights};
+  rt_options o = {.weights = weights, .weights_cast = 1};
   return rt_bundle_open(m->dir, &o, out);
 }
 
@@ -1134,6 +1136,7 @@ START_TEST(binds_every_dtype_and_view) {
   ck_assert_uint_eq(w.files, 1);
   ck_assert_uint_eq(w.from_checkpoint, 6);
   ck_assert_uint_eq(w.from_generator, 1);
+  ck_assert_uint_eq(w.cast, 2); /* norm (F32 into bf16), half (F32 into f16) */
   ck_assert_uint_eq(w.seed, 1234);
 
   /* the values as bound, before rounding, from the file: the source on no
@@ -1168,6 +1171,37 @@ START_TEST(binds_every_dtype_and_view) {
   ck_assert_ptr_null(rt_weight_values(b, m.slice0, 0, 1, v));
   ck_assert(v[0] == rt_init_value(&m.p, m.experts, 1234, 3 * 6));
   rt_bundle_close(b);
+}
+END_TEST
+
+/* Without rt_options.weights_cast, a checkpoint tensor the plan's dtype
+ * cannot hold exactly fails the open, naming weight, tensor and file; the
+ * exact conversions still bind. */
+START_TEST(refuses_rounding_without_cast) {
+  mini m;
+  mini_build(&m);
+  st_entry es[CK_N];
+  checkpoint_entries(es);
+  char path[128], want[512];
+  path_of(path, sizeof path, "mini.safetensors");
+  ck_assert_int_eq(st_write(path, es, CK_N), 0);
+  rt_options o = {.weights = path};
+  rt_bundle *b = (rt_bundle *)1;
+  snprintf(want, sizeof want, "weight 'layers.0.norm' (checkpoint 'model.layers.0.attn_norm.weight' in %s): "
+           "F32 values would lose bits in the plan's bf16 (rt_options.weights_cast, ds4run --weights-cast, "
+           "rounds them to nearest even)", path);
+  expect_msg(rt_bundle_open(m.dir, &o, &b), want);
+  ck_assert_ptr_null(b);
+  /* The f16 weight next, once the bf16 one's tensor is BF16 already. */
+  uint16_t norm_bf16[6];
+  for (int i = 0; i < 6; i++) norm_bf16[i] = (uint16_t)(f32_bits(ck_norm[i]) >> 16);
+  es[CK_NORM] = (st_entry){"model.layers.0.attn_norm.weight", "BF16", 1, {6}, norm_bf16, sizeof norm_bf16};
+  ck_assert_int_eq(st_write(path, es, CK_N), 0);
+  snprintf(want, sizeof want, "weight 'layers.0.half' (checkpoint 'layers.0.half.weight' in %s): F32 values "
+           "would lose bits in the plan's f16 (rt_options.weights_cast, ds4run --weights-cast, rounds them to "
+           "nearest even)", path);
+  expect_msg(rt_bundle_open(m.dir, &o, &b), want);
+  ck_assert_ptr_null(b);
 }
 END_TEST
 
@@ -1633,6 +1667,7 @@ int main(void) {
   tcase_set_timeout(b, 120);
   tcase_add_checked_fixture(b, make_tmpdir, remove_tmpdir);
   tcase_add_test(b, binds_every_dtype_and_view);
+  tcase_add_test(b, refuses_rounding_without_cast);
   tcase_add_test(b, binding_errors);
   tcase_add_test(b, either_spelling_binds_the_same);
   tcase_add_test(b, binds_block_scaled_weights);
