@@ -104,10 +104,11 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   in->nevents = (uint32_t)p->nevents;
   in->weight_seed = p->weight_seed;
 
+  /* Integer params only: a float param's value is in the attrs it sets. */
   ALLOC(out->params, p->nparams);
   for (int i = 0; i < p->nparams; i++)
-    out->params[i] = (plan_param){intern(e, p->params[i].name), 0, p->params[i].value};
-  out->nparams = (uint32_t)p->nparams;
+    if (!p->params[i].is_float)
+      out->params[out->nparams++] = (plan_param){intern(e, p->params[i].name), 0, p->params[i].value};
 
   ALLOC(out->devices, p->ndevices);
   for (int i = 0; i < p->ndevices; i++) {

@@ -15,6 +15,8 @@ typedef struct scope {
   int64_t index;          /* instance index, -1 when not repeated */
 } scope;
 
+/* dsl_lookup_fn: per-layer params (integer expressions over the model's
+ * params), then the model's; 1 for a float param. */
 static int lookup_param(void *ctx, const char *name, int64_t *out) {
   const scope *s = ctx;
   if (s->layer)
@@ -27,10 +29,39 @@ static int lookup_param(void *ctx, const char *name, int64_t *out) {
       }
   for (int i = 0; i < s->p->nparams; i++)
     if (strcmp(s->p->params[i].name, name) == 0) {
+      if (s->p->params[i].is_float) return 1;
       *out = s->p->params[i].value;
       return 0;
     }
   return -1;
+}
+
+/* dsl_lookup_float_fn: as lookup_param, integers widened. */
+static int lookup_param_float(void *ctx, const char *name, double *out) {
+  const scope *s = ctx;
+  int64_t v;
+  int r = lookup_param(ctx, name, &v);
+  if (r == 0) {
+    *out = (double)v;
+    return 0;
+  }
+  if (r != 1) return -1;
+  for (int i = 0; i < s->p->nparams; i++)
+    if (strcmp(s->p->params[i].name, name) == 0) *out = s->p->params[i].fvalue;
+  return 0;
+}
+
+/* A param is an integer expression, or a float one when it holds a
+ * number with a fraction or an exponent or names a float param. */
+static int eval_param(ir_prog *p, const dsl_kv *kv, ir_param *out, dsl_diag *d) {
+  scope s = {p, NULL, -1};
+  dsl_diag scratch = {0};
+  if (!dsl_has_float_literal(&kv->value)) {
+    if (dsl_eval(&kv->value, lookup_param, &s, &out->value, &scratch) == 0) return 0;
+    if (!strstr(scratch.msg, "is a float;")) return dsl_eval(&kv->value, lookup_param, &s, &out->value, d);
+  }
+  out->is_float = 1;
+  return dsl_eval_float(&kv->value, lookup_param_float, &s, &out->fvalue, d);
 }
 
 static int eval_params(ir_prog *p, dsl_diag *d) {
@@ -40,11 +71,10 @@ static int eval_params(ir_prog *p, dsl_diag *d) {
     for (int j = 0; j < i; j++)
       if (strcmp(m->params[j].key.text, m->params[i].key.text) == 0)
         return dsl_error(d, m->params[i].key.pos, "duplicate param '%s'", m->params[i].key.text);
-    scope s = {p, NULL, -1};
-    int64_t v;
-    if (dsl_eval(&m->params[i].value, lookup_param, &s, &v, d)) return -1;
-    p->params[i].name = ir_strdup(m->params[i].key.text);
-    p->params[i].value = v;
+    ir_param *pa = &p->params[i];
+    *pa = (ir_param){0};
+    if (eval_param(p, &m->params[i], pa, d)) return -1;
+    pa->name = ir_strdup(m->params[i].key.text);
     p->nparams = i + 1;
   }
   return 0;
@@ -66,13 +96,6 @@ static uint32_t parse_role(const char *r) {
   for (uint32_t i = 0; i < 5; i++)
     if (strcmp(r, names[i]) == 0) return i;
   return PLAN_ACTIVATION; /* dsl has already refused other names */
-}
-
-static int parse_float(const dsl_str *s, double *out, dsl_diag *d) {
-  char *end;
-  *out = strtod(s->text, &end);
-  if (end == s->text || *end) return dsl_error(d, s->pos, "expected a number, found '%s'", s->text);
-  return 0;
 }
 
 /* init_scale and init_offset: a decimal number, or an integer expression
@@ -194,7 +217,7 @@ static int parse_attrs(ir_prog *p, const dsl_op *dop, ir_op *op, const scope *s,
     seen[slot] = 1;
     if (k->attrs[slot].type == IR_ATTR_INT) {
       if (dsl_eval(&a->value, lookup_param, (void *)s, &op->iattr[slot], d)) return -1;
-    } else if (parse_float(&a->value, &op->fattr[slot], d)) {
+    } else if (dsl_eval_float(&a->value, lookup_param_float, (void *)s, &op->fattr[slot], d)) {
       return -1;
     }
   }

@@ -138,7 +138,10 @@ typedef struct ir_cmd { /* sync: the command stream in submission order */
 
 typedef struct ir_param {
   char *name;
-  int64_t value;
+  int64_t value; /* an integer param's */
+  double fvalue; /* a float param's (is_float): only float attrs read it, and
+                    it does not go into the plan */
+  int is_float;
 } ir_param;
 
 typedef struct ir_prog {

@@ -209,9 +209,11 @@ int dsl_routing_stats_parse(const char *path, const char *text, size_t len,
                             dsl_routing_stats **out_stats, dsl_diag *d);
 void dsl_routing_stats_free(dsl_routing_stats *s);
 
-/* ---- integer expressions in shapes and attrs ---- */
+/* ---- integer and float expressions in shapes, params and attrs ---- */
 
-/* Looks a name up; returns 0 and sets *out_value when known. */
+/* Looks a name up; returns 0 and sets *out_value when it is an integer,
+ * 1 when it is a float param (an integer expression cannot use it), any
+ * other value when it is unknown. */
 typedef int (*dsl_lookup_fn)(void *ctx, const char *name, int64_t *out_value);
 
 /* Evaluate an expression: integers, names, + - * / % and parentheses,
@@ -219,6 +221,20 @@ typedef int (*dsl_lookup_fn)(void *ctx, const char *name, int64_t *out_value);
  * reported at the exact column inside e->text. */
 int dsl_eval(const dsl_str *e, dsl_lookup_fn lookup, void *ctx,
              int64_t *out_value, dsl_diag *d);
+
+/* Looks a name up for a float expression: 0 and *out_value (an integer
+ * param widened, or a float param) when known. */
+typedef int (*dsl_lookup_float_fn)(void *ctx, const char *name, double *out_value);
+
+/* Evaluate a float expression: decimal numbers (`1.0e-6`, `16`, `.5`),
+ * names, + - * / and parentheses, unary minus, in double. Division by zero,
+ * a result that is not finite and unknown names are errors at their
+ * column inside e->text. */
+int dsl_eval_float(const dsl_str *e, dsl_lookup_float_fn lookup, void *ctx, double *out_value, dsl_diag *d);
+
+/* Whether e's text holds a number with a fraction or an exponent (`1.5`,
+ * `1e-6`): what makes a param a float rather than an integer one. */
+int dsl_has_float_literal(const dsl_str *e);
 
 /* Position of byte `offset` inside a scalar (for errors inside expressions
  * and owner rules); handles plain scalars on one line. */

@@ -1,7 +1,12 @@
-/* dsl_expr.c - the integer expressions of shapes, params and attrs:
+/* dsl_expr.c - the expressions of shapes, params and attrs: integer ones,
  * recursive descent over + - * / % ( ), unary minus, decimal integers and
- * names, in int64 with every overflow an error at its column. */
+ * names, in int64 with every overflow an error at its column; and float
+ * ones (float attrs and params) over + - * / ( ), unary minus, decimal
+ * numbers and names, in double, with division by zero and results that are
+ * not finite errors at their column. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dsl_yaml.h"
@@ -15,6 +20,7 @@ typedef struct expr_state {
   const char *s;
   size_t i;
   dsl_lookup_fn lookup;
+  dsl_lookup_float_fn lookup_float; /* float expressions */
   void *ctx;
   dsl_diag *d;
   int depth;
@@ -47,6 +53,46 @@ static int unexpected(expr_state *st, const char *where) {
 
 static int parse_sum(expr_state *st, int64_t *out);
 
+/* The name at st->i, consumed, into name (NUL-terminated); 0 when longer
+ * than cap allows (unknown, then). */
+static int lex_name(expr_state *st, char *name, size_t cap) {
+  size_t start = st->i;
+  while (is_ident_start(st->s[st->i]) || is_digit(st->s[st->i])) st->i++;
+  size_t n = st->i - start;
+  if (n >= cap) return 0;
+  memcpy(name, st->s + start, n);
+  name[n] = 0;
+  return 1;
+}
+
+static int unknown_name(expr_state *st, size_t start) {
+  size_t n = st->i - start;
+  return expr_error(st, start, "unknown param '%.*s'", (int)(n < 200 ? n : 200), st->s + start);
+}
+
+/* The '(' at st->i, within the nesting bound. */
+static int paren_open(expr_state *st) {
+  if (++st->depth > EXPR_MAX_DEPTH)
+    return expr_error(st, st->i, "expression nested more than %d levels deep", EXPR_MAX_DEPTH);
+  st->i++;
+  return 0;
+}
+
+/* The ')' that closes the '(' at column `start`. */
+static int paren_close(expr_state *st, size_t start) {
+  skip_space(st);
+  if (st->s[st->i] != ')') {
+    if (!st->s[st->i]) {
+      dsl_pos open = dsl_pos_at(st->e, start);
+      return expr_error(st, st->i, "missing ')' to close the '(' at column %d", open.src ? open.col : (int)start + 1);
+    }
+    return unexpected(st, "(expected ')')");
+  }
+  st->i++;
+  st->depth--;
+  return 0;
+}
+
 static int parse_primary(expr_state *st, int64_t *out) {
   skip_space(st);
   size_t start = st->i;
@@ -65,34 +111,14 @@ static int parse_primary(expr_state *st, int64_t *out) {
     return 0;
   }
   if (is_ident_start(c)) {
-    while (is_ident_start(st->s[st->i]) || is_digit(st->s[st->i])) st->i++;
-    size_t n = st->i - start;
     char name[256];
-    if (n < sizeof name && st->lookup) {
-      memcpy(name, st->s + start, n);
-      name[n] = 0;
-      if (st->lookup(st->ctx, name, out) == 0) return 0;
-    }
-    return expr_error(st, start, "unknown param '%.*s'", (int)(n < 200 ? n : 200), st->s + start);
+    int found = lex_name(st, name, sizeof name) && st->lookup ? st->lookup(st->ctx, name, out) : -1;
+    if (found == 0) return 0;
+    if (found == 1)
+      return expr_error(st, start, "param '%s' is a float; an integer expression takes integer params", name);
+    return unknown_name(st, start);
   }
-  if (c == '(') {
-    if (++st->depth > EXPR_MAX_DEPTH)
-      return expr_error(st, start, "expression nested more than %d levels deep", EXPR_MAX_DEPTH);
-    st->i++;
-    if (parse_sum(st, out)) return -1;
-    skip_space(st);
-    if (st->s[st->i] != ')') {
-      if (!st->s[st->i]) {
-        dsl_pos open = dsl_pos_at(st->e, start);
-        return expr_error(st, st->i, "missing ')' to close the '(' at column %d",
-                          open.src ? open.col : (int)start + 1);
-      }
-      return unexpected(st, "(expected ')')");
-    }
-    st->i++;
-    st->depth--;
-    return 0;
-  }
+  if (c == '(') return paren_open(st) || parse_sum(st, out) || paren_close(st, start);
   return unexpected(st, "(expected a number, a name or '(')");
 }
 
@@ -162,7 +188,7 @@ int dsl_eval(const dsl_str *e, dsl_lookup_fn lookup, void *ctx, int64_t *out_val
     dsl_pos none = {NULL, 0, 0};
     return dsl_error(d, e ? e->pos : none, "missing expression");
   }
-  expr_state st = {e, e->text, 0, lookup, ctx, d, 0};
+  expr_state st = {e, e->text, 0, lookup, NULL, ctx, d, 0};
   skip_space(&st);
   if (!st.s[st.i]) return expr_error(&st, 0, "empty expression");
   int64_t v;
@@ -170,5 +196,141 @@ int dsl_eval(const dsl_str *e, dsl_lookup_fn lookup, void *ctx, int64_t *out_val
   skip_space(&st);
   if (st.s[st.i]) return unexpected(&st, "after the expression");
   *out_value = v;
+  return 0;
+}
+
+/* ---- float expressions ---- */
+
+static int fparse_sum(expr_state *st, double *out);
+
+/* A decimal number as strtod reads it, without its sign (unary minus is
+ * the parser's), hex floats, inf and nan. */
+static size_t number_length(const char *s) {
+  size_t i = 0;
+  while (is_digit(s[i])) i++;
+  if (s[i] == '.') {
+    i++;
+    while (is_digit(s[i])) i++;
+  }
+  if ((s[i] == 'e' || s[i] == 'E') && i > 0) {
+    size_t j = i + 1;
+    if (s[j] == '+' || s[j] == '-') j++;
+    if (is_digit(s[j])) {
+      while (is_digit(s[j])) j++;
+      i = j;
+    }
+  }
+  return i;
+}
+
+static int fparse_primary(expr_state *st, double *out) {
+  skip_space(st);
+  size_t start = st->i;
+  char c = st->s[start];
+  if (is_digit(c) || (c == '.' && is_digit(st->s[start + 1]))) {
+    size_t n = number_length(st->s + start);
+    char text[64];
+    if (n >= sizeof text) return expr_error(st, start, "number %.20s... is too long", st->s + start);
+    memcpy(text, st->s + start, n);
+    text[n] = 0;
+    st->i += n;
+    *out = strtod(text, NULL);
+    if (!isfinite(*out)) return expr_error(st, start, "number %s is out of range", text);
+    return 0;
+  }
+  if (is_ident_start(c)) {
+    char name[256];
+    if (lex_name(st, name, sizeof name) && st->lookup_float && st->lookup_float(st->ctx, name, out) == 0)
+      return 0;
+    return unknown_name(st, start);
+  }
+  if (c == '(') return paren_open(st) || fparse_sum(st, out) || paren_close(st, start);
+  return unexpected(st, "(expected a number, a name or '(')");
+}
+
+static int fparse_unary(expr_state *st, double *out) {
+  skip_space(st);
+  if (st->s[st->i] != '-') return fparse_primary(st, out);
+  size_t at = st->i++;
+  if (++st->depth > EXPR_MAX_DEPTH)
+    return expr_error(st, at, "expression nested more than %d levels deep", EXPR_MAX_DEPTH);
+  if (fparse_unary(st, out)) return -1;
+  st->depth--;
+  *out = -*out;
+  return 0;
+}
+
+/* a op b, an error at the operator's column unless finite. */
+static int fapply(expr_state *st, size_t at, char op, double a, double b, double *out) {
+  if (op == '/' && b == 0.0) return expr_error(st, at, "division by zero");
+  double r = op == '+' ? a + b : op == '-' ? a - b : op == '*' ? a * b : a / b;
+  if (!isfinite(r)) return expr_error(st, at, "%g %c %g is not a finite number", a, op, b);
+  *out = r;
+  return 0;
+}
+
+static int fparse_product(expr_state *st, double *out) {
+  double a;
+  if (fparse_unary(st, &a)) return -1;
+  for (;;) {
+    skip_space(st);
+    char op = st->s[st->i];
+    if (op == '%') return expr_error(st, st->i, "'%%' takes integers, not a float expression");
+    if (op != '*' && op != '/') break;
+    size_t at = st->i++;
+    double b;
+    if (fparse_unary(st, &b) || fapply(st, at, op, a, b, &a)) return -1;
+  }
+  *out = a;
+  return 0;
+}
+
+static int fparse_sum(expr_state *st, double *out) {
+  double a;
+  if (fparse_product(st, &a)) return -1;
+  for (;;) {
+    skip_space(st);
+    char op = st->s[st->i];
+    if (op != '+' && op != '-') break;
+    size_t at = st->i++;
+    double b;
+    if (fparse_product(st, &b) || fapply(st, at, op, a, b, &a)) return -1;
+  }
+  *out = a;
+  return 0;
+}
+
+int dsl_eval_float(const dsl_str *e, dsl_lookup_float_fn lookup, void *ctx, double *out_value, dsl_diag *d) {
+  if (!e || !e->text) {
+    dsl_pos none = {NULL, 0, 0};
+    return dsl_error(d, e ? e->pos : none, "missing expression");
+  }
+  expr_state st = {e, e->text, 0, NULL, lookup, ctx, d, 0};
+  skip_space(&st);
+  if (!st.s[st.i]) return expr_error(&st, 0, "empty expression");
+  double v;
+  if (fparse_sum(&st, &v)) return -1;
+  skip_space(&st);
+  if (st.s[st.i]) return unexpected(&st, "after the expression");
+  *out_value = v;
+  return 0;
+}
+
+int dsl_has_float_literal(const dsl_str *e) {
+  const char *s = e && e->text ? e->text : "";
+  for (size_t i = 0; s[i];) {
+    if (is_ident_start(s[i])) { /* a name's digits are no number */
+      while (is_ident_start(s[i]) || is_digit(s[i])) i++;
+      continue;
+    }
+    if (is_digit(s[i]) || (s[i] == '.' && is_digit(s[i + 1]))) {
+      size_t n = number_length(s + i);
+      for (size_t k = i; k < i + n; k++)
+        if (s[k] == '.' || s[k] == 'e' || s[k] == 'E') return 1;
+      i += n;
+      continue;
+    }
+    i++;
+  }
   return 0;
 }

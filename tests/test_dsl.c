@@ -538,6 +538,54 @@ START_TEST(test_eval_values) {
 }
 END_TEST
 
+static int table_lookup_float(void *ctx, const char *name, double *out) {
+  int64_t v;
+  if (table_lookup(ctx, name, &v) == 0) {
+    *out = (double)v;
+    return 0;
+  }
+  if (strcmp(name, "theta") == 0) {
+    *out = 160000.0;
+    return 0;
+  }
+  return -1;
+}
+
+/* Float expressions: decimal numbers, names (integers widened), + - * /
+ * and parentheses in double; errors at their column. */
+START_TEST(test_eval_float) {
+  static const struct { const char *text; double want; } ok[] = {
+      {"1.0e-6", 1.0e-6}, {"16", 16.0}, {".5", 0.5}, {"2.5E2", 250.0}, {"theta", 160000.0},
+      {"theta / 16", 10000.0}, {"hidden * 0.5", 32.0}, {"-(1.5 - 3)", 1.5}, {"7/2", 3.5}, {"1e-6 * 2", 2e-6}};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    dsl_str e = {(char *)ok[i].text, {NULL, 0, 0}};
+    dsl_diag d = {0};
+    double v = -1;
+    ck_assert_msg(dsl_eval_float(&e, table_lookup_float, NULL, &v, &d) == 0, "'%s': %s", ok[i].text, d.msg);
+    ck_assert_msg(v == ok[i].want, "'%s' = %.17g, want %.17g", ok[i].text, v, ok[i].want);
+  }
+  static const struct { const char *line; int col; const char *want; } bad[] = {
+      {"x: theta / 0.0", 4, "e.yaml:1:10: error: division by zero\n"},
+      {"x: 1e300 * 1e300", 4, "e.yaml:1:10: error: 1e+300 * 1e+300 is not a finite number\n"},
+      {"x: 7 % 2", 4, "e.yaml:1:6: error: '%' takes integers, not a float expression\n"},
+      {"x: rope_scale * 2", 4, "e.yaml:1:4: error: unknown param 'rope_scale'\n"},
+      {"x: 1.5 +", 4, "e.yaml:1:9: error: expected a number, a name or '(' at the end of the expression\n"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    dsl_source src = {(char *)"e.yaml", (char *)bad[i].line, strlen(bad[i].line)};
+    dsl_str e = {(char *)bad[i].line + bad[i].col - 1, {&src, 1, bad[i].col}};
+    dsl_diag d = {0};
+    double v = 42;
+    ck_assert_int_ne(dsl_eval_float(&e, table_lookup_float, NULL, &v, &d), 0);
+    ck_assert(v == 42);
+    ck_assert_msg(strncmp(d.msg, bad[i].want, strlen(bad[i].want)) == 0, "'%s':\n--- expected\n%s--- got\n%s",
+                  bad[i].line, bad[i].want, d.msg);
+  }
+  dsl_str f = {(char *)"2 * 1.0e-6", {NULL, 0, 0}}, n = {(char *)"hidden2 * 16", {NULL, 0, 0}};
+  ck_assert(dsl_has_float_literal(&f));
+  ck_assert(!dsl_has_float_literal(&n));
+}
+END_TEST
+
 /* An expression inside a one-line source so that columns are real. */
 static void eval_fails(const char *line_text, int col, const char *want) {
   dsl_source src = {(char *)"e.yaml", (char *)line_text, strlen(line_text)};
@@ -974,6 +1022,7 @@ static Suite *dsl_suite(void) {
   tc = tcase_create("expr");
   tcase_add_test(tc, test_eval_values);
   tcase_add_test(tc, test_eval_errors);
+  tcase_add_test(tc, test_eval_float);
   tcase_add_test(tc, test_pos_at);
   tcase_add_test(tc, test_diag_format);
   suite_add_tcase(s, tc);

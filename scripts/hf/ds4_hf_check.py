@@ -102,13 +102,15 @@ def section(text, key):
     return m.group(1) if m else None
 
 
-def eval_int(expr, params, what):
-    """An integer expression of the description language: integers, param
-    names, + - * / (integer division) and parentheses."""
+def eval_expr(expr, params, what):
+    """An expression of the description language: numbers, param names,
+    + - * / and parentheses; / divides integers as integers (an integer
+    expression) and anything else as floats (a float one)."""
     def walk(node):
         if isinstance(node, ast.Expression):
             return walk(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+                and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.Name):
             if node.id not in params:
@@ -122,12 +124,20 @@ def eval_int(expr, params, what):
             if type(node.op) in ops:
                 return ops[type(node.op)]
             if isinstance(node.op, (ast.Div, ast.FloorDiv)):
-                return a // b
+                return a // b if isinstance(a, int) and isinstance(b, int) else a / b
         raise CheckError(f"{what}: unsupported expression '{expr}'")
     try:
         return walk(ast.parse(str(expr).strip(), mode="eval"))
     except SyntaxError:
-        raise CheckError(f"{what}: not an integer expression: '{expr}'") from None
+        raise CheckError(f"{what}: not an expression: '{expr}'") from None
+
+
+def eval_int(expr, params, what):
+    """An integer expression (shapes, from, repeat)."""
+    v = eval_expr(expr, params, what)
+    if not isinstance(v, int):
+        raise CheckError(f"{what}: '{expr}' is not an integer")
+    return v
 
 
 class Description:
@@ -158,7 +168,7 @@ class Description:
             raise CheckError(f"{self.path}: no layers or blocks section in it or its bases")
         self.params = {}
         for name, expr in raw.items():
-            self.params[name] = eval_int(expr, self.params, f"param {name}")
+            self.params[name] = eval_expr(expr, self.params, f"param {name}")
         self.blocks = self._blocks()
         self.instances = self._instances()
         self.layers = [(i, b) for n, i, b in self.instances if n == "layers"]
@@ -206,11 +216,13 @@ class Description:
         return out
 
     def attr_values(self, key, blocks=None):
-        """Every value of op attr `key` in the given blocks (default all)."""
+        """Every value of op attr `key` in the given blocks (default all),
+        its expression evaluated over the params."""
         found = set()
         for name, (text, _) in self.blocks.items():
             if blocks is None or name in blocks:
-                found |= {m.group(1) for m in re.finditer(rf"\b{key}:[ \t]*([-\w.+]+)", text)}
+                found |= {eval_expr(m.group(1), self.params, f"{name}: attr {key}")
+                          for m in re.finditer(rf"\b{key}:[ \t]*([-\w.+]+)", text)}
         return found
 
 
