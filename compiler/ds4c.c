@@ -61,8 +61,44 @@ static int bad_usage(const char *why) {
   return 64;
 }
 
+/* The decoder layer a launch belongs to (its op path "layers.N...."), or -1. */
+static int layer_of(const plan *p, const plan_command *c) {
+  int l, end = 0;
+  const char *path = plan_str(p, p->ops[c->op].path);
+  return sscanf(path, "layers.%d.%n", &l, &end) == 1 && end > 0 && l >= 0 ? l : -1;
+}
+
+/* With decoder layers: their launches, the most in one layer (a decode
+ * step's launches grow with them) and the rest. */
+static void report_layers(const char *dir, const plan *p) {
+  int nl = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++)
+    if (p->commands[i].kind == PLAN_CMD_LAUNCH && layer_of(p, &p->commands[i]) + 1 > nl)
+      nl = layer_of(p, &p->commands[i]) + 1;
+  uint32_t *count = nl ? calloc((size_t)nl, sizeof *count) : NULL;
+  if (!count) return;
+  uint32_t outside = 0, total = 0;
+  for (uint32_t i = 0; i < p->ncommands; i++) {
+    if (p->commands[i].kind != PLAN_CMD_LAUNCH) continue;
+    int l = layer_of(p, &p->commands[i]);
+    if (l < 0)
+      outside++;
+    else
+      count[l]++, total++;
+  }
+  int most = 0, used = 0;
+  for (int l = 0; l < nl; l++) {
+    used += count[l] > 0;
+    if (count[l] > count[most]) most = l;
+  }
+  printf("ds4c: %s: %u launches in %d decoder layers, at most %u in one (layers.%d); %u outside them\n", dir,
+         total, used, count[most], most, outside);
+  free(count);
+}
+
 /* One line a reviewer reads after every compile: the plan's commands and
- * each device's arena, read back from the bundle just written. */
+ * each device's arena, read back from the bundle just written; and one
+ * with the launches a decoder layer takes. */
 static int report(const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/plan.ds4p", dir);
@@ -80,6 +116,7 @@ static int report(const char *dir) {
   for (uint32_t i = 0; i < p.ndevices; i++)
     printf(" %s %llu bytes%s", plan_str(&p, p.devices[i].name), (unsigned long long)p.devices[i].arena_bytes,
            i + 1 < p.ndevices ? "," : "\n");
+  report_layers(dir, &p);
   plan_free(&p);
   return 0;
 }

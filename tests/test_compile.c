@@ -514,6 +514,27 @@ START_TEST(ds4c_finds_its_cache) {
 }
 END_TEST
 
+/* ds4c compile's report: the plan's commands and arenas, then the
+ * launches of the decoder layers (tiny-moe under tiny-hotcold: 21 in each
+ * of its 2 layers, the embedding and the head's 4 outside). */
+START_TEST(ds4c_reports_layer_launches) {
+  char tmpl[] = "/tmp/ds4-report-XXXXXX", cmd[2048], *out = NULL;
+  tu_tmpdir_make(tmpl);
+  snprintf(cmd, sizeof cmd, "%s/ds4c compile models/tiny-moe.yaml schedules/tiny-hotcold.yaml -o %s/b --no-cache",
+           tu_build_dir(), tmpl);
+  ck_assert_int_eq(tu_capture(cmd, &out, NULL), 0);
+  char want[1024];
+  snprintf(want, sizeof want,
+           "ds4c: %s/b: 46 launches, 6 copies, 10 records, 10 waits on 3 streams; arenas: hot 623040 bytes, cold "
+           "101440 bytes\n"
+           "ds4c: %s/b: 42 launches in 2 decoder layers, at most 21 in one (layers.0); 4 outside them\n",
+           tmpl, tmpl);
+  ck_assert_str_eq(out, want);
+  free(out);
+  tu_tmpdir_remove(tmpl);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("tiny-moe");
@@ -530,6 +551,7 @@ int main(void) {
   tcase_add_test(tc, shared_layer_name_numbers_globally);
   tcase_add_test(tc, kernel_cache_hits_and_repairs);
   tcase_add_test(tc, ds4c_finds_its_cache);
+  tcase_add_test(tc, ds4c_reports_layer_launches);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
