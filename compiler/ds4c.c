@@ -56,8 +56,9 @@ static const char usage[] =
     "\n"
     "  --json             the same report as JSON, for scripts\n";
 
+/* One line: what was wrong, and where the usage is. */
 static int bad_usage(const char *why) {
-  fprintf(stderr, "ds4c: error: %s\n%s", why, usage);
+  fprintf(stderr, "ds4c: error: %s (ds4c --help lists the commands and options)\n", why);
   return 64;
 }
 

@@ -89,7 +89,7 @@ static int usage_error(const char *fmt, ...) {
   va_start(ap, fmt);
   fprintf(stderr, "ds4run: error: ");
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n\n%s", usage_text);
+  fprintf(stderr, " (ds4run --help lists the options)\n");
   va_end(ap);
   return EXIT_USAGE;
 }

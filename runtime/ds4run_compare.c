@@ -48,7 +48,7 @@ static int usage_error(const char *fmt, ...) {
   va_start(ap, fmt);
   fprintf(stderr, "ds4run: error: compare: ");
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n\n%s", compare_usage);
+  fprintf(stderr, " (ds4run compare --help lists the options)\n");
   va_end(ap);
   return CMP_USAGE;
 }

@@ -531,6 +531,12 @@ START_TEST(ds4c_reports_layer_launches) {
            tmpl, tmpl);
   ck_assert_str_eq(out, want);
   free(out);
+  /* A usage error is one line that points at --help. */
+  snprintf(cmd, sizeof cmd, "%s/ds4c compile models/tiny-moe.yaml 2>&1", tu_build_dir());
+  ck_assert_int_eq(tu_capture(cmd, &out, NULL), 64);
+  ck_assert_str_eq(out, "ds4c: error: compile needs MODEL.yaml and SCHEDULE.yaml (ds4c --help lists the "
+                        "commands and options)\n");
+  free(out);
   tu_tmpdir_remove(tmpl);
 }
 END_TEST
