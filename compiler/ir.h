@@ -193,6 +193,8 @@ typedef struct ir_opkind_def {
 extern const ir_opkind_def ir_opkinds[IR_NOPKIND];
 int ir_opkind_lookup(const char *name); /* -1 when unknown */
 const char *ir_opkind_suggest(const char *name); /* closest name, or NULL */
+/* Levenshtein distance (99 past 63 characters), for "did you mean". */
+int ir_edit_distance(const char *a, const char *b);
 
 /* ---- helpers ---- */
 

@@ -139,7 +139,7 @@ int ir_opkind_lookup(const char *name) {
 }
 
 /* Levenshtein distance, capped: names are short. */
-static int edit_distance(const char *a, const char *b) {
+int ir_edit_distance(const char *a, const char *b) {
   int la = (int)strlen(a), lb = (int)strlen(b);
   if (la > 63 || lb > 63) return 99;
   int row[64];
@@ -164,7 +164,7 @@ const char *ir_opkind_suggest(const char *name) {
   int bestd = 4; /* farther than 3 edits is no suggestion */
   for (int k = 0; k < IR_NOPKIND; k++) {
     if (ir_opkinds[k].internal) continue;
-    int d = edit_distance(name, ir_opkinds[k].name);
+    int d = ir_edit_distance(name, ir_opkinds[k].name);
     if (d < bestd) {
       bestd = d;
       best = ir_opkinds[k].name;

@@ -83,6 +83,42 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
   return 0;
 }
 
+/* What to say after an unknown name: "; did you mean 'X'?" for the closest
+ * of names within a third of its length in edits (at least one), else
+ * "; NOUN: a, b, c". */
+static void suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun) {
+  const char *best = NULL;
+  int bestd = (int)strlen(name) / 3 + 1;
+  if (bestd < 2) bestd = 2;
+  for (int i = 0; i < count; i++) {
+    int dist = ir_edit_distance(name, names[i]);
+    if (dist < bestd) bestd = dist, best = names[i];
+  }
+  if (best) {
+    snprintf(buf, n, "; did you mean '%s'?", best);
+    return;
+  }
+  size_t len = (size_t)snprintf(buf, n, "; %s:", noun);
+  for (int i = 0; i < count && len < n; i++)
+    len += (size_t)snprintf(buf + len, n - len, "%s %s", i ? "," : "", names[i]);
+  if (count == 0) snprintf(buf + len, len < n ? n - len : 0, " none");
+}
+
+/* The devices' names, for suggest (at most 64). */
+static int device_names(const ir_prog *p, const char **names) {
+  int n = 0;
+  for (int i = 0; i < p->ndevices && n < 64; i++) names[n++] = p->devices[i].name;
+  return n;
+}
+
+/* "unknown device 'x'" plus a suggestion, at pos. */
+static int unknown_device(const ir_prog *p, const char *name, const char *where, dsl_pos pos, dsl_diag *d) {
+  const char *names[64];
+  char hint[512];
+  suggest(hint, sizeof hint, name, names, device_names(p, names), "the schedule's devices");
+  return dsl_error(d, pos, "unknown device '%s'%s%s", name, where, hint);
+}
+
 static int find_device(const ir_prog *p, const char *name) {
   for (int i = 0; i < p->ndevices; i++)
     if (strcmp(p->devices[i].name, name) == 0) return i;
@@ -95,7 +131,7 @@ static int place_streams(ir_prog *p, dsl_diag *d) {
   for (int i = 0; i < s->nstreams; i++) {
     const dsl_stream *ss = &s->streams[i];
     int dev = find_device(p, ss->device.text);
-    if (dev < 0) return dsl_error(d, ss->device.pos, "unknown device '%s'", ss->device.text);
+    if (dev < 0) return unknown_device(p, ss->device.text, "", ss->device.pos, d);
     for (int j = 0; j < i; j++)
       if (p->streams[j].device == dev && strcmp(p->streams[j].name, ss->name.text) == 0)
         return dsl_error(d, ss->name.pos, "duplicate stream '%s' on device '%s'", ss->name.text, ss->device.text);
@@ -113,11 +149,17 @@ static int place_streams(ir_prog *p, dsl_diag *d) {
 /* The stream a rule names: device.stream, or the device's first stream. */
 static int rule_stream(const ir_prog *p, const dsl_owner *o, dsl_diag *d) {
   int dev = find_device(p, o->device.text);
-  if (dev < 0) return dsl_error(d, o->device.pos, "unknown device '%s' in owner rule", o->device.text), -1;
-  for (int j = 0; j < p->nstreams; j++)
-    if (p->streams[j].device == dev && (!o->stream.text || strcmp(p->streams[j].name, o->stream.text) == 0))
-      return j;
-  return dsl_error(d, o->stream.pos, "device '%s' has no stream '%s'", o->device.text, o->stream.text), -1;
+  if (dev < 0) return unknown_device(p, o->device.text, " in owner rule", o->device.pos, d), -1;
+  const char *names[64];
+  int n = 0;
+  for (int j = 0; j < p->nstreams; j++) {
+    if (p->streams[j].device != dev) continue;
+    if (!o->stream.text || strcmp(p->streams[j].name, o->stream.text) == 0) return j;
+    if (n < 64) names[n++] = p->streams[j].name;
+  }
+  char hint[512];
+  suggest(hint, sizeof hint, o->stream.text, names, n, "its streams");
+  return dsl_error(d, o->stream.pos, "device '%s' has no stream '%s'%s", o->device.text, o->stream.text, hint), -1;
 }
 
 /* An owner rule, resolved: its glob without the expert selector, its

@@ -442,8 +442,11 @@ static const err_case err_cases[] = {
     {good_stats, "hot", "1", ".main", NULL, 0,
      "18:9: error: 'cold' in hot_experts must be 'device' or 'device.stream', not '.main'"},
     {good_stats, "hot", "-5", "cold.main", NULL, 0, "17:11: error: 'budget' must be an integer >= 0, not '-5'"},
-    {good_stats, "gpu", "1", "cold.main", NULL, 0, "16:11: error: unknown device 'gpu' in owner rule"},
-    {good_stats, "hot", "1", "cold.spare", NULL, 0, "18:14: error: device 'cold' has no stream 'spare'"},
+    {good_stats, "gpu", "1", "cold.main", NULL, 0,
+     "16:11: error: unknown device 'gpu' in owner rule; the schedule's devices: hot, cold"},
+    {good_stats, "hott", "1", "cold.main", NULL, 0, "16:11: error: unknown device 'hott' in owner rule; did you mean 'hot'?"},
+    {good_stats, "hot", "1", "cold.spare", NULL, 0,
+     "18:14: error: device 'cold' has no stream 'spare'; its streams: main, copy"},
 };
 
 START_TEST(bad_statistics_and_keys_fail_at_their_place) {
