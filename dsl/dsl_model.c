@@ -152,6 +152,10 @@ static int load_model(dy_node *root, dsl_model *m, dsl_diag *d) {
     return dsl_error(d, root->pos,
                      "a model description is a mapping with keys model, params, tensors, blocks and "
                      "layers, not a %s", dy_kind_name(root));
+  const dy_node *sched = dy_key_node(root, "schedule");
+  if (sched)
+    return dsl_error(d, sched->pos, "this is a schedule (it has key 'schedule'), not a model: ds4c compile "
+                                    "takes MODEL.yaml, then SCHEDULE.yaml");
   if (dy_check_keys(root, "model", model_keys, d)) return -1;
   if (dy_take_req(root, "model", "model", &m->name, d)) return -1;
   if (dy_take_opt(root, "extends", "model", &m->extends, d)) return -1;

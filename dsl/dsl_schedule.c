@@ -180,6 +180,16 @@ static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
     return dsl_error(d, root->pos,
                      "a schedule description is a mapping with keys schedule, model, devices, streams, "
                      "owners and step, not a %s", dy_kind_name(root));
+  /* A model given for the schedule (the arguments swapped): said at its
+   * first key that only models have. */
+  static const char *const model_only[] = {"extends", "params", "tensors", "blocks", "layers"};
+  for (int i = 0; i < root->n && !dy_key_node(root, "schedule"); i++) {
+    const dy_node *k = root->items[2 * i];
+    for (size_t j = 0; j < sizeof model_only / sizeof *model_only; j++)
+      if (!strcmp(k->text, model_only[j]))
+        return dsl_error(d, k->pos, "this is a model (it has key '%s'), not a schedule: ds4c compile takes "
+                                    "MODEL.yaml, then SCHEDULE.yaml", k->text);
+  }
   if (dy_check_keys(root, "schedule", sched_keys, d)) return -1;
   if (dy_take_req(root, "schedule", "schedule", &s->name, d)) return -1;
   if (dy_take_req(root, "model", "schedule", &s->model, d)) return -1;

@@ -353,6 +353,12 @@ static void join(char *buf, size_t cap, const char *const *words) {
   }
 }
 
+const dy_node *dy_key_node(const dy_node *map, const char *key) {
+  for (int i = 0; map->kind == DY_MAP && i < map->n; i++)
+    if (strcmp(map->items[2 * i]->text, key) == 0) return map->items[2 * i];
+  return NULL;
+}
+
 int dy_check_keys(const dy_node *map, const char *what, const char *const *keys, dsl_diag *d) {
   for (int i = 0; i < map->n; i++) {
     const dy_node *k = map->items[2 * i];

@@ -47,6 +47,8 @@ int dy_is_null(const dy_node *n);
 
 /* Checks that every key of map is one of keys (NULL-terminated); what names
  * the mapping in messages ("tensor", "device"). */
+/* The key node `key` of map, or NULL: for messages at the key itself. */
+const dy_node *dy_key_node(const dy_node *map, const char *key);
 int dy_check_keys(const dy_node *map, const char *what, const char *const *keys, dsl_diag *d);
 /* The value for key, or NULL. */
 dy_node *dy_get(const dy_node *map, const char *key);

@@ -426,7 +426,7 @@ static const char *const error_cases[] = {
     "sched_owner_empty_stream", "model_layer_block_and_blocks", "model_layer_no_block",
     "model_layer_empty_blocks", "model_layer_unknown_key", "model_layer_blocks_scalar",
     "expr_layer_from",       "model_extends_missing",  "model_extends_cycle",
-    "model_extends_bad_base",
+    "model_extends_bad_base", "model_is_a_schedule", "sched_is_a_model",
 };
 #define NCASES ((int)(sizeof error_cases / sizeof error_cases[0]))
 
