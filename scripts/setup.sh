@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks for building and testing
-# ds4c and ds4run, then configures and builds into build/ (or $1).
+# ds4c and ds4run, then configures and builds into build/ (or $1), quietly:
+# one line when it worked, the log's tail when it did not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -24,5 +25,13 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${DS4_CMAKE_ARGS:-} >/dev/null
-ninja -C "$build"
+# Quiet unless it fails: the whole log stays in the build folder.
+mkdir -p "$build"
+log="$build/build.log"
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${DS4_CMAKE_ARGS:-} &&
+       ninja -C "$build"; } >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  echo "setup.sh: error: the build of $build failed; its whole log is $log" >&2
+  exit 1
+fi
+echo "setup.sh: built $build (log: $log)"
