@@ -445,7 +445,8 @@ START_TEST(committed_texts_through_the_cli) {
   ck_assert_ptr_nonnull(strstr(out, "README.md:1: error: expected '# ds4 plan VERSION"));
   free(out);
   ck_assert_int_eq(ds4c_diff("out/tiny-moe--tiny-1dev.plan.txt", &out), 64);
-  ck_assert_ptr_nonnull(strstr(out, "ds4c: error: diff needs two plans, A and B\n"));
+  ck_assert_ptr_nonnull(
+      strstr(out, "ds4c: error: diff needs two plans, A and B (ds4c --help lists the commands and options)\n"));
   free(out);
   ck_assert_int_eq(ds4c_diff("--json a b", &out), 64);
   free(out);
