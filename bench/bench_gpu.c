@@ -1,6 +1,7 @@
 /* bench_gpu.c - the helpers the GPU benchmarks share (bench_gpu.h). */
 #include "bench_gpu.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,26 @@ void gpu_free_all(gpu *g, owned *o) {
   for (int i = 0; i < o->n; i++) g->api->mem_free(g->drv, o->ptr[i]);
   o->n = 0;
 }
+rt_status bench_read_file(const char *path, void **out_bytes, size_t *out_len) {
+  *out_bytes = NULL;
+  *out_len = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return rt_status_make("%s: cannot open: %s", path, strerror(errno));
+  long n = -1;
+  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+  char *buf = n > 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+  int ok = buf && fread(buf, 1, (size_t)n, f) == (size_t)n;
+  fclose(f);
+  if (!ok) {
+    free(buf);
+    return rt_status_make("%s: cannot read", path);
+  }
+  buf[n] = '\0';
+  *out_bytes = buf;
+  *out_len = (size_t)n;
+  return NULL;
+}
+
 /* ---- device-to-device copy bandwidth ---- */
 
 /* Bytes read plus bytes written over the event-timed median copy. */

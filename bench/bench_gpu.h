@@ -47,6 +47,9 @@ void gpu_close(gpu *g);
 /* Milliseconds between e0 and e1, once e1 is reached. */
 rt_status gpu_elapsed(gpu *g, double *out_ms);
 rt_status gpu_upload(gpu *g, void *dst, const void *src, size_t bytes);
+/* A whole file, NUL-terminated past its len bytes (PTX is text); an empty
+ * or unreadable file is an error naming it. Caller frees. */
+rt_status bench_read_file(const char *path, void **out_bytes, size_t *out_len);
 
 /* Device buffers recorded for release. */
 typedef struct owned {

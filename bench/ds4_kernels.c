@@ -16,7 +16,6 @@
  * Every time is an event-timed median of KRUNS after KWARMUP. The values
  * are zeros: the time does not depend on them. */
 #include <dlfcn.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,25 +118,6 @@ typedef struct kit {
   int32_t *step;
 } kit;
 
-static rt_status read_whole(const char *path, char **out, size_t *out_len) {
-  *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return rt_status_make("%s: cannot open: %s", path, strerror(errno));
-  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-  char *buf = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
-  rt_status s = NULL;
-  if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) s = rt_status_make("%s: cannot read", path);
-  fclose(f);
-  if (s) {
-    free(buf);
-    return s;
-  }
-  buf[n] = '\0';
-  *out = buf;
-  *out_len = (size_t)n;
-  return NULL;
-}
-
 /* The code object of the plan's first cuda device. */
 static rt_status kit_open(kit *k, gpu *g, const char *bundle, const plan *p) {
   memset(k, 0, sizeof *k);
@@ -153,9 +133,9 @@ static rt_status kit_open(kit *k, gpu *g, const char *bundle, const plan *p) {
   if (!rel) return rt_status_make("%s: no code object for %s", bundle, arch);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", bundle, rel);
-  char *image = NULL;
+  void *image = NULL;
   size_t len = 0;
-  RT_TRY(read_whole(path, &image, &len));
+  RT_TRY(bench_read_file(path, &image, &len));
   rt_status s = g->api->module_load(g->drv, image, &k->m);
   free(image);
   if (s) return s;

@@ -70,25 +70,6 @@ static double bf16_value(uint16_t h) {
   return f;
 }
 
-static rt_status read_file(const char *path, void **out_bytes, size_t *out_len) {
-  *out_bytes = NULL;
-  *out_len = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f) return rt_status_make("%s: cannot open: %s", path, strerror(errno));
-  long n = -1;
-  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-  void *buf = n > 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n) : NULL;
-  int ok = buf && fread(buf, 1, (size_t)n, f) == (size_t)n;
-  fclose(f);
-  if (!ok) {
-    free(buf);
-    return rt_status_make("%s: cannot read", path);
-  }
-  *out_bytes = buf;
-  *out_len = (size_t)n;
-  return NULL;
-}
-
 static rt_status write_file(const char *path, const void *bytes, size_t len) {
   FILE *f = fopen(path, "wb");
   if (!f) return rt_status_make("%s: cannot create: %s", path, strerror(errno));
@@ -169,7 +150,7 @@ static rt_status gemv_setup(gemv_bench *b, gpu *g, const char *dir, const plan *
   snprintf(path, sizeof path, "%s/%s", dir, code);
   void *image;
   size_t len;
-  RT_TRY(read_file(path, &image, &len));
+  RT_TRY(bench_read_file(path, &image, &len));
   rt_status s = g->api->module_load(g->drv, image, out_module);
   free(image);
   if (s) return rt_status_wrap(s, "%s", path);
@@ -455,7 +436,7 @@ static rt_status tiny_find(const char *root, tiny *out) {
   }
   if (!out->k) return rt_status_make("%s: no add kernel", path);
   snprintf(path, sizeof path, "%s/tiny-h200/kernels/sm_90.cubin", root);
-  return read_file(path, &out->cubin, &out->cubin_len);
+  return bench_read_file(path, &out->cubin, &out->cubin_len);
 }
 
 /* A bundle of one cuda device and stream whose plan is LAUNCHES launches
