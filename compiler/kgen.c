@@ -375,6 +375,7 @@ static int kgen_attr_error(kgen_ctx *c, const char *attr, const char *why)
 static int kgen_finite_float(kgen_ctx *c, int a, float *out)
 {
   double v = c->op->fattr[a];
+  *out = 0.0f; /* set on every path: callers' defines follow only success */
   if (!isfinite(v) || !isfinite((float)v))
     return kgen_attr_error(c, c->k->attrs[a].name, "must be a finite f32 value");
   *out = (float)v;
@@ -887,12 +888,14 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
     if (op->kind == IR_OP_MOE_DOWN) {
-      /* A block per tile of output channels, every choice of every slot. */
+      /* A block per tile of output channels and choice j, for choice j of
+       * every slot: a decode step's top_k experts stream side by side
+       * rather than one after another in each block. */
       int64_t ntiles = (v['H'] + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
       kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
       kgen_def_int(s, "NTILES", ntiles);
-      s->grid = (uint64_t)ntiles;
-      s->grid_text = "tile of output channels, every slot and choice";
+      s->grid = (uint64_t)(ntiles * v['k']);
+      s->grid_text = "tile of output channels x expert choice, every slot";
       break;
     }
     if (kgen_def_swiglu_limit(c, s))

@@ -21,6 +21,16 @@
  * so that every chunk of a w2 row starts 16-byte aligned). */
 #define KGEN_GPU_FFN_CHUNK 2048
 
+/* Tiles from which a matmul or group_matmul block stages its row of x in
+ * shared memory rather than having every warp read it through the cache
+ * beside the weights. Measured on an H200 (bench/NOTES.md): with many
+ * waves of blocks (the LM head's 16,160 tiles, q_b's 4,096, o_a's 1,024)
+ * the warps' x reads crowd out the weight stream, and staging gives 97 %
+ * of copy bandwidth against 63 % for the LM head; a GEMV of one wave or
+ * less (q_a, o_b, the shared expert) pays about a microsecond for the
+ * staging barrier and runs faster reading x as it goes. */
+#define KGEN_GPU_STAGE_X_TILES 1024
+
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
  * template takes from <SLOT>_T: float, or the prelude's ds4_bf16 where
@@ -36,7 +46,10 @@ typedef struct kgen_gpu_kind {
 static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_EMBED] = {256, 0, 1u << 1},
   [IR_OP_RMSNORM] = {256, 0, 1u << 1},
-  [IR_OP_MATMUL] = {256, 32, 1u << 1}, /* KGEN_MATMUL_TILE (8) columns x 32 lanes */
+  /* matmul and group_matmul: KGEN_MATMUL_TILE (8) columns x 32 lanes, two
+   * blocks a multiprocessor (x loaded ahead with the weights takes 130
+   * registers a thread on sm_90 unbounded, which leaves one) */
+  [IR_OP_MATMUL] = {256, 32, 1u << 1, 2},
   [IR_OP_ROPE] = {256, 0, 0},
   [IR_OP_CACHE_WRITE] = {256, 0, 0},
   [IR_OP_ATTENTION] = {256, 0, 0},
@@ -54,7 +67,7 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_RMSNORM_GROUPS] = {256, 0, 0},
   [IR_OP_WINDOW_WRITE] = {256, 0, 0},
   [IR_OP_SINK_ATTENTION] = {256, 0, 0},
-  [IR_OP_GROUP_MATMUL] = {256, 32, 1u << 1}, /* KGEN_MATMUL_TILE (8) columns x 32 lanes */
+  [IR_OP_GROUP_MATMUL] = {256, 32, 1u << 1, 2},
   [IR_OP_SCORE_ROUTE] = {256, 0, 0},
   [IR_OP_HASH_ROUTE] = {64, 0, 0}, /* a thread per choice: TOPK is small (6) */
   [IR_OP_HC_PRE] = {256, 0, 0},
@@ -71,6 +84,9 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
    * 146 registers a thread on sm_90 and moe_down's row with x ahead 130:
    * one block; bounded, 127 and 126, no spills). */
   [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3, 2},
+  /* moe_down with its activation row staged in shared memory (X_SHARED)
+   * keeps no x in registers: 64 a thread, four blocks a multiprocessor,
+   * no spills (kgen_gpu_min_blocks) */
   [IR_OP_MOE_DOWN] = {256, 32, 1u << 2, 2},
   /* hc_pre and hc_head lowered (lower.c): a block per sum, then a block
    * per slot */
@@ -96,13 +112,38 @@ static void kgen_gpu_define(kgen_buf *b, kgen_buf *undefs, const char *name, con
   kgen_printf(undefs, "#undef %s\n", name);
 }
 
+/* Whether a GEMV-like kernel stages its row of x (k floats) in shared
+ * memory: rows of whole 16-byte words that fit, and for matmul and
+ * group_matmul only from KGEN_GPU_STAGE_X_TILES tiles up (group_matmul:
+ * with every tile inside one group). */
+static int kgen_gpu_stage_x(const kgen_spec *s, int64_t k)
+{
+  if (k % 4 != 0 || (uint64_t)k * 4 > KGEN_GPU_MAX_SHARED)
+    return 0;
+  if (s->op->kind == IR_OP_MOE_DOWN)
+    return 1;
+  /* group_matmul: a tile's columns in one group, whose part of x it stages */
+  if (s->op->kind == IR_OP_GROUP_MATMUL && kgen_spec_int(s, "NG") % kgen_spec_int(s, "TILE") != 0)
+    return 0;
+  return kgen_spec_int(s, "NTILES") >= KGEN_GPU_STAGE_X_TILES;
+}
+
+/* MINBLOCKS: the kind's, but four for a moe_down whose activation row is
+ * staged (registers to spare: kgen_gpu_kinds). */
+static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
+{
+  if (s->op->kind == IR_OP_MOE_DOWN && kgen_gpu_stage_x(s, kgen_spec_int(s, "F")))
+    return 4;
+  return g->min_blocks ? g->min_blocks : 1;
+}
+
 /* The kind's own defines, and the bytes of the shared arrays its template
  * declares (they must agree: the template sizes them from these defines). */
 static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s, const kgen_gpu_kind *g)
 {
   uint64_t nt = (uint64_t)g->nthreads;
   kgen_gpu_define(b, undefs, "NTHREADS", "%d", g->nthreads);
-  kgen_gpu_define(b, undefs, "MINBLOCKS", "%d", g->min_blocks ? g->min_blocks : 1);
+  kgen_gpu_define(b, undefs, "MINBLOCKS", "%d", kgen_gpu_min_blocks(s, g));
   if (g->lanes)
     kgen_gpu_define(b, undefs, "LANES", "%d", g->lanes);
   for (int i = 0; i < s->nin; i++)
@@ -117,6 +158,14 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   switch (s->op->kind) {
   case IR_OP_RMSNORM:
     return nt * 4; /* red */
+  case IR_OP_MATMUL:
+  case IR_OP_GROUP_MATMUL:
+  case IR_OP_MOE_DOWN: { /* xs: the row of x (matmul's K, group_matmul's KG, moe_down's F) */
+    int64_t k = kgen_spec_int(s, s->op->kind == IR_OP_MATMUL ? "K" : s->op->kind == IR_OP_MOE_DOWN ? "F" : "KG");
+    int stage = kgen_gpu_stage_x(s, k);
+    kgen_gpu_define(b, undefs, "X_SHARED", "%d", stage);
+    return stage ? (uint64_t)k * 4 : 0;
+  }
   case IR_OP_ATTENTION: {
     int64_t hd = kgen_spec_int(s, "HD");
     kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
@@ -146,12 +195,20 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return nt * 4;
   case IR_OP_SINK_ATTENTION: {
     /* red, prob; with select 2, cand and keep (select 2's list of entries:
-     * only then does the template use them, so only then are they kept) */
-    int64_t hd = kgen_spec_int(s, "HD"), select2 = kgen_spec_int(s, "SELECT") == 2;
+     * only then does the template use them, so only then are they kept);
+     * score, the keys' scores, where they fit beside them: the window and
+     * the most entries a slot sees (every entry for select 1, a list's
+     * worth for select 2) */
+    int64_t hd = kgen_spec_int(s, "HD"), select = kgen_spec_int(s, "SELECT"), select2 = select == 2;
     int64_t nlist = select2 ? kgen_spec_int(s, "NSEL") : 1;
+    int64_t nkeys = kgen_spec_int(s, "WINDOW") + (select == 1 ? kgen_spec_int(s, "NE") : select2 ? nlist : 0);
+    uint64_t bytes = nt * 4 * 2 + (select2 ? (uint64_t)nlist * 4 * 2 : 0);
+    int store = bytes + (uint64_t)nkeys * 4 <= KGEN_GPU_MAX_SHARED;
     kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
     kgen_gpu_define(b, undefs, "NLIST", "%" PRId64, nlist);
-    return nt * 4 * 2 + (select2 ? (uint64_t)nlist * 4 * 2 : 0);
+    kgen_gpu_define(b, undefs, "STORE_SCORES", "%d", store);
+    kgen_gpu_define(b, undefs, "NKEYS", "%" PRId64, store ? nkeys : 1);
+    return bytes + (store ? (uint64_t)nkeys * 4 : 0);
   }
   case IR_OP_HC_PRE: { /* red, sums, pre, the Sinkhorn's two matrices */
     uint64_t n = (uint64_t)kgen_spec_int(s, "N");

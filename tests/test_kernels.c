@@ -3942,8 +3942,9 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)7, (int64_t)64);
   mp_take(m, &k);
   static const sink_cfg sinks[] = {{4, 16, 4, 7, 0, 0, 1, 1}, {4, 16, 4, 7, 4, 1, 16, 1},
-                                   {2, 512, 128, 131, 4, 2, 600, 512}};
-  for (int i = 0; i < 3; i++) {
+                                   {2, 512, 128, 131, 4, 2, 600, 512},
+                                   {2, 16, 4, 7, 2, 1, 12288, 1}}; /* scores computed again */
+  for (int i = 0; i < 4; i++) {
     sink_op(&k, &sinks[i], 4);
     mp_take(m, &k);
   }
@@ -4871,6 +4872,102 @@ START_TEST(test_gpu_matmul)
 }
 END_TEST
 
+/* One launch of k's GPU kernel (host threads) on operands filled by
+ * ffn_fill, slot 0 live; returns the buffers, outputs in b[nin..]. */
+static void staged_run(const kt *k, bufs *bs, emu_built **gpu)
+{
+  *gpu = emu_build(k);
+  bufs_alloc(bs, k);
+  ffn_fill(k, bs, NULL, 0);
+  emu_run(*gpu, bs->b, 0, 1, 0);
+}
+
+/* A matmul or group_matmul of many tiles stages its row of x in shared
+ * memory (kgen_gpu: X_SHARED from 1024 tiles, shared = the row's bytes);
+ * one of few tiles reads x as it goes. Their columns hold the same bits
+ * for the same row of w and the same x: the staged kernel's first
+ * columns against an unstaged kernel given those rows. */
+START_TEST(test_gpu_matmul_staged_x)
+{
+  enum { K = 16, NBIG = 8200, NG_BIG = 4104, NSMALL = 8 };
+  for (int grouped = 0; grouped < 2; grouped++) {
+    kt big, small;
+    kt_init(&big, grouped ? IR_OP_GROUP_MATMUL : IR_OP_MATMUL);
+    kt_init(&small, grouped ? IR_OP_GROUP_MATMUL : IR_OP_MATMUL);
+    int64_t groups = grouped ? 2 : 1, nbig = grouped ? 2 * NG_BIG : NBIG, nsmall = groups * NSMALL;
+    big.op.iattr[0] = small.op.iattr[0] = groups;
+    kt_add(&big, 0, PLAN_F32, 2, (int64_t)2, groups * K);
+    kt_add(&big, 0, PLAN_BF16, 2, nbig, (int64_t)K);
+    kt_add(&big, 1, PLAN_F32, 2, (int64_t)2, nbig);
+    kt_add(&small, 0, PLAN_F32, 2, (int64_t)2, groups * K);
+    kt_add(&small, 0, PLAN_BF16, 2, nsmall, (int64_t)K);
+    kt_add(&small, 1, PLAN_F32, 2, (int64_t)2, nsmall);
+    bufs bb, bsm;
+    emu_built *gb, *gs;
+    staged_run(&big, &bb, &gb);
+    ck_assert_ptr_nonnull(strstr(gb->kk.source, "#define X_SHARED 1\n"));
+    ck_assert_uint_eq(gb->kk.shared, K * 4);
+    gs = emu_build(&small);
+    ck_assert_ptr_nonnull(strstr(gs->kk.source, "#define X_SHARED 0\n"));
+    ck_assert_uint_eq(gs->kk.shared, 0);
+    bufs_alloc(&bsm, &small);
+    memcpy(bsm.b[0], bb.b[0], (size_t)big.tensors[0].bytes);
+    /* group g's first NSMALL rows of w: rows g * (nbig / groups) and up */
+    for (int64_t g = 0; g < groups; g++)
+      memcpy((uint16_t *)bsm.b[1] + g * NSMALL * K, (uint16_t *)bb.b[1] + g * (nbig / groups) * K,
+             (size_t)NSMALL * K * 2);
+    fill_garbage(bsm.b[2], kt_elems(&small, 2));
+    emu_run(gs, bsm.b, 0, 1, 0);
+    const float *yb = bb.b[2], *ys = bsm.b[2];
+    for (int64_t g = 0; g < groups; g++)
+      ck_assert_msg(memcmp(ys + g * NSMALL, yb + g * (nbig / groups), NSMALL * 4) == 0,
+                    "%s: group %lld's columns differ staged and unstaged", gb->kk.symbol, (long long)g);
+    for (int64_t n = 0; n < nbig; n++) /* slot 1 dead: +0 */
+      ck_assert_msg(yb[nbig + n] == 0.0f && !signbit(yb[nbig + n]), "%s: dead slot's column %lld not +0",
+                    gb->kk.symbol, (long long)n);
+    bufs_free(&bb);
+    bufs_free(&bsm);
+    emu_free(gb);
+    emu_free(gs);
+  }
+  emu_stop();
+}
+END_TEST
+
+/* sink_attention on the GPU against the host kernel: the keys' scores kept
+ * in shared memory (STORE_SCORES 1) and, when the entries a slot may see
+ * do not fit there, computed again in each pass (0), with the window
+ * alone, every closed entry (HCA) and a selection with repeats and
+ * entries not yet visible (CSA). */
+START_TEST(test_gpu_sink_attention)
+{
+  /* heads, hd, window, S, ratio, select, ne, nsel */
+  static const struct {
+    sink_cfg c;
+    int store;
+  } cases[] = {
+      {{3, 16, 6, 9, 0, 0, 1, 1}, 1},
+      {{3, 16, 6, 11, 4, 1, 12, 1}, 1},
+      {{3, 16, 6, 11, 2, 1, 12288, 1}, 0},
+      {{3, 16, 6, 11, 4, 2, 12, 5}, 1},
+  };
+  static const int32_t sel[] = {0, 2, -1, 1, 2, 7, 0, 3, 1, 1};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kt k;
+    sink_op(&k, &cases[i].c, 4);
+    kgen_kernel kk;
+    dsl_diag d = {0};
+    ck_assert_msg(kgen_gpu(&k.prog, &k.op, &kk, &d) == 0, "kgen_gpu: %s", d.msg);
+    char want[32];
+    snprintf(want, sizeof want, "#define STORE_SCORES %d\n", cases[i].store);
+    ck_assert_msg(strstr(kk.source, want) != NULL, "case %zu: no %s", i, want);
+    kgen_kernel_free(&kk);
+    ffn_gpu_case(&k, sel, (int)(sizeof sel / sizeof sel[0]), g_gpu_steps, 2);
+  }
+  emu_stop();
+}
+END_TEST
+
 /* The lowered form of hc_pre (pre) or hc_head on T = 4 slots of N streams
  * of D (lower.c): hc_sums, then hc_pre_sums or hc_head_sums. hc_sums
  * against its host kernel (ffn_gpu_case; the second launch needs sums a
@@ -5149,6 +5246,8 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_ffn);
   tcase_add_test(gpu, test_gpu_act);
   tcase_add_test(gpu, test_gpu_matmul);
+  tcase_add_test(gpu, test_gpu_matmul_staged_x);
+  tcase_add_test(gpu, test_gpu_sink_attention);
   tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);
   suite_add_tcase(s, gpu);

@@ -2,9 +2,9 @@
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
  * group g). kgen_gpu puts in front the defines T, GROUPS, KG, NG, N (=
- * GROUPS * NG), TILE, NTILES, W_BF16, LANES, GRID, NTHREADS (= TILE *
- * LANES), KERNEL_NAME and W_T (float or ds4_bf16, widened exactly by
- * ds4_f32).
+ * GROUPS * NG), TILE, NTILES, W_BF16, X_SHARED, LANES, GRID, NTHREADS
+ * (= TILE * LANES), KERNEL_NAME and W_T (float or ds4_bf16, widened
+ * exactly by ds4_f32).
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot (dead slots launch no
  * blocks). Threads: as matmul's, group q = thread / LANES (one warp of 32
@@ -12,14 +12,21 @@
  * row of w with 16-byte loads against its group's part of x:
  * ds4_lane_dot gives each lane its strided share of the row in a fixed
  * order, and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes
- * the column of the dead slots. The bits depend on KG, LANES and the
- * weight's dtype only, not on the tiling, the slot count or where the
- * tensors lie. */
+ * the column of the dead slots. With X_SHARED (many tiles: kgen_gpu) the
+ * block first copies its group's part of x into shared memory, as
+ * matmul does; a tile lies in one group when TILE divides NG, else each
+ * group reads x as it goes. The bits depend on KG, LANES and the weight's
+ * dtype only, not on the tiling, where x is read from, the slot count or
+ * where the tensors lie. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per column of the tile");
   static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
+#if X_SHARED
+  static_assert(NG % TILE == 0, "kgen_gpu stages x only when a tile lies in one group");
+  DS4_SHARED __attribute__((aligned(16))) float xs[KG];
+#endif
   const float *x = (const float *)bufs[0];
   const W_T *w = (const W_T *)bufs[1];
   float *y = (float *)bufs[2];
@@ -29,19 +36,31 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   if (block >= GRID)
     return;
   int64_t n = (int64_t)block * TILE + tid / LANES;
-  /* A whole group leaves together: its lanes share n, and ds4_lane_sum
+  /* A group past the last column computes nothing but, with X_SHARED,
+   * still takes part in the barriers; its lanes share n, and ds4_lane_sum
    * needs only the lanes of its own group. */
-  if (n >= N)
-    return;
+  bool live = n < N;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   for (int64_t t = 0; t < ntok; t++) {
+#if X_SHARED
+    if (t > 0)
+      ds4_barrier(); /* the last slot's part read by every group */
+    ds4_stage_row<NTHREADS, KG>(xs, x + t * (GROUPS * KG) + (int64_t)block * TILE / NG * KG);
+    ds4_barrier();
+    const float *xg = xs;
+    constexpr ds4_xspace XS = DS4_X_SHARED;
+#else
     const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
-    float acc = ds4_lane_dot<LANES, KG>(xg, w + n * KG, lane, zero);
-    acc = ds4_lane_sum<LANES>(acc);
-    if (lane == 0)
-      y[t * N + n] = acc;
+    constexpr ds4_xspace XS = DS4_X_AHEAD;
+#endif
+    if (live) {
+      float acc = ds4_lane_dot<LANES, KG, W_T, XS>(xg, w + n * KG, lane, zero);
+      acc = ds4_lane_sum<LANES>(acc);
+      if (lane == 0)
+        y[t * N + n] = acc;
+    }
   }
-  if (lane == 0)
+  if (live && lane == 0)
     for (int64_t t = ntok; t < T; t++)
       y[t * N + n] = 0.0f;
 }

@@ -1,7 +1,7 @@
 /* matmul GPU kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
  * f32 or bf16, widened exactly to f32). kgen_gpu puts in front the defines
- * T, K, N, TILE, NTILES, W_BF16, LANES, GRID, NTHREADS (= TILE * LANES),
- * KERNEL_NAME and W_T (float or ds4_bf16).
+ * T, K, N, TILE, NTILES, W_BF16, X_SHARED, LANES, GRID, NTHREADS (= TILE *
+ * LANES), KERNEL_NAME and W_T (float or ds4_bf16).
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot, so a step's dead slots
  * launch no blocks (a decode step's GEMV spreads its rows over the whole
@@ -10,14 +10,19 @@
  * streaming its row of w with 16-byte loads (once per slot; after the
  * first slot from cache): ds4_lane_dot gives each lane its strided share
  * of the row in a fixed order, and ds4_lane_sum adds the lanes by a fixed
- * tree; then it zeroes the column of the dead slots. The bits depend on
- * K, LANES and the weight's dtype only, not on the tiling, the slot count
- * or where the tensors lie. */
+ * tree; then it zeroes the column of the dead slots. x is read as the
+ * weights are, or, with X_SHARED (many tiles: kgen_gpu), first copied by
+ * the block into shared memory and read from there. The bits depend on
+ * K, LANES and the weight's dtype only, not on the tiling, where x is
+ * read from, the slot count or where the tensors lie. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per column of the tile");
   static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
+#if X_SHARED
+  DS4_SHARED __attribute__((aligned(16))) float xs[K];
+#endif
   const float *x = (const float *)bufs[0];
   const W_T *w = (const W_T *)bufs[1];
   float *y = (float *)bufs[2];
@@ -27,18 +32,31 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   if (block >= GRID)
     return;
   int64_t n = (int64_t)block * TILE + tid / LANES;
-  /* A whole group leaves together: its lanes share n, and ds4_lane_sum
+  /* A group past the last column computes nothing but, with X_SHARED,
+   * still takes part in the barriers; its lanes share n, and ds4_lane_sum
    * needs only the lanes of its own group. */
-  if (n >= N)
-    return;
+  bool live = n < N;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   for (int64_t t = 0; t < ntok; t++) {
-    float acc = ds4_lane_dot<LANES, K>(x + t * K, w + n * K, lane, zero);
-    acc = ds4_lane_sum<LANES>(acc);
-    if (lane == 0)
-      y[t * N + n] = acc;
+#if X_SHARED
+    if (t > 0)
+      ds4_barrier(); /* the last slot's row read by every group */
+    ds4_stage_row<NTHREADS, K>(xs, x + t * K);
+    ds4_barrier();
+    const float *xr = xs;
+    constexpr ds4_xspace XS = DS4_X_SHARED;
+#else
+    const float *xr = x + t * K;
+    constexpr ds4_xspace XS = DS4_X_AHEAD;
+#endif
+    if (live) {
+      float acc = ds4_lane_dot<LANES, K, W_T, XS>(xr, w + n * K, lane, zero);
+      acc = ds4_lane_sum<LANES>(acc);
+      if (lane == 0)
+        y[t * N + n] = acc;
+    }
   }
-  if (lane == 0)
+  if (live && lane == 0)
     for (int64_t t = ntok; t < T; t++)
       y[t * N + n] = 0.0f;
 }

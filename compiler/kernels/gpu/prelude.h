@@ -592,6 +592,24 @@ DS4_DEVICE ds4_f32x4 ds4_load_x(const float *p)
     return *(const DS4_GLOBAL ds4_f32x4 *)p;
 }
 
+/* Copies the KK floats of row (global memory) into xs (shared memory),
+ * the block's NT threads together: 16 bytes a thread at a time when the
+ * row is 16-byte aligned and KK a multiple of 4 (kgen_gpu stages only
+ * such rows), else one float at a time. Every thread of the block calls
+ * it; a barrier after it makes xs visible to the block. */
+template <int NT, int64_t KK>
+DS4_DEVICE void ds4_stage_row(float *xs, const float *row)
+{
+  int tid = ds4_thread();
+  if (KK % 4 == 0 && (unsigned long long)row % 16 == 0) {
+    for (int64_t i = tid; i < KK / 4; i += NT)
+      ((DS4_LDS ds4_f32x4 *)xs)[i] = *(const DS4_GLOBAL ds4_f32x4 *)(row + 4 * i);
+    return;
+  }
+  for (int64_t i = tid; i < KK; i += NT)
+    xs[i] = row[i];
+}
+
 /* One lane's share of x . w over KK elements, for a group of L lanes: the
  * row is cut into chunks of 16 bytes of w (V = 16 / sizeof(W) elements,
  * the last one short when V does not divide KK); lane l sums chunks l,

@@ -9,7 +9,8 @@
  * o[t,h] = sum_k p_k key_k, p_k = e^(s_k - Mx) / (sum_k e^(s_k - Mx) +
  * e^(sink_h - Mx)). kgen_gpu puts in front the defines T, S, NH, HD, NE,
  * NSEL, WINDOW, RATIO, SELECT, SCALE, CPT (= ceil(HD / NTHREADS)), NLIST
- * (NSEL for SELECT 2, else 1), GRID, NTHREADS and KERNEL_NAME.
+ * (NSEL for SELECT 2, else 1), STORE_SCORES, NKEYS, GRID, NTHREADS and
+ * KERNEL_NAME.
  * Grid: one block per (token slot, head), T * NH; block b is slot b / NH,
  * head b mod NH. Threads:
  *   0. SELECT 2 only: sel[t] goes to shared memory; thread i marks its
@@ -29,9 +30,11 @@
  *      NTHREADS, ... (CPT of them) over the chunk's keys in ascending
  *      order, so each output channel sums p_k key_k[c] over all keys in
  *      key order, as on the host.
- * Scores are recomputed in each pass rather than stored, so shared memory
- * does not grow with the keys. Ring rows are always s mod S, entry rows
- * below NE: nothing is read out of bounds. */
+ * With STORE_SCORES, pass 1 keeps each s_k in shared memory (NKEYS =
+ * WINDOW plus the most entries a slot can see) and passes 2 and 3 read it
+ * back, by the thread that wrote it; without (kgen_gpu: when NKEYS floats
+ * do not fit), they compute it again, to the same bits. Ring rows are
+ * always s mod S, entry rows below NE: nothing is read out of bounds. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -39,6 +42,9 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   DS4_SHARED float prob[NTHREADS];
   DS4_SHARED int32_t cand[NLIST]; /* SELECT 2: sel[t], then the entry list */
   DS4_SHARED int32_t keep[NLIST];
+#if STORE_SCORES
+  DS4_SHARED float score[NKEYS];
+#endif
   const float *q = (const float *)bufs[0];
   const float *ring = (const float *)bufs[1];
   const float *entries = (const float *)bufs[2];
@@ -107,9 +113,20 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int64_t n = nraw + nent;
   const float *qh = q + t * (NH * HD) + h * HD;
   float sink = sinks[h];
+  /* s_k again, for the thread of pass 1 that computed it */
+  auto stored = [&](int64_t k) -> float {
+#if STORE_SCORES
+    return score[k];
+#else
+    return SCALE * ds4_dot(qh, key(k), HD);
+#endif
+  };
   float m = -ds4_inff();
   for (int64_t k = tid; k < n; k += NTHREADS) {
     float s = SCALE * ds4_dot(qh, key(k), HD);
+#if STORE_SCORES
+    score[k] = s;
+#endif
     if (s > m)
       m = s;
   }
@@ -118,7 +135,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     m = sink;
   float sum = 0.0f;
   for (int64_t k = tid; k < n; k += NTHREADS)
-    sum += ds4_expf(SCALE * ds4_dot(qh, key(k), HD) - m);
+    sum += ds4_expf(stored(k) - m);
   sum = ds4_block_sum<NTHREADS>(red, sum);
   float den = sum + ds4_expf(sink - m);
   float acc[CPT];
@@ -127,7 +144,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   for (int64_t base = 0; base < n; base += NTHREADS) {
     int64_t k = base + tid;
     if (k < n)
-      prob[tid] = ds4_expf(SCALE * ds4_dot(qh, key(k), HD) - m) / den;
+      prob[tid] = ds4_expf(stored(k) - m) / den;
     ds4_barrier();
     int64_t rows = n - base < NTHREADS ? n - base : NTHREADS;
     for (int i = 0; i < CPT; i++) {

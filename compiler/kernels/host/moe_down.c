@@ -7,8 +7,9 @@
  * bf16 when W2_BF16 is 1 (widened exactly: ds4h_weight). kgen_host
  * prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows held),
  * NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, W2_BF16, GRID and
- * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels,
- * each for every choice of every slot. */
+ * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels
+ * times TOPK choices, block b taking tile b % NTILES of choice b / NTILES
+ * for every slot. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -23,10 +24,11 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t ntok = step[1] < T ? step[1] : T;
   if (block >= GRID)
     return;
-  int64_t c0 = (int64_t)block * TILE;
+  int64_t j = block / NTILES, c0 = (int64_t)(block % NTILES) * TILE;
   int64_t c1 = c0 + TILE < H ? c0 + TILE : H;
-  for (int64_t s = 0; s < T * TOPK; s++) {
-    int64_t e = s / TOPK < ntok ? idx[s] : -1;
+  for (int64_t t = 0; t < T; t++) {
+    int64_t s = t * TOPK + j;
+    int64_t e = t < ntok ? idx[s] : -1;
     int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
     for (int64_t c = c0; c < c1; c++) {
       float acc = 0.0f;
