@@ -3750,11 +3750,12 @@ END_TEST
 /* ==== GPU kernels ==== */
 
 /* Every op kind at small shapes (tiny-moe's, plus the corners: a partial
- * matmul tile, rope without rotation, attention heads wider than a block,
- * a split expert op, an ffn in two chunks), as one program for
+ * matmul tile, x staged in shared memory, rope without rotation, attention
+ * heads wider than a block, a split expert op, an ffn in two chunks,
+ * moe_experts as lowered for a GPU), as one program for
  * emit_kernels_build. */
-#define MP_MAXT 168
-#define MP_MAXOPS 44
+#define MP_MAXT 192
+#define MP_MAXOPS 48
 
 typedef struct mprog {
   ir_tensor tensors[MP_MAXT];
@@ -3819,6 +3820,34 @@ static void mp_all_kinds(mprog *m)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
     mp_take(m, &k);
   }
+  /* x staged in shared memory (1024 tiles and up: kgen_gpu) */
+  kt_init(&k, IR_OP_MATMUL);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8200, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_GROUP_MATMUL);
+  k.op.iattr[0] = 2;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)128);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8208, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8208);
+  mp_take(m, &k);
+  /* moe_experts lowered for a GPU (lower.c): moe_up, and moe_down with its
+   * activation row staged */
+  kt_init(&k, IR_OP_MOE_UP);
+  k.op.fattr[0] = 10.0;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)24, (int64_t)64);
+  kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)24, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_MOE_DOWN);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)64, (int64_t)24);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+  mp_take(m, &k);
   for (int r = 0; r <= 8; r += 8) { /* rope_dim 8, and 0: no table */
     kt_init(&k, IR_OP_ROPE);
     k.op.iattr[0] = 4;
