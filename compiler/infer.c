@@ -63,7 +63,7 @@ static int expect_weight(const ir_prog *p, const ir_op *op, int i, int ndim, con
 }
 
 /* embed's x: [T, H], or [T, N, H] with the row copied into each of N
- * hyper-connection streams (DS4-MATH §2 step 2). */
+ * hyper-connection streams (MATH.md §2 step 2). */
 static int expect_embed_rows(const ir_prog *p, const ir_op *op, int64_t H, dsl_diag *d) {
   const ir_tensor *x = operand(p, op, 2);
   if (x->ndim == 3) return expect(p, op, 2, PLAN_F32, 3, DIMS(p->tokens, -1, H), d);
@@ -80,7 +80,7 @@ static int64_t dim(const ir_prog *p, const ir_op *op, int i, int j) {
   return j < t->ndim ? t->dim[j] : -1;
 }
 
-/* moe_experts, swiglu_ffn, swiglu_act: attr 0 is the clamp of DS4-MATH §3.3,
+/* moe_experts, swiglu_ffn, swiglu_act: attr 0 is the clamp of MATH.md §3.3,
  * 0 for none. */
 static int check_swiglu_limit(const ir_op *op, dsl_diag *d) {
   double limit = op->fattr[0];

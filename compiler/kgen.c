@@ -456,7 +456,7 @@ static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
-/* moe_experts, swiglu_ffn, swiglu_act: SWIGLU_LIMIT, the clamp of DS4-MATH
+/* moe_experts, swiglu_ffn, swiglu_act: SWIGLU_LIMIT, the clamp of MATH.md
  * §3.3 (attr 0; 0 for none). */
 static int kgen_def_swiglu_limit(kgen_ctx *c, kgen_spec *s)
 {
@@ -469,7 +469,7 @@ static int kgen_def_swiglu_limit(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
-/* score_route and hash_route (DS4-MATH §10): k chosen of E experts, the
+/* score_route and hash_route (MATH.md §10): k chosen of E experts, the
  * weights times SCALE (routed_scaling_factor); hash_route's table has V
  * rows (vocabulary ids). */
 static int kgen_specialise_route(kgen_ctx *c, kgen_spec *s)
@@ -495,7 +495,7 @@ static int kgen_specialise_route(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
-/* YaRN's correction dimension c(beta) of DS4-MATH §3.2, in double as HF
+/* YaRN's correction dimension c(beta) of MATH.md §3.2, in double as HF
  * computes it: the pair count whose wavelength fits beta times in orig. */
 static double kgen_yarn_dim(double beta, int64_t r, double base, double orig)
 {
@@ -506,7 +506,7 @@ static double kgen_yarn_dim(double beta, int64_t r, double base, double orig)
  * both targets' kernels get it (INV_FREQ). Without YaRN: 1 / theta^(2i/r),
  * in f32 in that order, as HF's default rope computes its fp32 table
  * (powf(theta, -2i/r) differs from it by an ulp in 10 of the 32 pairs at
- * r = 64, enough to move the angle by 1e-3 at position 65535). With YaRN: DS4-MATH §3.2
+ * r = 64, enough to move the angle by 1e-3 at position 65535). With YaRN: MATH.md §3.2
  * in the order of HF's _compute_yarn_parameters (the ramp ends in double,
  * the rest in f32), so the table matches HF's fp32 one. */
 static float kgen_rope_freq(const ir_op *op, int64_t r, int64_t i)
@@ -628,7 +628,7 @@ static int kgen_specialise_compress_pool(kgen_ctx *c, kgen_spec *s)
 }
 
 /* index_scores: HSCALE = 1/sqrt(heads) and DSCALE = 1/sqrt(head dim)
- * (DS4-MATH §9.4), rounded to f32 here once for every target. */
+ * (MATH.md §9.4), rounded to f32 here once for every target. */
 static int kgen_specialise_index_scores(kgen_ctx *c, kgen_spec *s)
 {
   const int64_t *v = c->var;
@@ -671,7 +671,7 @@ static int kgen_specialise_index_select(kgen_ctx *c, kgen_spec *s)
 }
 
 /* embed: x is [T, H], one row per slot, or [T, N, H], the row copied into
- * each of N hyper-connection streams (DS4-MATH §2 step 2); N = 1 for
+ * each of N hyper-connection streams (MATH.md §2 step 2); N = 1 for
  * [T, H], the same kernel. */
 static int kgen_specialise_embed(kgen_ctx *c, kgen_spec *s)
 {

@@ -60,7 +60,7 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_ROPE] = {"rope", 1, 1, in_x, out_y,
                     {{"heads", IR_ATTR_INT, 1, 0}, {"rope_dim", IR_ATTR_INT, 1, 0},
                      {"theta", IR_ATTR_FLOAT, 0, 10000.0}, {"inverse", IR_ATTR_INT, 0, 0},
-                     /* yarn_factor 0: no YaRN (DS4-MATH §3.2 "compress") */
+                     /* yarn_factor 0: no YaRN (MATH.md §3.2 "compress") */
                      {"yarn_factor", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_orig", IR_ATTR_FLOAT, 0, 0.0},
                      {"yarn_beta_fast", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_beta_slow", IR_ATTR_FLOAT, 0, 0.0},
                      /* 0: the token's position pos + t, the only one so far */
@@ -71,7 +71,7 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                          {{"heads", IR_ATTR_INT, 1, 0}, {"scale", IR_ATTR_FLOAT, 0, 0.0}}, 2, 0},
     [IR_OP_ADD] = {"add", 2, 1, in_add, out_c, {{0}}, 0, 0},
     [IR_OP_TOPK_ROUTE] = {"topk_route", 1, 2, in_logits, out_route, {{"k", IR_ATTR_INT, 1, 0}}, 1, 0},
-    /* swiglu_limit 0: no clamp (DS4-MATH §3.3 clamps at swiglu_limit > 0) */
+    /* swiglu_limit 0: no clamp (MATH.md §3.3 clamps at swiglu_limit > 0) */
     [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1, in_moe, out_slots,
                            {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0},
     [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1, in_comb, out_y, {{0}}, 0, 0},
@@ -79,19 +79,19 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                           {{"swiglu_limit", IR_ATTR_FLOAT, 0, 0.0}}, 1, 0},
     [IR_OP_ARGMAX] = {"argmax", 1, 1, in_logits, out_ids, {{0}}, 0, 0},
     [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, in_parts, out_y, {{"parts", IR_ATTR_INT, 1, 0}}, 1, 0},
-    /* hyper-connections (DS4-MATH §4): defaults are DeepSeek-V4's */
+    /* hyper-connections (MATH.md §4): defaults are DeepSeek-V4's */
     [IR_OP_HC_PRE] = {"hc_pre", 4, 3, in_hc_pre, out_hc_pre,
                       {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6},
                        {"iters", IR_ATTR_INT, 0, 20}}, 3, 0},
     [IR_OP_HC_POST] = {"hc_post", 4, 1, in_hc_post, out_hc_post, {{0}}, 0, 0},
     [IR_OP_HC_HEAD] = {"hc_head", 4, 1, in_hc_head, out_h,
                        {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6}}, 2, 0},
-    /* DeepSeek-V4 routers (DS4-MATH §10); scale is routed_scaling_factor */
+    /* DeepSeek-V4 routers (MATH.md §10); scale is routed_scaling_factor */
     [IR_OP_SCORE_ROUTE] = {"score_route", 2, 2, in_score_route, out_route,
                            {{"k", IR_ATTR_INT, 1, 0}, {"scale", IR_ATTR_FLOAT, 0, 1.0}}, 2, 0},
     [IR_OP_HASH_ROUTE] = {"hash_route", 3, 2, in_hash_route, out_route,
                           {{"scale", IR_ATTR_FLOAT, 0, 1.0}}, 1, 0},
-    /* DeepSeek-V4 attention (DS4-MATH §6); group 0: the whole row */
+    /* DeepSeek-V4 attention (MATH.md §6); group 0: the whole row */
     [IR_OP_RMSNORM_GROUPS] = {"rmsnorm_groups", 1, 1, in_x, out_y,
                               {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"group", IR_ATTR_INT, 0, 0}}, 2, 0},
     [IR_OP_WINDOW_WRITE] = {"window_write", 1, 1, in_src, out_ring, {{0}}, 0, 1u},
@@ -101,7 +101,7 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                                {"ratio", IR_ATTR_INT, 0, 0}, {"select", IR_ATTR_INT, 0, 0},
                                {"scale", IR_ATTR_FLOAT, 0, 0.0}}, 5, 0},
     [IR_OP_GROUP_MATMUL] = {"group_matmul", 2, 1, in_mm, out_y, {{"groups", IR_ATTR_INT, 1, 0}}, 1, 0},
-    /* DeepSeek-V4 compressor and Lightning Indexer (DS4-MATH §8, §9):
+    /* DeepSeek-V4 compressor and Lightning Indexer (MATH.md §8, §9):
      * compress_pool keeps rope's slots for rope_dim, theta and the YaRN
      * attrs (kgen_rope_freq serves both); overlap 1 is CSA, 0 HCA. */
     [IR_OP_COMPRESS_STORE] = {"compress_store", 2, 2, in_cstore, out_cstore, {{0}}, 0, 3u},

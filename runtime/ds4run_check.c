@@ -188,7 +188,7 @@ static int has_checkpoint(const plan *p, const char *name) {
 }
 
 /* The reference numbers layers 0..n-1 as the release does; each layer's
- * kind follows from the weights it has (DS4-MATH §13.1): an indexer makes
+ * kind follows from the weights it has (MATH.md §13.1): an indexer makes
  * it CSA, a compressor alone HCA, neither sliding-window; tid2eid makes it
  * hash-routed. */
 static rt_status ds4_layers(const plan *p, const ref_ds4_params *rp, int *ratio, int *hash) {

@@ -799,7 +799,7 @@ rt_status st_values(const st_tensor *t, uint64_t first, uint64_t count, double *
   return NULL;
 }
 
-/* ---- block-scaled weights (DS4-MATH 13.3) -------------------------------- */
+/* ---- block-scaled weights (MATH.md §13.3) -------------------------------- */
 
 #define ST_FP8_BLOCK 128 /* one F8_E4M3 scale per 128 x 128 block */
 #define ST_FP4_BLOCK 32  /* one FP4 scale per 32 columns of a row */

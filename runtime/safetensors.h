@@ -55,11 +55,11 @@ const st_tensor *st_tensor_at(const st_set *s, uint32_t i); /* in name order */
 
 /* The tensor of exactly this name, or NULL. */
 const st_tensor *st_find(const st_set *s, const char *name);
-/* A checkpoint tensor by its release name (DS4-MATH 13): that name, else
+/* A checkpoint tensor by its release name (MATH.md §13): that name, else
  * the spelling transformers' save_pretrained writes for it (below); *out
  * is NULL when neither is there. Both there is an error naming both. */
 rt_status st_find_checkpoint(const st_set *s, const char *name, const st_tensor **out);
-/* The save_pretrained spelling of a release name (DS4-MATH 15.12): a
+/* The save_pretrained spelling of a release name (MATH.md §15.12): a
  * "model." prefix, with embed.weight -> model.embed_tokens.weight,
  * hc_head_{fn,base,scale} -> model.hc_head.hc_{fn,base,scale} and
  * *.attn.kv_norm.weight -> model.*.attn.norm.weight; head.weight is spelt
@@ -69,7 +69,7 @@ int st_pretrained_name(const char *name, char *out, size_t n);
 
 const char *st_dtype_name(uint32_t dtype);
 
-/* How a checkpoint tensor's bytes hold a weight's values (DS4-MATH 13.3). */
+/* How a checkpoint tensor's bytes hold a weight's values (MATH.md §13.3). */
 enum st_encoding {
   ST_PLAIN,      /* one element per element, in its dtype */
   ST_FP8_BLOCKS, /* F8_E4M3, times 2^(s - 127) with s the F8_E8M0 scale of its 128 x 128 block */

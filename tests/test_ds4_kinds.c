@@ -1,7 +1,7 @@
 /* test_ds4_kinds.c - every op kind DeepSeek-V4-Flash uses, its host kernel
  * (kgen_host, built by the host toolchain as ds4c builds it) against the
  * primitives of the float64 reference tests/ref/ref_ds4.c, which was
- * written from DS4-MATH.md and not from docs/OPS.md. Dimensions are
+ * written from docs/MATH.md and not from docs/OPS.md. Dimensions are
  * ds4-flash-mini's; each kind runs several (pos, ntok) steps, and the state
  * kinds run one token sequence through the kernels' rings and through the
  * reference's pending rows and overlap, then compare what comes out. */
@@ -55,7 +55,7 @@ enum {
   MAX_SEQ = 64,
 };
 
-/* The release's constants (DS4-MATH §1.1, §3.2). */
+/* The release's constants (MATH.md §1.1, §3.2). */
 #define EPS 1e-6
 #define HC_EPS 1e-6
 #define ROUTED_SCALE 1.5

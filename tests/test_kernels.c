@@ -248,7 +248,7 @@ static double silu(double x)
   return x / (1.0 + exp(-x));
 }
 
-/* DS4-MATH §3.3: silu(min(g, L)) * clamp(u, -L, L), the gate clamped from
+/* MATH.md §3.3: silu(min(g, L)) * clamp(u, -L, L), the gate clamped from
  * above only; L = 0: no clamp. seen (may be NULL) counts the clamps that
  * engage: g > L, g < -L (left alone) and |u| > L. */
 static double ref_swiglu_act(double g, double u, double limit, int seen[3])
@@ -289,7 +289,7 @@ static const int g_steps[][2] = {{0, 4}, {0, 1}, {3, 2}, {9, 3}, {12, 4}};
 /* ---- embed ---- */
 
 /* x [T, H] (nstreams 0), or [T, nstreams, H]: every stream a copy of the
- * row (DS4-MATH §2 step 2). Returns the kernel's symbol (caller frees). */
+ * row (MATH.md §2 step 2). Returns the kernel's symbol (caller frees). */
 static char *embed_case(int nstreams)
 {
   enum { T = 4, V = 11, H = 9 };
@@ -492,11 +492,11 @@ END_TEST
 
 /* ---- rope ---- */
 
-/* DeepSeek-V4's YaRN ("compress" table, DS4-MATH §3.2): factor, original
+/* DeepSeek-V4's YaRN ("compress" table, MATH.md §3.2): factor, original
  * positions, beta_fast, beta_slow; as rope attrs 4..7. */
 static const double g_ds4_yarn[4] = {16.0, 65536.0, 32.0, 1.0};
 
-/* The inverse frequency of pair i (of r/2), in float64 from DS4-MATH §3.2:
+/* The inverse frequency of pair i (of r/2), in float64 from MATH.md §3.2:
  * theta^(-2i/r), or with YaRN the blend of it and it / factor along the
  * ramp between the correction dimensions c(beta_fast) and c(beta_slow). */
 static double ref_rope_freq(double theta, int r, int i, const double *yarn)
@@ -552,7 +552,7 @@ static void rope_case(int heads, int hd, int r, double theta, int pos_scale, int
         for (int c = 0; c < hd - r; c++)
           yh[c] = xh[c];
         for (int i = 0; i < r / 2; i++) {
-          /* inverse: RotInv of DS4-MATH §3.2, sin -> -sin */
+          /* inverse: RotInv of MATH.md §3.2, sin -> -sin */
           double phi = (double)(float)(pos + t) * ref_rope_freq((double)(float)theta, r, i, yarn);
           double x0 = xh[hd - r + 2 * i], x1 = xh[hd - r + 2 * i + 1];
           double sn = inverse ? -sin(phi) : sin(phi);
@@ -644,7 +644,7 @@ static int rope_table(kt *k, float *out, int max)
   return n;
 }
 
-/* The compress table against the values DS4-MATH §3.2 lists from HF 5.17
+/* The compress table against the values MATH.md §3.2 lists from HF 5.17
  * (fp32): the same floats, as HF's order of f32 operations is kept; every
  * entry against the float64 formula; the main table's ends. */
 START_TEST(test_rope_tables)
@@ -877,7 +877,7 @@ typedef struct sink_cfg {
   int heads, hd, window, S, ratio, select, ne, nsel;
 } sink_cfg;
 
-/* DS4-MATH §6.3 with the softmax with sink of §3.4, in float64, for the
+/* MATH.md §6.3 with the softmax with sink of §3.4, in float64, for the
  * query q (all heads) at position p. Keys: kv rows of the raw window
  * max(0, p - window + 1)..p of the sequence (not of the ring), then the
  * compressed entries w < floor((p + 1) / ratio) (§8.3), for select 2 only
@@ -1022,7 +1022,7 @@ START_TEST(test_sink_attention)
 }
 END_TEST
 
-/* ---- group_matmul: DS4-MATH §6.4's block-diagonal o_a projection ---- */
+/* ---- group_matmul: MATH.md §6.4's block-diagonal o_a projection ---- */
 
 START_TEST(test_group_matmul)
 {
@@ -1300,7 +1300,7 @@ START_TEST(test_moe_experts)
   free(moe_case(NULL, 0, 0.0)); /* one launch for all experts */
   free(moe_case(range, 2, 0.0)); /* a split: experts 2 and 3 */
   free(moe_case(list, 3, 0.0));  /* a list, rows out of expert order */
-  free(moe_case(NULL, 0, 2.0));  /* the SwiGLU clamp of DS4-MATH §3.3 */
+  free(moe_case(NULL, 0, 2.0));  /* the SwiGLU clamp of MATH.md §3.3 */
   free(moe_case(list, 3, 2.0));
 }
 END_TEST
@@ -1848,7 +1848,7 @@ START_TEST(test_argmax)
 }
 END_TEST
 
-/* ---- hyper-connections: float64 DS4-MATH §4, written from the spec ---- */
+/* ---- hyper-connections: float64 MATH.md §4, written from the spec ---- */
 
 #define HC_MAXMIX 80 /* (2+N)*N for the N <= 8 used here */
 
@@ -2128,7 +2128,7 @@ START_TEST(test_hc_head)
 }
 END_TEST
 
-/* ---- score_route and hash_route: DS4-MATH §10, in float64 ---- */
+/* ---- score_route and hash_route: MATH.md §10, in float64 ---- */
 
 #define ROUTE_MAXE 256
 
@@ -2786,7 +2786,7 @@ START_TEST(test_route_errors)
 }
 END_TEST
 
-/* ---- DeepSeek-V4 compressor and Lightning Indexer: float64 DS4-MATH §8,
+/* ---- DeepSeek-V4 compressor and Lightning Indexer: float64 MATH.md §8,
  * §9 and §12, written from the spec ----
  * A sequence of S tokens runs through compress_store and compress_pool
  * (and, with an indexer, index_scores and index_select over the entries as
@@ -2869,7 +2869,7 @@ static void iselect_op(kt *k, int T, int nent, int topk, int m)
   kt_add(k, 1, PLAN_I32, 2, (int64_t)T, (int64_t)topk);
 }
 
-/* Entry w in float64 (DS4-MATH §8.2, §9.3) from the sequence's projections
+/* Entry w in float64 (MATH.md §8.2, §9.3) from the sequence's projections
  * c, z [S, C]: per channel a softmax over the window's slots, the previous
  * window's Ca half first (value 0, logit -inf for w = 0), then the norm
  * and the rotation at position m*w (angle f32(m*w) * omega_i). */
@@ -2918,7 +2918,7 @@ static int ref_visible(int p, int m, int nent)
   return v < nent ? v : nent;
 }
 
-/* DS4-MATH §9.4 in float64, and the scale its f32 rounding is measured
+/* MATH.md §9.4 in float64, and the scale its f32 rounding is measured
  * against: the same sum over absolute values. */
 static double ref_score(const float *q, const float *wt, const float *key, int heads, int d, double *scale)
 {
@@ -2936,7 +2936,7 @@ static double ref_score(const float *q, const float *wt, const float *key, int h
   return acc / sqrt((double)d);
 }
 
-/* a ranks ahead of b (DS4-MATH §9.5 with docs/OPS.md's rule): the larger
+/* a ranks ahead of b (MATH.md §9.5 with docs/OPS.md's rule): the larger
  * score, NaN below everything, equal scores (-0 == +0) by the lower w. */
 static int ref_ahead(float a, int wa, float b, int wb)
 {

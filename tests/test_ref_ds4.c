@@ -1,6 +1,6 @@
 /* test_ref_ds4.c - properties of the DeepSeek-V4-Flash float64 reference
  * (tests/ref/ref_ds4.c): its primitives against hand-computed values and the
- * numbers DS4-MATH.md lists, prefill against chunked and one-token decoding
+ * numbers docs/MATH.md lists, prefill against chunked and one-token decoding
  * (§0.3), when windows become visible, and how it refuses bad input. */
 #include <check.h>
 #include <math.h>

@@ -615,7 +615,7 @@ END_TEST
 
 /* ---- block-scaled weights ------------------------------------------------- */
 
-/* E4M3 and E2M1 values from their definitions (DS4-MATH 13.3). */
+/* E4M3 and E2M1 values from their definitions (MATH.md §13.3). */
 static double e4m3_ref(uint8_t c) {
   int e = c >> 3 & 15, m = c & 7;
   if (e == 15 && m == 7) return NAN;

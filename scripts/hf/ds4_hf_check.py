@@ -382,7 +382,7 @@ def check_config(config, desc):
 
 
 def expected_inv_freq(rope_dim, theta, yarn):
-    """DS4-MATH §3.2's inverse frequencies, in float64."""
+    """docs/MATH.md §3.2's inverse frequencies, in float64."""
     pairs = range(rope_dim // 2)
     plain = [theta ** (-2.0 * i / rope_dim) for i in pairs]
     if not yarn:
@@ -401,7 +401,7 @@ def expected_inv_freq(rope_dim, theta, yarn):
 
 
 def check_rope_tables(model, desc):
-    """HF's two rope tables against DS4-MATH §3.2 (relative 1e-6: HF builds
+    """HF's two rope tables against docs/MATH.md §3.2 (relative 1e-6: HF builds
     them in fp32), and no cos/sin scaling on either."""
     rot = model.model.rotary_emb
     for table, theta, yarn in (("main", MAIN_THETA, None), ("compress", COMPRESS_THETA, YARN)):
@@ -409,10 +409,10 @@ def check_rope_tables(model, desc):
         want = expected_inv_freq(desc.params["rope_dim"], theta, yarn)
         bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if abs(g - w) > 1e-6 * abs(w)]
         if len(got) != len(want) or bad:
-            raise CheckError(f"HF's '{table}' rope table {got} differs from DS4-MATH §3.2's {want}")
+            raise CheckError(f"HF's '{table}' rope table {got} differs from docs/MATH.md §3.2's {want}")
         scaling = getattr(rot, f"{table}_attention_scaling")
         if scaling != 1.0:
-            raise CheckError(f"HF scales the '{table}' rope cos/sin by {scaling}; DS4-MATH §3.2 says 1")
+            raise CheckError(f"HF scales the '{table}' rope cos/sin by {scaling}; docs/MATH.md §3.2 says 1")
 
 
 # --------------------------------------------------------------- make
@@ -594,7 +594,7 @@ def load_model(args, torch):
 
 class TieWatch:
     """Reports exact ties at the lightning indexer's top-k boundary: there
-    torch.topk's choice is unspecified (DS4-MATH §15.2), so a difference
+    torch.topk's choice is unspecified (docs/MATH.md §15.2), so a difference
     after such a position need not be a bug."""
 
     def __init__(self, model):

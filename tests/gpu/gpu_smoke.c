@@ -14,7 +14,7 @@
  *       int i = blockIdx.x * blockDim.x + threadIdx.x;
  *       if (i < step[1]) ((float *)bufs[1])[i] = 2.0f * ((const float *)bufs[0])[i] + step[0];
  *     }
- * (DESIGN.md's clang-19 recipes build it for gfx targets and sm_90.)
+ * (docs/GPU.md's clang-19 recipes build it for gfx targets and sm_90.)
  *
  * Checks: device open; zeroed allocation; synchronous copies; code object
  * load; a launch (the result checked element by element); an event

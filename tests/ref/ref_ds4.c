@@ -1,5 +1,5 @@
 /* ref_ds4.c - float64 reference of the DeepSeek-V4-Flash forward pass, from
- * DS4-MATH.md. Deliberately plain: one token row at a time, one op after
+ * docs/MATH.md. Deliberately plain: one token row at a time, one op after
  * another, sums in index order, and the state kept in the explicit
  * pending/overlap form of §12 (no ring buffers), so a reader can check it
  * against the spec section by section. */

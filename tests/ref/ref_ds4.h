@@ -1,8 +1,8 @@
 /* ref_ds4.h - the float64 reference of the whole DeepSeek-V4-Flash forward
- * pass, written from /work/shared/DS4-MATH.md alone (never from the kernels
+ * pass, written from docs/MATH.md alone (never from the kernels
  * or docs/OPS.md), so that tests and ds4run --check have an independent
  * oracle. It follows HF transformers 5.17 where the spec marks a difference:
- * no §14 QAT roundings. Section numbers (§) are DS4-MATH.md's. */
+ * no §14 QAT roundings. Section numbers (§) are docs/MATH.md's. */
 #ifndef DS4_REF_DS4_H
 #define DS4_REF_DS4_H
 

@@ -1,4 +1,4 @@
-/* hash_route GPU kernel template: the DeepSeek-V4 hash router (DS4-MATH
+/* hash_route GPU kernel template: the DeepSeek-V4 hash router (MATH.md
  * §10.2-10.4), as the host kernel: slot j of token slot t takes expert
  * e = table[ids[t], j] (repeats count twice), with w_j = s_j / (sum of the
  * valid slots' s + 1e-20) * SCALE, s = ds4_route_score(logits[t,e]); an

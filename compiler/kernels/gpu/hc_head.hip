@@ -1,5 +1,5 @@
 /* hc_head GPU kernel template: the N hyper-connection streams collapsed
- * into one before the final norm (DS4-MATH §4.3, docs/OPS.md), as the host
+ * into one before the final norm (MATH.md §4.3, docs/OPS.md), as the host
  * kernel computes it. kgen_gpu puts in front the defines T, N, D, NMIX
  * (= N), EPS, HC_EPS, GRID, NTHREADS and KERNEL_NAME. On a GPU device the
  * compiler runs hc_head lowered (hc_sums, then hc_head_sums: lower.c),

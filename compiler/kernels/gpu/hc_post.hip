@@ -1,5 +1,5 @@
 /* hc_post GPU kernel template: X_out[j] = post_j * y + sum_i comb[i][j] *
- * X[i] (DS4-MATH §4.2, docs/OPS.md), the sum over the first index of comb.
+ * X[i] (MATH.md §4.2, docs/OPS.md), the sum over the first index of comb.
  * kgen_gpu puts in front the defines T, N, D, GRID, NTHREADS and
  * KERNEL_NAME.
  * Grid: one block per token slot and output stream, T * N; block b is slot

@@ -1,5 +1,5 @@
 /* hc_pre GPU kernel template: the hyper-connection mix in front of a
- * sub-block (DS4-MATH §4.1, docs/OPS.md), as the host kernel computes it.
+ * sub-block (MATH.md §4.1, docs/OPS.md), as the host kernel computes it.
  * kgen_gpu puts in front the defines T, N, D, NMIX (= (2+N)*N), EPS,
  * HC_EPS, ITERS, GRID, NTHREADS and KERNEL_NAME. On a GPU device the
  * compiler runs hc_pre lowered (hc_sums, then hc_pre_sums: lower.c), with

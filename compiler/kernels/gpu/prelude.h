@@ -195,7 +195,7 @@ DS4_DEVICE float ds4_expf(float x)
 /* silu(g) = g / (1 + e^-g), as docs/OPS.md writes it. */
 DS4_DEVICE float ds4_silu(float g) { return g / (1.0f + ds4_expf(-g)); }
 
-/* silu(g) * u; with limit > 0, DS4-MATH §3.3's clamp first: the gate from
+/* silu(g) * u; with limit > 0, MATH.md §3.3's clamp first: the gate from
  * above only, the up projection on both sides. Comparisons rather than
  * min/max, so that a NaN stays NaN as in torch.clamp (the host kernels'
  * swiglu_act). */
@@ -236,7 +236,7 @@ DS4_DEVICE float ds4_log1pf(float y)
   return (float)(logu * (double)y / (u - 1.0));
 }
 
-/* A router's score of a gate logit (DS4-MATH §10.1): sqrt(softplus(z)),
+/* A router's score of a gate logit (MATH.md §10.1): sqrt(softplus(z)),
  * with PyTorch's softplus, z itself above the threshold 20. */
 DS4_DEVICE float ds4_route_score(float z)
 {

@@ -1,4 +1,4 @@
-/* score_route GPU kernel template: the DeepSeek-V4 score router (DS4-MATH
+/* score_route GPU kernel template: the DeepSeek-V4 score router (MATH.md
  * §10.1-10.3), as the host kernel: s_e = ds4_route_score(logits[t,e]),
  * the TOPK largest keys s_e + bias[e] in descending order (ties: lower
  * index first), and w_j = s_idx[j] / (sum of the chosen s + 1e-20) *

@@ -1,6 +1,6 @@
 /* embed host kernel template: x[t] = table[ids[t]], or with NSTREAMS > 1
  * (x is [T, NSTREAMS, H]) x[t, i] = table[ids[t]] for every
- * hyper-connection stream i (DS4-MATH §2 step 2). The table is f32, or
+ * hyper-connection stream i (MATH.md §2 step 2). The table is f32, or
  * bf16 when TABLE_BF16 is 1 (widened exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, V, H, NSTREAMS,
  * TABLE_BF16, GRID and KERNEL_NAME, and prelude.h; grid: one block per

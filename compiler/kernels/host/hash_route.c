@@ -1,4 +1,4 @@
-/* hash_route host kernel template: the DeepSeek-V4 hash router (DS4-MATH
+/* hash_route host kernel template: the DeepSeek-V4 hash router (MATH.md
  * §10.2-10.4). The experts of slot t are row ids[t] of the table
  * (tid2eid), repeats included; their weights come from the gate as in
  * score_route: s = sqrt(softplus(logits[t,e])) over the chosen slots,

@@ -1,5 +1,5 @@
 /* hc_head host kernel template: the N hyper-connection streams collapsed
- * into one before the final norm (DS4-MATH §4.3, docs/OPS.md): the N mixes
+ * into one before the final norm (MATH.md §4.3, docs/OPS.md): the N mixes
  * of the RMS-normalised N*D state give the pre weights, and
  * h = sum_i pre_i X[i]. kgen_host prepends <stdint.h>, <math.h>, prelude.h and the
  * defines T, N, D, NMIX (= N), EPS, HC_EPS, GRID and KERNEL_NAME; grid: one

@@ -1,5 +1,5 @@
 /* hc_post host kernel template: the sub-block output y written back into
- * the N hyper-connection streams (DS4-MATH §4.2, docs/OPS.md):
+ * the N hyper-connection streams (MATH.md §4.2, docs/OPS.md):
  * X_out[j] = post_j * y + sum_i comb[i][j] * X[i], the sum over the first
  * index of comb, i ascending. kgen_host prepends <stdint.h>, <math.h> and
  * the defines T, N, D, GRID and KERNEL_NAME; grid: one block per token slot

@@ -1,5 +1,5 @@
 /* hc_pre host kernel template: the hyper-connection mix in front of a
- * sub-block (DS4-MATH §4.1, docs/OPS.md): the NMIX = (2+N)*N mixes of the
+ * sub-block (MATH.md §4.1, docs/OPS.md): the NMIX = (2+N)*N mixes of the
  * RMS-normalised N*D state, the pre and post weights, the Sinkhorn-balanced
  * N x N comb, and x = sum_i pre_i X[i]. kgen_host prepends <stdint.h>,
  * <math.h>, prelude.h and the defines T, N, D, NMIX, EPS, HC_EPS, ITERS, GRID and

@@ -22,13 +22,13 @@ DS4H_FN float ds4h_weight(const void *w, int64_t i, int64_t bf16)
 }
 
 /* PyTorch's softplus (threshold 20: above it, z itself), then the root:
- * the DeepSeek-V4 router score (DS4-MATH §10.1). */
+ * the DeepSeek-V4 router score (MATH.md §10.1). */
 DS4H_FN float ds4h_route_score(float z)
 {
   return sqrtf(z > 20.0f ? z : log1pf(expf(z)));
 }
 
-/* silu(g) * u; with limit > 0, DS4-MATH §3.3's clamp first: the gate from
+/* silu(g) * u; with limit > 0, MATH.md §3.3's clamp first: the gate from
  * above only, the up projection on both sides. Comparisons rather than
  * fminf, so that a NaN stays NaN as in torch.clamp. */
 DS4H_FN float ds4h_swiglu_act(float g, float u, float limit)
@@ -72,7 +72,7 @@ DS4H_FN float ds4h_topk_scan(const float *key, const float *value, unsigned char
   return sum;
 }
 
-/* Hyper-connections (DS4-MATH §4.1, §4.3): the sums behind a token's
+/* Hyper-connections (MATH.md §4.1, §4.3): the sums behind a token's
  * mixes, over the nd values of its streams (stream-major): sums[m] =
  * fn[m] . xs for the nmix mixes, sums[nmix] = xs . xs, each in ascending
  * order. hc_pre and hc_head compute them; lowered for a GPU, hc_sums. */

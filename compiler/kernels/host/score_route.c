@@ -1,4 +1,4 @@
-/* score_route host kernel template: the DeepSeek-V4 score router (DS4-MATH
+/* score_route host kernel template: the DeepSeek-V4 score router (MATH.md
  * §10.1-10.3). s_e = sqrt(softplus(logits[t,e])), the TOPK largest s_e +
  * bias[e] in descending order (ties: lower index first), and weights
  * w_j = s_idx[j] / (sum of the chosen s + 1e-20) * SCALE; the bias picks

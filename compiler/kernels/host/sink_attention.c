@@ -1,5 +1,5 @@
 /* sink_attention host kernel template: DeepSeek-V4's core attention
- * (DS4-MATH §6.3, softmax with sink §3.4) of slot t, head h, over one K = V
+ * (MATH.md §6.3, softmax with sink §3.4) of slot t, head h, over one K = V
  * head shared by all heads. With p = pos + t, the keys in order are the
  * raw window, positions max(0, p - WINDOW + 1)..p read from the ring at row
  * s mod S, then the visible compressed entries in ascending entry index,
