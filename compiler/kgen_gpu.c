@@ -112,12 +112,20 @@ static void kgen_gpu_define(kgen_buf *b, kgen_buf *undefs, const char *name, con
   kgen_printf(undefs, "#undef %s\n", name);
 }
 
-/* Whether a GEMV-like kernel stages its row of x (k floats) in shared
+/* The floats in the row of x that a GEMV-like kind reads: matmul's K,
+ * group_matmul's KG (its group's part), moe_down's F (an activation). */
+static int64_t kgen_gpu_x_row(const kgen_spec *s)
+{
+  return kgen_spec_int(s, s->op->kind == IR_OP_MATMUL ? "K" : s->op->kind == IR_OP_MOE_DOWN ? "F" : "KG");
+}
+
+/* Whether a GEMV-like kernel stages its row of x (kgen_gpu_x_row) in shared
  * memory: rows of whole 16-byte words that fit, and for matmul and
  * group_matmul only from KGEN_GPU_STAGE_X_TILES tiles up (group_matmul:
  * with every tile inside one group). */
-static int kgen_gpu_stage_x(const kgen_spec *s, int64_t k)
+static int kgen_gpu_stage_x(const kgen_spec *s)
 {
+  int64_t k = kgen_gpu_x_row(s);
   if (k % 4 != 0 || (uint64_t)k * 4 > KGEN_GPU_MAX_SHARED)
     return 0;
   if (s->op->kind == IR_OP_MOE_DOWN)
@@ -136,19 +144,9 @@ static int kgen_gpu_stage_x(const kgen_spec *s, int64_t k)
  * of copy; bounded to 80 registers and three blocks, 261 us, 96 %). */
 static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
 {
-  switch (s->op->kind) {
-  case IR_OP_MOE_DOWN:
-    if (kgen_gpu_stage_x(s, kgen_spec_int(s, "F")))
-      return 4;
-    break;
-  case IR_OP_MATMUL:
-  case IR_OP_GROUP_MATMUL:
-    if (kgen_gpu_stage_x(s, kgen_spec_int(s, s->op->kind == IR_OP_MATMUL ? "K" : "KG")))
-      return 3;
-    break;
-  default:
-    break;
-  }
+  int kind = s->op->kind;
+  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MOE_DOWN) && kgen_gpu_stage_x(s))
+    return kind == IR_OP_MOE_DOWN ? 4 : 3;
   return g->min_blocks ? g->min_blocks : 1;
 }
 
@@ -176,8 +174,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_MATMUL:
   case IR_OP_GROUP_MATMUL:
   case IR_OP_MOE_DOWN: { /* xs: the row of x (matmul's K, group_matmul's KG, moe_down's F) */
-    int64_t k = kgen_spec_int(s, s->op->kind == IR_OP_MATMUL ? "K" : s->op->kind == IR_OP_MOE_DOWN ? "F" : "KG");
-    int stage = kgen_gpu_stage_x(s, k);
+    int64_t k = kgen_gpu_x_row(s);
+    int stage = kgen_gpu_stage_x(s);
     kgen_gpu_define(b, undefs, "X_SHARED", "%d", stage);
     return stage ? (uint64_t)k * 4 : 0;
   }
