@@ -20,6 +20,21 @@
  * blocks for a decode GEMV to fill the GPU (kgen_gpu.c). */
 #define KGEN_MATMUL_TILE 8
 
+/* Columns from which a matmul or group_matmul block takes two tiles,
+ * ROWS = 2 columns a GPU warp with both weight rows in flight together
+ * (ds4_lane_dot_rows): the GEMVs of 1024 tiles and more, whose blocks are
+ * short-lived (q_b, the indexer's q, o_a, the LM head). On an H200, a
+ * harness on the plan's shapes: q_b 18.4 us against 23.8, o_a 20.9
+ * against 23.2, the LM head 244 against 263 (bench/NOTES.md, v12); fewer
+ * columns (q_a, o_b, the shared expert) ran as fast or faster with one. */
+#define KGEN_MATMUL_WIDE 8192
+
+/* Rows of w2 each moe_down warp keeps in flight (ds4_lane_dot_rows): a
+ * block of KGEN_MATMUL_TILE warps takes 8 * 4 output channels of one
+ * choice. On an H200 one routed layer's moe_down took 31.8 us against
+ * 39.4 with a row a warp (bench/NOTES.md). */
+#define KGEN_DOWN_ROWS 4
+
 /* Elements per swiglu_act block: one per GPU thread (kgen_gpu.c gives the
  * kind this many), so a warp's loads and stores are contiguous. */
 #define KGEN_ACT_TILE 256
@@ -748,11 +763,13 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_float(s, "EPS", f);
     break;
   case IR_OP_MATMUL: {
-    int64_t ntiles = (v['N'] + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
+    int64_t rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1, tile = KGEN_MATMUL_TILE * rows;
+    int64_t ntiles = (v['N'] + tile - 1) / tile;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
     kgen_def_int(s, "N", v['N']);
-    kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
+    kgen_def_int(s, "TILE", tile);
+    kgen_def_int(s, "ROWS", rows);
     kgen_def_int(s, "NTILES", ntiles);
     s->grid = (uint64_t)ntiles;
     s->grid_text = "tile of output columns, every token slot";
@@ -827,7 +844,7 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       return -1;
     break;
   case IR_OP_GROUP_MATMUL: {
-    int64_t g = op->iattr[0], n = v['N'], ntiles = (n + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
+    int64_t g = op->iattr[0], n = v['N'];
     if (g < 1 || n % g != 0 || v['K'] != g * v['J'])
       return kgen_err(c->d, op->pos, "group_matmul: attr groups = %" PRId64 " must split w's %" PRId64
                        " rows, and x's %" PRId64 " channels must be groups x %" PRId64 " (w's columns)",
@@ -835,9 +852,13 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "GROUPS", g);
     kgen_def_int(s, "KG", v['J']);
+    /* two tiles a block only where both lie in one group */
+    int64_t rows = n >= KGEN_MATMUL_WIDE && (n / g) % (2 * KGEN_MATMUL_TILE) == 0 ? 2 : 1;
+    int64_t tile = KGEN_MATMUL_TILE * rows, ntiles = (n + tile - 1) / tile;
     kgen_def_int(s, "NG", n / g);
     kgen_def_int(s, "N", n);
-    kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
+    kgen_def_int(s, "TILE", tile);
+    kgen_def_int(s, "ROWS", rows);
     kgen_def_int(s, "NTILES", ntiles);
     s->grid = (uint64_t)ntiles;
     s->grid_text = "tile of output columns, every token slot";
@@ -890,9 +911,11 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     if (op->kind == IR_OP_MOE_DOWN) {
       /* A block per tile of output channels and choice j, for choice j of
        * every slot: a decode step's top_k experts stream side by side
-       * rather than one after another in each block. */
-      int64_t ntiles = (v['H'] + KGEN_MATMUL_TILE - 1) / KGEN_MATMUL_TILE;
-      kgen_def_int(s, "TILE", KGEN_MATMUL_TILE);
+       * rather than one after another in each block; each warp keeps
+       * KGEN_DOWN_ROWS rows of w2 in flight. */
+      int64_t tile = KGEN_MATMUL_TILE * KGEN_DOWN_ROWS, ntiles = (v['H'] + tile - 1) / tile;
+      kgen_def_int(s, "TILE", tile);
+      kgen_def_int(s, "ROWS", KGEN_DOWN_ROWS);
       kgen_def_int(s, "NTILES", ntiles);
       s->grid = (uint64_t)(ntiles * v['k']);
       s->grid_text = "tile of output channels x expert choice, every slot";

@@ -21,15 +21,6 @@
  * so that every chunk of a w2 row starts 16-byte aligned). */
 #define KGEN_GPU_FFN_CHUNK 2048
 
-/* Tiles from which a matmul or group_matmul block stages its row of x in
- * shared memory rather than having every warp read it through the cache
- * beside the weights. Measured on an H200 (bench/NOTES.md): with many
- * waves of blocks (the LM head's 16,160 tiles, q_b's 4,096, o_a's 1,024)
- * the warps' x reads crowd out the weight stream, and staging gives 97 %
- * of copy bandwidth against 63 % for the LM head; a GEMV of one wave or
- * less (q_a, o_b, the shared expert) pays about a microsecond for the
- * staging barrier and runs faster reading x as it goes. */
-#define KGEN_GPU_STAGE_X_TILES 1024
 
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
@@ -66,7 +57,9 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_SUM_PARTS] = {256, 0, 0},
   [IR_OP_RMSNORM_GROUPS] = {256, 0, 0},
   [IR_OP_WINDOW_WRITE] = {256, 0, 0},
-  [IR_OP_SINK_ATTENTION] = {256, 0, 0},
+  /* two blocks a multiprocessor: 136 registers a thread unbounded (the
+   * loads ahead of passes 1 and 3) would leave one, 128 spill nothing */
+  [IR_OP_SINK_ATTENTION] = {256, 0, 0, 2},
   [IR_OP_GROUP_MATMUL] = {256, 32, 1u << 1, 2},
   [IR_OP_SCORE_ROUTE] = {256, 0, 0},
   [IR_OP_HASH_ROUTE] = {64, 0, 0}, /* a thread per choice: TOPK is small (6) */
@@ -78,15 +71,12 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_INDEX_SCORES] = {256, 0, 0}, /* a thread per (window, head): KGEN_INDEX_PAIRS (256) */
   [IR_OP_INDEX_SELECT] = {256, 0, 0},
   [IR_OP_SWIGLU_ACT] = {256, 0, 0}, /* one thread per element: KGEN_ACT_TILE (256) */
-  /* moe_experts lowered (lower.c): as matmul, a warp per row of a tile of
-   * KGEN_MATMUL_TILE (8), the tiles spread over the whole GPU, two blocks
-   * a multiprocessor (unbounded, moe_up's two rows in flight a warp take
-   * 146 registers a thread on sm_90 and moe_down's row with x ahead 130:
-   * one block; bounded, 127 and 126, no spills). */
+  /* moe_experts lowered (lower.c): as matmul, 8 warps a block, the tiles
+   * spread over the whole GPU, x or the activation row staged in shared
+   * memory (X_SHARED), two blocks a multiprocessor: moe_up's gate and up
+   * rows in flight a warp take 88 registers a thread on sm_90, moe_down's
+   * four rows 112, no spills. */
   [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3, 2},
-  /* moe_down with its activation row staged in shared memory (X_SHARED)
-   * keeps no x in registers: 64 a thread, four blocks a multiprocessor,
-   * no spills (kgen_gpu_min_blocks) */
   [IR_OP_MOE_DOWN] = {256, 32, 1u << 2, 2},
   /* hc_pre and hc_head lowered (lower.c): a block per sum, then a block
    * per slot */
@@ -113,40 +103,53 @@ static void kgen_gpu_define(kgen_buf *b, kgen_buf *undefs, const char *name, con
 }
 
 /* The floats in the row of x that a GEMV-like kind reads: matmul's K,
- * group_matmul's KG (its group's part), moe_down's F (an activation). */
+ * group_matmul's KG (its group's part), moe_up's H, moe_down's F (an
+ * activation). */
 static int64_t kgen_gpu_x_row(const kgen_spec *s)
 {
-  return kgen_spec_int(s, s->op->kind == IR_OP_MATMUL ? "K" : s->op->kind == IR_OP_MOE_DOWN ? "F" : "KG");
+  switch (s->op->kind) {
+  case IR_OP_MATMUL:
+    return kgen_spec_int(s, "K");
+  case IR_OP_MOE_UP:
+    return kgen_spec_int(s, "H");
+  case IR_OP_MOE_DOWN:
+    return kgen_spec_int(s, "F");
+  default:
+    return kgen_spec_int(s, "KG");
+  }
 }
 
 /* Whether a GEMV-like kernel stages its row of x (kgen_gpu_x_row) in shared
- * memory: rows of whole 16-byte words that fit, and for matmul and
- * group_matmul only from KGEN_GPU_STAGE_X_TILES tiles up (group_matmul:
- * with every tile inside one group). */
+ * memory: rows of whole 16-byte words that fit; for matmul and
+ * group_matmul only where a warp takes two columns (kgen.c: from 8192
+ * columns, every tile inside one group), while moe_up and moe_down, whose
+ * blocks read a row for several weight rows a warp, always stage it.
+ * Measured on an H200 (bench/NOTES.md): with many waves of blocks (the LM
+ * head's, q_b's, o_a's) the warps' x reads crowd out the weight stream,
+ * and staging gives 97 % of copy bandwidth against 63 % for the LM head; a
+ * GEMV of one wave or less (q_a, o_b, the shared expert) pays about a
+ * microsecond for the staging barrier and runs faster reading x as it
+ * goes; one routed layer's moe_up took 54.5 us staged against 67.0. */
 static int kgen_gpu_stage_x(const kgen_spec *s)
 {
   int64_t k = kgen_gpu_x_row(s);
   if (k % 4 != 0 || (uint64_t)k * 4 > KGEN_GPU_MAX_SHARED)
     return 0;
-  if (s->op->kind == IR_OP_MOE_DOWN)
+  if (s->op->kind == IR_OP_MOE_UP || s->op->kind == IR_OP_MOE_DOWN)
     return 1;
-  /* group_matmul: a tile's columns in one group, whose part of x it stages */
-  if (s->op->kind == IR_OP_GROUP_MATMUL && kgen_spec_int(s, "NG") % kgen_spec_int(s, "TILE") != 0)
-    return 0;
-  return kgen_spec_int(s, "NTILES") >= KGEN_GPU_STAGE_X_TILES;
+  return kgen_spec_int(s, "ROWS") > 1;
 }
 
-/* MINBLOCKS: the kind's, but more where the row of x is staged and a
- * thread keeps only the weights' loads in registers (kgen_gpu_kinds):
- * four for moe_down (64 registers a thread on sm_90); three for matmul
- * and group_matmul, whose 81 registers unbounded are allocated as 88 and
- * leave two blocks a multiprocessor (the LM head on an H200: 280 us, 89 %
- * of copy; bounded to 80 registers and three blocks, 261 us, 96 %). */
+/* MINBLOCKS: the kind's, but three for matmul and group_matmul where the
+ * row of x is staged and a thread keeps only the weights' loads in
+ * registers (80 at most on sm_90; two rows a warp take 72 to 80 with no
+ * spills; one row took 81 unbounded, allocated as 88, which leaves two
+ * blocks: the LM head on an H200 at 280 us against 261 at three). */
 static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
 {
   int kind = s->op->kind;
-  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MOE_DOWN) && kgen_gpu_stage_x(s))
-    return kind == IR_OP_MOE_DOWN ? 4 : 3;
+  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL) && kgen_gpu_stage_x(s))
+    return 3;
   return g->min_blocks ? g->min_blocks : 1;
 }
 
@@ -173,7 +176,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return nt * 4; /* red */
   case IR_OP_MATMUL:
   case IR_OP_GROUP_MATMUL:
-  case IR_OP_MOE_DOWN: { /* xs: the row of x (matmul's K, group_matmul's KG, moe_down's F) */
+  case IR_OP_MOE_UP:
+  case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
     int64_t k = kgen_gpu_x_row(s);
     int stage = kgen_gpu_stage_x(s);
     kgen_gpu_define(b, undefs, "X_SHARED", "%d", stage);
@@ -207,22 +211,31 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_RMSNORM_GROUPS: /* red */
     return nt * 4;
   case IR_OP_SINK_ATTENTION: {
-    /* red, prob; with select 2, cand and keep (select 2's list of entries:
-     * only then does the template use them, so only then are they kept);
-     * score, the keys' scores, where they fit beside them: the window and
-     * the most entries a slot sees (every entry for select 1, a list's
-     * worth for select 2) */
+    /* red, prob and row (pass 3's key rows); with select 2, cand, keep and
+     * offs (select 2's list of entries: only then does the template use
+     * them, so only then are they kept); qs, the head's query, where it
+     * fits; score, the keys' scores, where they fit beside them: the
+     * window and the most entries a slot sees (every entry for select 1,
+     * a list's worth for select 2) */
     int64_t hd = kgen_spec_int(s, "HD"), select = kgen_spec_int(s, "SELECT"), select2 = select == 2;
-    int64_t nlist = select2 ? kgen_spec_int(s, "NSEL") : 1;
+    int64_t nlist = select2 ? kgen_spec_int(s, "NSEL") : 1, npow = 1;
+    while (npow < nlist)
+      npow *= 2;
     int64_t nkeys = kgen_spec_int(s, "WINDOW") + (select == 1 ? kgen_spec_int(s, "NE") : select2 ? nlist : 0);
-    uint64_t bytes = nt * 4 * 2 + (select2 ? (uint64_t)nlist * 4 * 2 : 0);
+    uint64_t bytes = nt * 4 * 2 + nt * 8 + (select2 ? ((uint64_t)npow + (uint64_t)nlist + nt) * 4 : 0);
+    int qshared = hd % 4 == 0 && bytes + (uint64_t)hd * 4 <= KGEN_GPU_MAX_SHARED;
+    if (qshared)
+      bytes += (uint64_t)hd * 4;
     int store = bytes + (uint64_t)nkeys * 4 <= KGEN_GPU_MAX_SHARED;
     kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
     kgen_gpu_define(b, undefs, "NLIST", "%" PRId64, nlist);
+    kgen_gpu_define(b, undefs, "NPOW", "%" PRId64, npow);
+    kgen_gpu_define(b, undefs, "Q_SHARED", "%d", qshared);
     kgen_gpu_define(b, undefs, "STORE_SCORES", "%d", store);
     kgen_gpu_define(b, undefs, "NKEYS", "%" PRId64, store ? nkeys : 1);
     return bytes + (store ? (uint64_t)nkeys * 4 : 0);
   }
+
   case IR_OP_HC_PRE: { /* red, sums, pre, the Sinkhorn's two matrices */
     uint64_t n = (uint64_t)kgen_spec_int(s, "N");
     return (nt + 1 + (uint64_t)kgen_spec_int(s, "NMIX") + n + 2 * n * n) * 4;

@@ -4911,14 +4911,17 @@ static void staged_run(const kt *k, bufs *bs, emu_built **gpu)
   emu_run(*gpu, bs->b, 0, 1, 0);
 }
 
-/* A matmul or group_matmul of many tiles stages its row of x in shared
- * memory (kgen_gpu: X_SHARED from 1024 tiles, shared = the row's bytes);
- * one of few tiles reads x as it goes. Their columns hold the same bits
- * for the same row of w and the same x: the staged kernel's first
- * columns against an unstaged kernel given those rows. */
+/* A matmul or group_matmul of many columns takes two a warp and stages
+ * its row of x in shared memory (kgen.c: ROWS 2 from 8192 columns, with a
+ * group's columns whole tiles of 16; kgen_gpu: X_SHARED then, shared = the
+ * row's bytes); one of few columns takes one a warp and reads x as it
+ * goes. Their columns hold the same bits for the same row of w and the
+ * same x: the staged kernel's first columns against an unstaged kernel
+ * given those rows; the ungrouped kernel's last tile is partial (8200 =
+ * 512 tiles of 16 and 8). */
 START_TEST(test_gpu_matmul_staged_x)
 {
-  enum { K = 16, NBIG = 8200, NG_BIG = 4104, NSMALL = 8 };
+  enum { K = 16, NBIG = 8200, NG_BIG = 4112, NSMALL = 8 };
   for (int grouped = 0; grouped < 2; grouped++) {
     kt big, small;
     kt_init(&big, grouped ? IR_OP_GROUP_MATMUL : IR_OP_MATMUL);
@@ -4935,9 +4938,12 @@ START_TEST(test_gpu_matmul_staged_x)
     emu_built *gb, *gs;
     staged_run(&big, &bb, &gb);
     ck_assert_ptr_nonnull(strstr(gb->kk.source, "#define X_SHARED 1\n"));
+    ck_assert_ptr_nonnull(strstr(gb->kk.source, "#define ROWS ((int64_t)2)\n"));
+    ck_assert_uint_eq(gb->kk.grid, (nbig + 15) / 16);
     ck_assert_uint_eq(gb->kk.shared, K * 4);
     gs = emu_build(&small);
     ck_assert_ptr_nonnull(strstr(gs->kk.source, "#define X_SHARED 0\n"));
+    ck_assert_ptr_nonnull(strstr(gs->kk.source, "#define ROWS ((int64_t)1)\n"));
     ck_assert_uint_eq(gs->kk.shared, 0);
     bufs_alloc(&bsm, &small);
     memcpy(bsm.b[0], bb.b[0], (size_t)big.tensors[0].bytes);

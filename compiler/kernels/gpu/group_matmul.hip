@@ -2,26 +2,30 @@
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
  * group g). kgen_gpu puts in front the defines T, GROUPS, KG, NG, N (=
- * GROUPS * NG), TILE, NTILES, W_BF16, X_SHARED, LANES, GRID, NTHREADS
- * (= TILE * LANES), KERNEL_NAME and W_T (float or ds4_bf16, widened
- * exactly by ds4_f32).
+ * GROUPS * NG), TILE, ROWS, NTILES, W_BF16, X_SHARED, LANES, GRID,
+ * NTHREADS (TILE = ROWS * NTHREADS / LANES), KERNEL_NAME and W_T (float or
+ * ds4_bf16, widened exactly by ds4_f32).
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot (dead slots launch no
- * blocks). Threads: as matmul's, group q = thread / LANES (one warp of 32
- * lanes) computes column n0 + q for the live slots in turn, streaming its
- * row of w with 16-byte loads against its group's part of x:
- * ds4_lane_dot gives each lane its strided share of the row in a fixed
+ * blocks). Threads: as matmul's, group g = thread / LANES (one warp of 32
+ * lanes, W = NTHREADS / LANES of them) computes the ROWS columns n0 + g +
+ * W * q for the live slots in turn (kgen keeps a tile of more than one
+ * row a warp inside one group), streaming their rows of w with 16-byte
+ * loads against the group's part of x: ds4_lane_dot (ds4_lane_dot_rows
+ * for two rows) gives each lane its strided share of a row in a fixed
  * order, and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes
- * the column of the dead slots. With X_SHARED (many tiles: kgen_gpu) the
- * block first copies its group's part of x into shared memory, as
+ * its columns of the dead slots. With X_SHARED (many columns: kgen_gpu)
+ * the block first copies its group's part of x into shared memory, as
  * matmul does; a tile lies in one group when TILE divides NG, else each
  * group reads x as it goes. The bits depend on KG, LANES and the weight's
- * dtype only, not on the tiling, where x is read from, the slot count or
- * where the tensors lie. */
+ * dtype only, not on the tiling, the rows a warp takes, where x is read
+ * from, the slot count or where the tensors lie. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
-  static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per column of the tile");
+  constexpr int64_t WARPS = NTHREADS / LANES;
+  static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
+  static_assert(ROWS == 1 || NG % TILE == 0, "a warp's columns in one group");
   static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
 #if X_SHARED
   static_assert(NG % TILE == 0, "kgen_gpu stages x only when a tile lies in one group");
@@ -35,11 +39,11 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int tid = ds4_thread(), lane = tid % LANES;
   if (block >= GRID)
     return;
-  int64_t n = (int64_t)block * TILE + tid / LANES;
+  int64_t n0 = (int64_t)block * TILE + tid / LANES;
   /* A group past the last column computes nothing but, with X_SHARED,
-   * still takes part in the barriers; its lanes share n, and ds4_lane_sum
+   * still takes part in the barriers; its lanes share n0, and ds4_lane_sum
    * needs only the lanes of its own group. */
-  bool live = n < N;
+  bool live = n0 < N;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   for (int64_t t = 0; t < ntok; t++) {
 #if X_SHARED
@@ -50,17 +54,33 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     const float *xg = xs;
     constexpr ds4_xspace XS = DS4_X_SHARED;
 #else
-    const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
-    constexpr ds4_xspace XS = DS4_X_AHEAD;
+    const float *xg = x + t * (GROUPS * KG) + (n0 / NG) * KG;
+    constexpr ds4_xspace XS = ROWS == 1 ? DS4_X_AHEAD : DS4_X_GLOBAL;
 #endif
     if (live) {
-      float acc = ds4_lane_dot<LANES, KG, W_T, XS>(xg, w + n * KG, lane, zero);
-      acc = ds4_lane_sum<LANES>(acc);
-      if (lane == 0)
-        y[t * N + n] = acc;
+      float acc[ROWS];
+      if constexpr (ROWS == 1) {
+        acc[0] = ds4_lane_dot<LANES, KG, W_T, XS>(xg, w + n0 * KG, lane, zero);
+      } else {
+        /* A column past the last reads the last one's row: its sum is
+         * dropped. */
+        const W_T *wr[ROWS];
+#pragma unroll
+        for (int q = 0; q < ROWS; q++)
+          wr[q] = w + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1) * KG;
+        ds4_lane_dot_rows<LANES, KG, W_T, XS, ROWS, 4>(xg, wr, lane, zero, acc);
+      }
+#pragma unroll
+      for (int q = 0; q < ROWS; q++) {
+        float a = ds4_lane_sum<LANES>(acc[q]);
+        if (lane == 0 && n0 + WARPS * q < N)
+          y[t * N + n0 + WARPS * q] = a;
+      }
     }
   }
   if (live && lane == 0)
     for (int64_t t = ntok; t < T; t++)
-      y[t * N + n] = 0.0f;
+      for (int q = 0; q < ROWS; q++)
+        if (n0 + WARPS * q < N)
+          y[t * N + n0 + WARPS * q] = 0.0f;
 }

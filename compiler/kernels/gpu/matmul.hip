@@ -1,24 +1,28 @@
 /* matmul GPU kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
  * f32 or bf16, widened exactly to f32). kgen_gpu puts in front the defines
- * T, K, N, TILE, NTILES, W_BF16, X_SHARED, LANES, GRID, NTHREADS (= TILE *
- * LANES), KERNEL_NAME and W_T (float or ds4_bf16).
+ * T, K, N, TILE, ROWS, NTILES, W_BF16, X_SHARED, LANES, GRID, NTHREADS
+ * (TILE = ROWS * NTHREADS / LANES), KERNEL_NAME and W_T (float or
+ * ds4_bf16).
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot, so a step's dead slots
  * launch no blocks (a decode step's GEMV spreads its rows over the whole
  * GPU and nothing else). Threads: group g = thread / LANES (one warp of 32
- * lanes) computes column n0 + g for the live slots t < step[1] in turn,
- * streaming its row of w with 16-byte loads (once per slot; after the
- * first slot from cache): ds4_lane_dot gives each lane its strided share
- * of the row in a fixed order, and ds4_lane_sum adds the lanes by a fixed
- * tree; then it zeroes the column of the dead slots. x is read as the
- * weights are, or, with X_SHARED (many tiles: kgen_gpu), first copied by
- * the block into shared memory and read from there. The bits depend on
- * K, LANES and the weight's dtype only, not on the tiling, where x is
- * read from, the slot count or where the tensors lie. */
+ * lanes, W = NTHREADS / LANES of them) computes the ROWS columns n0 + g +
+ * W * q of the tile for the live slots t < step[1] in turn, streaming
+ * their rows of w with 16-byte loads (once per slot; after the first slot
+ * from cache): ds4_lane_dot (ds4_lane_dot_rows for two rows in flight
+ * together) gives each lane its strided share of a row in a fixed order,
+ * and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes its
+ * columns of the dead slots. x is read as the weights are, or, with
+ * X_SHARED (many columns: kgen_gpu), first copied by the block into shared
+ * memory and read from there. The bits depend on K, LANES and the
+ * weight's dtype only, not on the tiling, the rows a warp takes, where x
+ * is read from, the slot count or where the tensors lie. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
-  static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per column of the tile");
+  constexpr int64_t WARPS = NTHREADS / LANES;
+  static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
   static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float xs[K];
@@ -31,11 +35,11 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int tid = ds4_thread(), lane = tid % LANES;
   if (block >= GRID)
     return;
-  int64_t n = (int64_t)block * TILE + tid / LANES;
+  int64_t n0 = (int64_t)block * TILE + tid / LANES;
   /* A group past the last column computes nothing but, with X_SHARED,
-   * still takes part in the barriers; its lanes share n, and ds4_lane_sum
+   * still takes part in the barriers; its lanes share n0, and ds4_lane_sum
    * needs only the lanes of its own group. */
-  bool live = n < N;
+  bool live = n0 < N;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   for (int64_t t = 0; t < ntok; t++) {
 #if X_SHARED
@@ -47,16 +51,32 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     constexpr ds4_xspace XS = DS4_X_SHARED;
 #else
     const float *xr = x + t * K;
-    constexpr ds4_xspace XS = DS4_X_AHEAD;
+    constexpr ds4_xspace XS = ROWS == 1 ? DS4_X_AHEAD : DS4_X_GLOBAL;
 #endif
     if (live) {
-      float acc = ds4_lane_dot<LANES, K, W_T, XS>(xr, w + n * K, lane, zero);
-      acc = ds4_lane_sum<LANES>(acc);
-      if (lane == 0)
-        y[t * N + n] = acc;
+      float acc[ROWS];
+      if constexpr (ROWS == 1) {
+        acc[0] = ds4_lane_dot<LANES, K, W_T, XS>(xr, w + n0 * K, lane, zero);
+      } else {
+        /* A column past the last reads the last one's row: its sum is
+         * dropped. */
+        const W_T *wr[ROWS];
+#pragma unroll
+        for (int q = 0; q < ROWS; q++)
+          wr[q] = w + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1) * K;
+        ds4_lane_dot_rows<LANES, K, W_T, XS, ROWS, 4>(xr, wr, lane, zero, acc);
+      }
+#pragma unroll
+      for (int q = 0; q < ROWS; q++) {
+        float a = ds4_lane_sum<LANES>(acc[q]);
+        if (lane == 0 && n0 + WARPS * q < N)
+          y[t * N + n0 + WARPS * q] = a;
+      }
     }
   }
   if (live && lane == 0)
     for (int64_t t = ntok; t < T; t++)
-      y[t * N + n] = 0.0f;
+      for (int q = 0; q < ROWS; q++)
+        if (n0 + WARPS * q < N)
+          y[t * N + n0 + WARPS * q] = 0.0f;
 }

@@ -4,27 +4,32 @@
  * act[t,j] . w2[r,c]; +0 for every other slot, so the parts of a split
  * expert op sum to the unsplit result bit for bit. kgen_gpu puts in front
  * the defines T, TOPK, E (rows held), NEXPERTS, EXPERT_ROWS, H, F, TILE,
- * NTILES, W2_BF16, X_SHARED, LANES, GRID, NTHREADS (= TILE * LANES),
- * KERNEL_NAME and W2_T.
+ * ROWS, NTILES, W2_BF16, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
+ * NTHREADS / LANES), KERNEL_NAME and W2_T.
  * Grid: NTILES tiles of TILE output channels times TOPK choices; block b
  * holds channels TILE * (b % NTILES) and up of choice j = b / NTILES for
- * every slot, so the chosen experts of a decode step stream side by side.
- * Threads: with X_SHARED the block first copies the choice's activation
- * row into shared memory (F floats) and reads it from there, which leaves
- * a thread's registers to the weights' loads (four blocks a
- * multiprocessor); group g = thread / LANES (one warp) takes channel c =
- * TILE * (b % NTILES) + g, streaming its row of w2 with 16-byte loads:
- * ds4_lane_dot over the F activations and ds4_lane_sum, so a slot holds
- * the bits moe_experts computes when its ffn rows fit one chunk (F <=
- * 2048, every DeepSeek-V4 shape). */
+ * every slot, so the chosen experts of a decode step stream side by
+ * side. Threads: with X_SHARED the block first copies the choice's
+ * activation row into shared memory (F floats) and reads it from there,
+ * which leaves a thread's registers to the weights' loads; group g =
+ * thread / LANES (one warp of W = NTHREADS / LANES) takes the ROWS
+ * channels c = TILE * (b % NTILES) + g + W * q, streaming their rows of w2
+ * together with 16-byte loads (ds4_lane_dot_rows, each row in
+ * ds4_lane_dot's order over the F activations) and ds4_lane_sum, so a slot
+ * holds the bits moe_experts computes when its ffn rows fit one chunk (F
+ * <= 2048, every DeepSeek-V4 shape). */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
-  static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per channel of the tile");
+  constexpr int64_t WARPS = NTHREADS / LANES;
+  static_assert(TILE == ROWS * WARPS, "ROWS channels a group of LANES threads");
   static_assert(sizeof(W2_T) == (W2_BF16 ? 2 : 4), "W2_T is the weight's dtype");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float as[F];
+  constexpr ds4_xspace XS = DS4_X_SHARED;
+#else
+  constexpr ds4_xspace XS = DS4_X_GLOBAL;
 #endif
   const float *act = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
@@ -36,29 +41,42 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   if (block >= GRID)
     return;
   int j = (int)(block / NTILES); /* T * TOPK slots and choices fit an int */
-  int64_t c = (int64_t)(block % NTILES) * TILE + tid / LANES;
-  /* Past the last channel a group still takes part in the barriers. */
-  bool live = c < H;
+  int64_t c0 = (int64_t)(block % NTILES) * TILE + tid / LANES;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   for (int t = 0; t < T; t++) {
     int s = t * TOPK + j;
     int e = t < ntok ? idx[s] : -1; /* the same for the whole block */
     int r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
-    float acc = 0.0f;
+    float acc[ROWS];
+#pragma unroll
+    for (int q = 0; q < ROWS; q++)
+      acc[q] = 0.0f;
     if (r >= 0) {
 #if X_SHARED
       ds4_barrier(); /* the last slot's row read by every group */
       ds4_stage_row<NTHREADS, F>(as, act + (int64_t)s * F);
       ds4_barrier();
-      if (live)
-        acc = ds4_lane_dot<LANES, F, W2_T, DS4_X_SHARED>(as, w2 + ((int64_t)r * H + c) * F, lane, zero);
+      const float *ar = as;
 #else
-      if (live)
-        acc = ds4_lane_dot<LANES, F>(act + (int64_t)s * F, w2 + ((int64_t)r * H + c) * F, lane, zero);
+      const float *ar = act + (int64_t)s * F;
 #endif
-      acc = ds4_lane_sum<LANES>(acc);
+      /* A channel past the last reads the last one's row: its sum is
+       * dropped, and the group's lanes still sum together. */
+      const W2_T *w[ROWS];
+#pragma unroll
+      for (int q = 0; q < ROWS; q++) {
+        int64_t c = c0 + WARPS * q < H ? c0 + WARPS * q : H - 1;
+        w[q] = w2 + ((int64_t)r * H + c) * F;
+      }
+      ds4_lane_dot_rows<LANES, F, W2_T, XS, ROWS, 4>(ar, w, lane, zero, acc);
+#pragma unroll
+      for (int q = 0; q < ROWS; q++)
+        acc[q] = ds4_lane_sum<LANES>(acc[q]);
     }
-    if (live && lane == 0)
-      slots[(int64_t)s * H + c] = acc;
+    if (lane == 0)
+#pragma unroll
+      for (int q = 0; q < ROWS; q++)
+        if (c0 + WARPS * q < H)
+          slots[(int64_t)s * H + c0 + WARPS * q] = acc[q];
   }
 }

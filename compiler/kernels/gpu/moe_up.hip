@@ -5,17 +5,19 @@
  * every other slot (dead rows, experts of other launches, ids outside
  * [0, NEXPERTS)). kgen_gpu puts in front the defines T, TOPK, E (rows
  * held), NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, SWIGLU_LIMIT,
- * W1_BF16, W3_BF16, LANES, GRID, NTHREADS (= TILE * LANES), KERNEL_NAME,
- * W1_T and W3_T.
+ * W1_BF16, W3_BF16, X_SHARED, LANES, GRID, NTHREADS (= TILE * LANES),
+ * KERNEL_NAME, W1_T and W3_T.
  * Grid: NTILES tiles of TILE ffn rows; block b holds rows TILE * b and up
  * for every choice of every slot, so a decode step's chosen experts are
  * spread over the whole GPU and its dead slots launch no blocks. Threads:
- * group g = thread / LANES (one warp) takes row f = TILE * b + g of each
- * live choice in turn, streaming the gate and up rows together with
- * 16-byte loads (ds4_lane_dot2, x read from global memory as it is used:
- * every group of the GPU reads the same few rows, so they come from
- * cache), then ds4_lane_sum: the order moe_experts' ds4_swiglu sums in,
- * so act holds the bits moe_experts computes for its activations. */
+ * for each live slot the block first copies x[t] into shared memory
+ * (with X_SHARED; else x is read from global memory as it is used) and
+ * looks up the rows of the slot's TOPK choices, so that no load of idx
+ * waits between one expert and the next; then group g = thread / LANES
+ * (one warp) takes row f = TILE * b + g of each choice in turn, streaming
+ * the gate and up rows together with 16-byte loads (ds4_lane_dot_rows),
+ * then ds4_lane_sum: the order moe_experts' ds4_swiglu sums in, so act
+ * holds the bits moe_experts computes for its activations. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -23,6 +25,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4),
                 "W1_T and W3_T are the weights' dtypes");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
+#if X_SHARED
+  DS4_SHARED __attribute__((aligned(16))) float xs[H];
+  constexpr ds4_xspace XS = DS4_X_SHARED;
+#else
+  constexpr ds4_xspace XS = DS4_X_GLOBAL;
+#endif
   const float *x = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
   const W1_T *w1 = (const W1_T *)bufs[2];
@@ -34,29 +42,46 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   if (block >= GRID)
     return;
   int64_t f = (int64_t)block * TILE + tid / LANES;
-  /* A whole group leaves together: its lanes share f. */
-  if (f >= F)
-    return;
+  /* A group past the last row computes nothing but, with X_SHARED, still
+   * takes part in the barriers; its lanes share f. */
+  bool live = f < F;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  for (int64_t s = 0; s < T * TOPK; s++) {
-    int64_t e = s / TOPK < ntok ? idx[s] : -1;
-    int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
-    float a = 0.0f;
-    if (r >= 0) {
-      const float *xr = x + (s / TOPK) * H;
-      float g, u;
-      if constexpr (W1_BF16 == W3_BF16) {
-        ds4_lane_dot2<LANES, H, W1_T, DS4_X_GLOBAL>(xr, w1 + (r * F + f) * H, xr, w3 + (r * F + f) * H, lane, zero,
-                                                     &g, &u);
-      } else {
-        g = ds4_lane_dot<LANES, H, W1_T, DS4_X_GLOBAL>(xr, w1 + (r * F + f) * H, lane, zero);
-        u = ds4_lane_dot<LANES, H, W3_T, DS4_X_GLOBAL>(xr, w3 + (r * F + f) * H, lane, zero);
-      }
-      g = ds4_lane_sum<LANES>(g);
-      u = ds4_lane_sum<LANES>(u);
-      a = ds4_swiglu_act(g, u, SWIGLU_LIMIT);
+  for (int64_t t = 0; t < ntok; t++) {
+#if X_SHARED
+    if (t > 0)
+      ds4_barrier(); /* the last slot's row read by every group */
+    ds4_stage_row<NTHREADS, H>(xs, x + t * H);
+    ds4_barrier();
+    const float *xr = xs;
+#else
+    const float *xr = x + t * H;
+#endif
+    int32_t rows[TOPK];
+#pragma unroll
+    for (int j = 0; j < TOPK; j++) {
+      int32_t e = idx[t * TOPK + j];
+      rows[j] = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
     }
-    if (lane == 0)
-      act[s * F + f] = a;
+#pragma unroll
+    for (int j = 0; j < TOPK; j++) {
+      int64_t r = rows[j];
+      float a = 0.0f;
+      if (live && r >= 0) {
+        float gu[2];
+        if constexpr (W1_BF16 == W3_BF16) {
+          const W1_T *w[2] = {w1 + (r * F + f) * H, w3 + (r * F + f) * H};
+          ds4_lane_dot_rows<LANES, H, W1_T, XS, 2, 4>(xr, w, lane, zero, gu);
+        } else {
+          gu[0] = ds4_lane_dot<LANES, H, W1_T, XS>(xr, w1 + (r * F + f) * H, lane, zero);
+          gu[1] = ds4_lane_dot<LANES, H, W3_T, XS>(xr, w3 + (r * F + f) * H, lane, zero);
+        }
+        a = ds4_swiglu_act(ds4_lane_sum<LANES>(gu[0]), ds4_lane_sum<LANES>(gu[1]), SWIGLU_LIMIT);
+      }
+      if (live && lane == 0)
+        act[(t * TOPK + j) * F + f] = a;
+    }
   }
+  if (live && lane == 0)
+    for (int64_t s = ntok * TOPK; s < T * TOPK; s++)
+      act[s * F + f] = 0.0f;
 }

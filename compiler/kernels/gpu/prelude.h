@@ -610,6 +610,20 @@ DS4_DEVICE void ds4_stage_row(float *xs, const float *row)
     xs[i] = row[i];
 }
 
+/* ds4_lane_dot's order one element at a time, for rows that are not
+ * 16-byte aligned or not whole chunks: lane l's chunks l, l + L, ... of
+ * V = 16 / sizeof(W) elements, of the nch chunks. */
+template <int L, int64_t KK, typename W>
+DS4_DEVICE float ds4_lane_dot_scalar(const float *x, const W *w, int lane, int64_t nch)
+{
+  constexpr int V = 16 / (int)sizeof(W);
+  float acc = 0.0f;
+  for (int64_t c = lane; c < nch; c += L)
+    for (int64_t k = c * V; k < c * V + V && k < KK; k++)
+      acc = acc + x[k] * ds4_f32(w[k]);
+  return acc;
+}
+
 /* One lane's share of x . w over KK elements, for a group of L lanes: the
  * row is cut into chunks of 16 bytes of w (V = 16 / sizeof(W) elements,
  * the last one short when V does not divide KK); lane l sums chunks l,
@@ -662,41 +676,46 @@ DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero
     }
     return acc;
   }
-  for (int64_t c = lane; c < nch; c += L)
-    for (int64_t k = c * V; k < c * V + V && k < KK; k++)
-      acc = acc + x[k] * ds4_f32(w[k]);
-  return acc;
+  return ds4_lane_dot_scalar<L, KK>(x, w, lane, nch);
 }
 
-/* ds4_lane_dot of two rows at once: *out_a = xa . wa and *out_b = xb . wb,
- * each summed in ds4_lane_dot's order (so to its bits), with the U chunks
- * of both weight rows in flight together: twice the bytes a lane keeps in
- * flight, for the same registers as one row with x loaded ahead. x is read
- * as each chunk is summed (XS: global or shared memory; xb may be xa). */
-template <int L, int64_t KK, typename W, ds4_xspace XS>
-DS4_DEVICE void ds4_lane_dot2(const float *xa, const W *wa, const float *xb, const W *wb, int lane, int64_t zero,
-                              float *out_a, float *out_b)
+/* ds4_lane_dot of R rows against one x at once: out[r] = x . w[r], each
+ * summed in ds4_lane_dot's order (so to its bits), with U chunks of every
+ * row in flight together (UMAX, or as many as a lane has). x is read as
+ * each chunk is summed, from where XS says, once for all R rows. moe_up
+ * keeps an expert's gate and up rows in flight (R = 2), moe_down four
+ * rows of w2 (R = 4): a warp's next rows are already on their way while
+ * it sums, where one row at a time drains the loads at every row. */
+template <int L, int64_t KK, typename W, ds4_xspace XS, int R, int UMAX>
+DS4_DEVICE void ds4_lane_dot_rows(const float *x, const W *const *w, int lane, int64_t zero, float *out)
 {
-  static_assert(XS != DS4_X_AHEAD, "two rows keep only the weights ahead");
-  constexpr int V = 16 / (int)sizeof(W), U = ds4_chunks_ahead<4, L, (KK + V - 1) / V>();
+  static_assert(XS != DS4_X_AHEAD, "several rows keep only the weights ahead");
+  static_assert(R >= 1 && UMAX >= 1 && R * UMAX <= 16, "at most 16 chunks a lane in flight");
+  constexpr int V = 16 / (int)sizeof(W), U = ds4_chunks_ahead<UMAX, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
-  unsigned long long addr = (unsigned long long)xa | (unsigned long long)wa | (unsigned long long)xb |
-                            (unsigned long long)wb;
+  unsigned long long addr = (unsigned long long)x;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+    addr |= (unsigned long long)w[r];
   if (KK % V != 0 || addr % 16 != 0) {
-    *out_a = ds4_lane_dot<L, KK, W, XS>(xa, wa, lane, zero);
-    *out_b = ds4_lane_dot<L, KK, W, XS>(xb, wb, lane, zero);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      out[r] = ds4_lane_dot_scalar<L, KK>(x, w[r], lane, nch);
     return;
   }
-  float a = 0.0f, b = 0.0f;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+    acc[r] = 0.0f;
   for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
-    ds4_u32x4 va[U], vb[U];
+    ds4_u32x4 v[R][U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int64_t c = c0 + (int64_t)u * L;
-      if (c < nch) {
-        va[u] = *(const DS4_GLOBAL ds4_u32x4 *)(wa + c * V);
-        vb[u] = *(const DS4_GLOBAL ds4_u32x4 *)(wb + c * V);
-      }
+      if (c < nch)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          v[r][u] = *(const DS4_GLOBAL ds4_u32x4 *)(w[r] + c * V);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -705,16 +724,15 @@ DS4_DEVICE void ds4_lane_dot2(const float *xa, const W *wa, const float *xb, con
         continue;
       ds4_f32x4 xv[V / 4];
       for (int q = 0; q < V / 4; q++)
-        xv[q] = ds4_load_x<XS>(xa + c * V + 4 * q);
-      a = ds4_chunk_dot(a, xv, va[u], W{});
-      if (xb != xa)
-        for (int q = 0; q < V / 4; q++)
-          xv[q] = ds4_load_x<XS>(xb + c * V + 4 * q);
-      b = ds4_chunk_dot(b, xv, vb[u], W{});
+        xv[q] = ds4_load_x<XS>(x + c * V + 4 * q);
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        acc[r] = ds4_chunk_dot(acc[r], xv, v[r][u], W{});
     }
   }
-  *out_a = a;
-  *out_b = b;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+    out[r] = acc[r];
 }
 
 /* a . b over n elements in index order, one thread. */
@@ -724,6 +742,39 @@ DS4_DEVICE float ds4_dot(const A *a, const B *b, int64_t n)
   float acc = 0.0f;
   for (int64_t i = 0; i < n; i++)
     acc += a[i] * b[i];
+  return acc;
+}
+
+/* ds4_dot(q, k, N) of f32 rows, to its bits (the same products added in
+ * index order), with k read 16 bytes at a time, 8 loads ahead of the
+ * first sum, when N is a multiple of 4 and both rows are 16-byte aligned;
+ * q from where XS says (DS4_X_SHARED: the block's shared memory). One
+ * thread; `zero` as in ds4_lane_dot, so the loads stay ahead. */
+template <int64_t N, ds4_xspace XS>
+DS4_DEVICE float ds4_dot_ahead(const float *q, const float *k, int64_t zero)
+{
+  constexpr int U = 8;
+  if (N % 4 != 0 || ((unsigned long long)q | (unsigned long long)k) % 16 != 0)
+    return ds4_dot(q, k, N);
+  const int64_t nch = N / 4 + zero;
+  float acc = 0.0f;
+  for (int64_t c0 = 0; c0 < nch; c0 += U) {
+    ds4_f32x4 kv[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (c0 + u < nch)
+        kv[u] = *(const DS4_GLOBAL ds4_f32x4 *)(k + 4 * (c0 + u));
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (c0 + u >= nch)
+        continue;
+      ds4_f32x4 qv = ds4_load_x<XS>(q + 4 * (c0 + u));
+      acc += qv.x * kv[u].x;
+      acc += qv.y * kv[u].y;
+      acc += qv.z * kv[u].z;
+      acc += qv.w * kv[u].w;
+    }
+  }
   return acc;
 }
 

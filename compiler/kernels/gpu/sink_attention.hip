@@ -9,27 +9,32 @@
  * o[t,h] = sum_k p_k key_k, p_k = e^(s_k - Mx) / (sum_k e^(s_k - Mx) +
  * e^(sink_h - Mx)). kgen_gpu puts in front the defines T, S, NH, HD, NE,
  * NSEL, WINDOW, RATIO, SELECT, SCALE, CPT (= ceil(HD / NTHREADS)), NLIST
- * (NSEL for SELECT 2, else 1), STORE_SCORES, NKEYS, GRID, NTHREADS and
- * KERNEL_NAME.
+ * (NSEL for SELECT 2, else 1), NPOW (NLIST rounded up to a power of two),
+ * Q_SHARED, STORE_SCORES, NKEYS, GRID, NTHREADS and KERNEL_NAME.
  * Grid: one block per (token slot, head), T * NH; block b is slot b / NH,
  * head b mod NH. Threads:
- *   0. SELECT 2 only: sel[t] goes to shared memory; thread i marks its
- *      slots j = i, i + NTHREADS, ... that hold a visible entry not held by
- *      a lower slot, then writes each marked entry at its rank among the
- *      marked ones: the entry list, ascending, with its count from
- *      ds4_block_sum (exact: integers);
- *   1. thread i scores keys i, i + NTHREADS, ... (s_k = SCALE * q.key_k,
- *      the dot in channel order as on the host) and keeps their maximum;
- *      the block maximum (exact in any order) comes from ds4_block_max, and
- *      Mx is it or the sink, the larger;
+ *   0. SELECT 2 only: sel[t] goes to shared memory, each slot holding a
+ *      visible entry or, for any other value, a mark above every entry;
+ *      the block sorts the NPOW slots ascending (a bitonic network, a
+ *      barrier a stage) and keeps each entry's first slot, at its rank
+ *      among the kept ones (a prefix sum of the threads' counts): the
+ *      distinct visible entries, ascending, and their count, exact
+ *      (integers);
+ *   1. with Q_SHARED, q[t,h] goes to shared memory; thread i scores keys
+ *      i, i + NTHREADS, ... (s_k = SCALE * q.key_k, the dot in channel
+ *      order as on the host, ds4_dot_ahead: the key row 16 bytes at a time,
+ *      8 loads ahead) and keeps their maximum; the block maximum (exact in
+ *      any order) comes from ds4_block_max, and Mx is it or the sink, the
+ *      larger;
  *   2. thread i sums e^(s_k - Mx) over the same keys in ascending order,
  *      the block adds the partial sums by ds4_block_sum's fixed tree, and
  *      the sink's e^(sink - Mx) is added last;
  *   3. keys go in chunks of NTHREADS: thread i writes p_k of key base + i
- *      to shared memory, then thread i accumulates channels i, i +
- *      NTHREADS, ... (CPT of them) over the chunk's keys in ascending
- *      order, so each output channel sums p_k key_k[c] over all keys in
- *      key order, as on the host.
+ *      and where its row lies to shared memory, then thread i accumulates
+ *      channels i, i + NTHREADS, ... (CPT of them) over the chunk's keys in
+ *      ascending order, loading 8 keys' channels before adding the first,
+ *      so each output channel sums p_k key_k[c] over all keys in key
+ *      order, as on the host.
  * With STORE_SCORES, pass 1 keeps each s_k in shared memory (NKEYS =
  * WINDOW plus the most entries a slot can see) and passes 2 and 3 read it
  * back, by the thread that wrote it; without (kgen_gpu: when NKEYS floats
@@ -40,8 +45,16 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   DS4_SHARED float red[NTHREADS];
   DS4_SHARED float prob[NTHREADS];
-  DS4_SHARED int32_t cand[NLIST]; /* SELECT 2: sel[t], then the entry list */
-  DS4_SHARED int32_t keep[NLIST];
+  DS4_SHARED const float *row[NTHREADS]; /* pass 3: the chunk's key rows */
+  DS4_SHARED int32_t cand[NPOW];         /* SELECT 2: sel[t], sorted */
+  DS4_SHARED int32_t keep[NLIST];        /* SELECT 2: the entry list */
+  DS4_SHARED int32_t offs[NTHREADS];     /* SELECT 2: the prefix sum */
+#if Q_SHARED
+  DS4_SHARED __attribute__((aligned(16))) float qs[HD];
+  constexpr ds4_xspace QX = DS4_X_SHARED;
+#else
+  constexpr ds4_xspace QX = DS4_X_GLOBAL;
+#endif
 #if STORE_SCORES
   DS4_SHARED float score[NKEYS];
 #endif
@@ -69,61 +82,79 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     nvis = NE;
   int64_t nent = SELECT == 1 ? nvis : 0;
   if (SELECT == 2) {
-    constexpr int JPT = (NLIST + NTHREADS - 1) / NTHREADS;
+    /* No entry: above every visible one, so it sorts last. */
+    constexpr int32_t none = 0x7fffffff;
     const int32_t *st = sel + t * NSEL;
-    for (int64_t j = tid; j < NLIST; j += NTHREADS)
-      cand[j] = st[j];
-    ds4_barrier();
-    for (int64_t j = tid; j < NLIST; j += NTHREADS) {
-      int32_t w = cand[j];
-      int first = w >= 0 && w < nvis;
-      for (int64_t j2 = 0; first && j2 < j; j2++)
-        first = cand[j2] != w;
-      keep[j] = first;
+    for (int64_t j = tid; j < NPOW; j += NTHREADS) {
+      int32_t w = j < NLIST ? st[j] : -1;
+      cand[j] = w >= 0 && w < nvis ? w : none;
     }
     ds4_barrier();
-    int32_t rank[JPT], val[JPT];
-    float mine = 0.0f;
-    for (int i = 0; i < JPT; i++) {
-      int64_t j = tid + (int64_t)i * NTHREADS;
-      rank[i] = -1;
-      val[i] = 0;
-      if (j >= NLIST || !keep[j])
-        continue;
-      int32_t r = 0;
-      for (int64_t j2 = 0; j2 < NLIST; j2++)
-        r += keep[j2] && cand[j2] < cand[j];
-      rank[i] = r;
-      val[i] = cand[j];
-      mine += 1.0f;
+    for (int64_t k2 = 2; k2 <= NPOW; k2 *= 2)
+      for (int64_t j2 = k2 / 2; j2 > 0; j2 /= 2) {
+        for (int64_t i = tid; i < NPOW; i += NTHREADS) {
+          int64_t l = i ^ j2;
+          if (l <= i)
+            continue; /* the pair's lower slot's thread orders it */
+          int32_t a = cand[i], b = cand[l];
+          if ((a > b) == ((i & k2) == 0)) {
+            cand[i] = b;
+            cand[l] = a;
+          }
+        }
+        ds4_barrier();
+      }
+    /* Thread i owns slots [i * per, (i + 1) * per) of the sorted list. */
+    constexpr int64_t per = (NPOW + NTHREADS - 1) / NTHREADS;
+    int64_t j0 = tid * per, j1 = j0 + per < NPOW ? j0 + per : NPOW;
+    auto kept = [&](int64_t j) { return cand[j] != none && (j == 0 || cand[j - 1] != cand[j]); };
+    int32_t mine = 0;
+    for (int64_t j = j0; j < j1; j++)
+      mine += kept(j);
+    offs[tid] = mine;
+    ds4_barrier();
+    for (int d = 1; d < NTHREADS; d *= 2) {
+      int32_t v = tid >= d ? offs[tid - d] : 0;
+      ds4_barrier();
+      offs[tid] += v;
+      ds4_barrier();
     }
-    /* Its first barrier also ends every thread's reads of cand and keep. */
-    nent = (int64_t)ds4_block_sum<NTHREADS>(red, mine);
-    for (int i = 0; i < JPT; i++)
-      if (rank[i] >= 0)
-        cand[rank[i]] = val[i];
+    int32_t at = offs[tid] - mine;
+    nent = offs[NTHREADS - 1];
+    for (int64_t j = j0; j < j1; j++)
+      if (kept(j))
+        keep[at++] = cand[j];
     ds4_barrier();
   }
   auto key = [&](int64_t k) -> const float * {
     if (k < nraw)
       return ring + ((lo + k) % S) * HD;
     k -= nraw;
-    return entries + (SELECT == 2 ? (int64_t)cand[k] : k) * HD;
+    return entries + (SELECT == 2 ? (int64_t)keep[k] : k) * HD;
   };
   int64_t n = nraw + nent;
   const float *qh = q + t * (NH * HD) + h * HD;
   float sink = sinks[h];
+  int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
+#if Q_SHARED
+  for (int64_t c = tid; c < HD; c += NTHREADS)
+    qs[c] = qh[c];
+  ds4_barrier();
+  const float *qr = qs;
+#else
+  const float *qr = qh;
+#endif
   /* s_k again, for the thread of pass 1 that computed it */
   auto stored = [&](int64_t k) -> float {
 #if STORE_SCORES
     return score[k];
 #else
-    return SCALE * ds4_dot(qh, key(k), HD);
+    return SCALE * ds4_dot_ahead<HD, QX>(qr, key(k), zero);
 #endif
   };
   float m = -ds4_inff();
   for (int64_t k = tid; k < n; k += NTHREADS) {
-    float s = SCALE * ds4_dot(qh, key(k), HD);
+    float s = SCALE * ds4_dot_ahead<HD, QX>(qr, key(k), zero);
 #if STORE_SCORES
     score[k] = s;
 #endif
@@ -143,18 +174,30 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     acc[i] = 0.0f;
   for (int64_t base = 0; base < n; base += NTHREADS) {
     int64_t k = base + tid;
-    if (k < n)
+    if (k < n) {
       prob[tid] = ds4_expf(stored(k) - m) / den;
+      row[tid] = key(k);
+    }
     ds4_barrier();
     int64_t rows = n - base < NTHREADS ? n - base : NTHREADS;
-    for (int i = 0; i < CPT; i++) {
-      int64_t c = tid + (int64_t)i * NTHREADS;
-      if (c >= HD)
-        break;
-      for (int64_t r = 0; r < rows; r++)
-        acc[i] += prob[r] * key(base + r)[c];
+    constexpr int U = 8;
+    for (int64_t r0 = 0; r0 < rows; r0 += U) {
+      float kv[CPT][U];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+          int64_t c = tid + (int64_t)i * NTHREADS;
+          kv[i][u] = r0 + u < rows && c < HD ? row[r0 + u][c] : 0.0f;
+        }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int i = 0; i < CPT; i++)
+          if (r0 + u < rows)
+            acc[i] += prob[r0 + u] * kv[i][u];
     }
-    ds4_barrier(); /* prob is free again */
+    ds4_barrier(); /* prob and row are free again */
   }
   for (int i = 0; i < CPT; i++) {
     int64_t c = tid + (int64_t)i * NTHREADS;

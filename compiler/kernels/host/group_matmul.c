@@ -3,8 +3,8 @@
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
  * group g; f32, or bf16 when W_BF16 is 1, widened exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, GROUPS, KG, NG,
- * N (= GROUPS * NG), TILE, NTILES, W_BF16, GRID and KERNEL_NAME, and
- * prelude.h; grid: NTILES tiles of TILE output columns, each for every
+ * N (= GROUPS * NG), TILE, ROWS (a GPU warp's columns, not used here),
+ * NTILES, W_BF16, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output columns, each for every
  * token slot (a step's dead slots cost no blocks). Every output sums k
  * ascending, so the bits do not depend on the tiling. */
 

@@ -1,7 +1,8 @@
 /* matmul host kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
  * f32, or bf16 when W_BF16 is 1: widened exactly to f32, a shift).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, K, N, TILE,
- * NTILES, W_BF16, GRID and KERNEL_NAME, and prelude.h (ds4h_weight);
+ * ROWS (a GPU warp's columns, not used here), NTILES, W_BF16, GRID and
+ * KERNEL_NAME, and prelude.h (ds4h_weight);
  * grid: NTILES tiles of TILE output columns, each for every token slot
  * (a step's dead slots cost no blocks). Every output sums k ascending, so
  * the bits do not depend on the tiling. */

@@ -6,10 +6,10 @@
  * a split expert op sum to the unsplit result bit for bit. w2 is f32, or
  * bf16 when W2_BF16 is 1 (widened exactly: ds4h_weight). kgen_host
  * prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows held),
- * NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, W2_BF16, GRID and
+ * NEXPERTS, EXPERT_ROWS, H, F, TILE, ROWS, NTILES, W2_BF16, GRID and
  * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels
  * times TOPK choices, block b taking tile b % NTILES of choice b / NTILES
- * for every slot. */
+ * for every slot (ROWS, the GPU's channels a warp, is not used here). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
