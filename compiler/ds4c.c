@@ -5,6 +5,7 @@
 
 #include "explain.h"
 #include "inspect.h"
+#include "passes.h"
 #include "pipeline.h"
 #include "plan.h"
 #include "plan_diff.h"
@@ -97,10 +98,33 @@ static void report_layers(const char *dir, const plan *p) {
   free(count);
 }
 
+/* What the plan compiles to but no machine runs as meant: a device that
+ * owns no op (its streams launch nothing and copy nothing: the schedule
+ * gave it no work), and a GPU whose arena is more than any board of its
+ * arch has, where the schedule states no `memory` to check it against
+ * (with one, that is a compile error). */
+static void warn(const char *sched, const plan *p) {
+  for (uint32_t dv = 0; dv < p->ndevices; dv++) {
+    const plan_device *d = &p->devices[dv];
+    const char *name = plan_str(p, d->name), *board = NULL;
+    int owns = 0;
+    for (uint32_t i = 0; i < p->nops && !owns; i++) owns = p->streams[p->ops[i].stream].device == dv;
+    if (!owns)
+      fprintf(stderr, "ds4c: warning: %s: device '%s' owns no op (an arena of %llu bytes, no launch)\n", sched,
+              name, (unsigned long long)d->arena_bytes);
+    int64_t most = d->backend == PLAN_BACKEND_CPU ? 0 : memplan_arch_memory(plan_str(p, d->arch), &board);
+    if (!d->memory && most && d->arena_bytes > (uint64_t)most)
+      fprintf(stderr,
+              "ds4c: warning: %s: device '%s' needs an arena of %llu bytes, more than any %s GPU has (%lld: %s); "
+              "the schedule's `memory` for the device makes this an error\n",
+              sched, name, (unsigned long long)d->arena_bytes, plan_str(p, d->arch), (long long)most, board);
+  }
+}
+
 /* One line a reviewer reads after every compile: the plan's commands and
  * each device's arena, read back from the bundle just written; and one
- * with the launches a decoder layer takes. */
-static int report(const char *dir) {
+ * with the launches a decoder layer takes; then warn's warnings. */
+static int report(const char *dir, const char *sched) {
   char path[4096];
   snprintf(path, sizeof path, "%s/plan.ds4p", dir);
   plan p;
@@ -118,6 +142,7 @@ static int report(const char *dir) {
     printf(" %s %llu bytes%s", plan_str(&p, p.devices[i].name), (unsigned long long)p.devices[i].arena_bytes,
            i + 1 < p.ndevices ? "," : "\n");
   report_layers(dir, &p);
+  warn(sched, &p);
   plan_free(&p);
   return 0;
 }
@@ -169,7 +194,7 @@ static int cmd_compile(int argc, char **argv) {
     else fprintf(stderr, "ds4c: error: %s\n", d.msg);
     return 1;
   }
-  return report(o.out_dir);
+  return report(o.out_dir, o.sched_path);
 }
 
 /* inspect and explain: one BUNDLE, an optional --json, a report on stdout. */

@@ -11,6 +11,34 @@
 
 #define MEMPLAN_ALIGN 64
 
+/* The most memory any board of a GPU arch has: an arena beyond it fits no
+ * such GPU. The figures are the vendors' specifications of the largest
+ * board of each arch (docs/SCHEDULES.md, "Device memory"). ds4c compile
+ * warns when a device whose schedule states no `memory` needs more; the
+ * runtime checks the device's own figure when it opens it. */
+typedef struct memplan_arch_bound {
+  const char *arch;
+  int64_t bytes;
+  const char *board;
+} memplan_arch_bound;
+
+static const memplan_arch_bound memplan_arch_bounds[] = {
+    {"sm_90", (int64_t)144 << 30, "NVIDIA H200, 144 GiB of HBM3e"},
+    {"gfx942", (int64_t)256 << 30, "AMD Instinct MI325X, 256 GiB of HBM3E"},
+    {"gfx1201", (int64_t)32 << 30, "AMD Radeon AI PRO R9700, 32 GiB of GDDR6"},
+    {"gfx1151", (int64_t)128 << 30, "AMD Ryzen AI Max+ 395, 128 GiB of LPDDR5X shared with the CPU"},
+    {"gfx1100", (int64_t)48 << 30, "AMD Radeon PRO W7900, 48 GiB of GDDR6"},
+};
+
+int64_t memplan_arch_memory(const char *arch, const char **out_board) {
+  for (size_t i = 0; i < sizeof memplan_arch_bounds / sizeof *memplan_arch_bounds; i++)
+    if (strcmp(memplan_arch_bounds[i].arch, arch) == 0) {
+      if (out_board) *out_board = memplan_arch_bounds[i].board;
+      return memplan_arch_bounds[i].bytes;
+    }
+  return 0;
+}
+
 void ir_accesses_build(const ir_prog *p, ir_accesses *a) {
   a->first = ir_xrealloc(NULL, ((size_t)p->ntensors + 1) * sizeof *a->first);
   memset(a->first, 0, ((size_t)p->ntensors + 1) * sizeof *a->first);

@@ -17,6 +17,10 @@ int pass_sync(ir_prog *p, dsl_diag *d);    /* commands, events, waits */
 int pass_memplan(ir_prog *p, dsl_diag *d); /* arenas and offsets */
 int pass_verify(ir_prog *p, dsl_diag *d);  /* race- and deadlock-freedom */
 
+/* The most memory any board of GPU arch `arch` has (memplan.c), and that
+ * board in words; 0 for an arch it does not know. */
+int64_t memplan_arch_memory(const char *arch, const char **out_board);
+
 /* The operands touching each tensor (CSR: ops[first[t] .. first[t+1]),
  * with the operand slot of each); memplan and verify. */
 typedef struct ir_accesses {

@@ -541,6 +541,66 @@ START_TEST(ds4c_reports_layer_launches) {
 }
 END_TEST
 
+/* ds4c compile of DIR/big.yaml under a one-H200 schedule written to
+ * DIR/h200.sched.yaml with MEMORY appended to its device; asserts the exit
+ * status and returns what it wrote to stderr. */
+static char *compile_on_h200(const char *dir, const char *memory, int want_rc) {
+  char text[512], path[600], cmd[2048], *out = NULL;
+  snprintf(text, sizeof text,
+           "schedule: one-h200\nmodel: case\ndevices:\n"
+           "  - {name: gpu0, backend: cuda, arch: sm_90, ordinal: 0, bandwidth: 4.8e12, flops: 1.0e15, "
+           "launch: 4.0e-6%s}\n"
+           "streams:\n  - {name: main, device: gpu0}\nowners:\n  - \"* -> gpu0.main\"\n"
+           "step: {prefill: 2, decode: 1}\n",
+           memory);
+  snprintf(path, sizeof path, "%s/h200.sched.yaml", dir);
+  tu_write_text(path, text);
+  snprintf(cmd, sizeof cmd, "cd %s && %s/ds4c compile big.yaml h200.sched.yaml -o b --no-cache 2>&1 >/dev/null",
+           dir, tu_build_dir());
+  ck_assert_int_eq(tu_capture(cmd, &out, NULL), want_rc);
+  return out;
+}
+
+/* ds4c compile warns, naming the schedule, when a device owns no op
+ * (ds4-flash-mini under ds4-flash-hotcold: the mini's experts all go to
+ * the hot device) and when a GPU whose schedule states no memory needs a
+ * larger arena than any board of its arch has (ok.yaml with two 128 GiB
+ * weights on one sm_90 device); with `memory` stated, the second is the
+ * compile error it always was. */
+START_TEST(ds4c_warns_idle_device_and_oversized_arena) {
+  char tmpl[] = "/tmp/ds4-warn-XXXXXX", cmd[2048], path[600], *out = NULL;
+  tu_tmpdir_make(tmpl);
+  snprintf(cmd, sizeof cmd,
+           "%s/ds4c compile models/ds4-flash-mini.yaml schedules/ds4-flash-hotcold.yaml -o %s/hc --no-cache 2>&1 "
+           ">/dev/null",
+           tu_build_dir(), tmpl);
+  ck_assert_int_eq(tu_capture(cmd, &out, NULL), 0);
+  ck_assert_str_eq(out, "ds4c: warning: schedules/ds4-flash-hotcold.yaml: device 'cold' owns no op (an arena "
+                        "of 0 bytes, no launch)\n");
+  free(out);
+  size_t n;
+  char *model = tu_slurp("tests/cases/compile/ok.yaml", &n);
+  char *big = tu_replace_once(model, "hidden: 8, vocab: 16", "hidden: 524288, vocab: 65536");
+  snprintf(path, sizeof path, "%s/big.yaml", tmpl);
+  tu_write_text(path, big);
+  out = compile_on_h200(tmpl, "", 0);
+  ck_assert_str_eq(out, "ds4c: warning: h200.sched.yaml: device 'gpu0' needs an arena of 274882625664 bytes, "
+                        "more than any sm_90 GPU has (154618822656: NVIDIA H200, 144 GiB of HBM3e); the "
+                        "schedule's `memory` for the device makes this an error\n");
+  free(out);
+  out = compile_on_h200(tmpl, ", memory: 100000000000", 1);
+  ck_assert_str_eq(out, "h200.sched.yaml:4:5: error: device 'gpu0' needs an arena of 274882625664 bytes but has "
+                        "100000000000\n"
+                        "    - {name: gpu0, backend: cuda, arch: sm_90, ordinal: 0, bandwidth: 4.8e12, flops: 1.0e15, "
+                        "launch: 4.0e-6, memory: 100000000000}\n"
+                        "      ^\n");
+  free(out);
+  free(model);
+  free(big);
+  tu_tmpdir_remove(tmpl);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("compile");
   TCase *tc = tcase_create("tiny-moe");
@@ -558,6 +618,7 @@ int main(void) {
   tcase_add_test(tc, kernel_cache_hits_and_repairs);
   tcase_add_test(tc, ds4c_finds_its_cache);
   tcase_add_test(tc, ds4c_reports_layer_launches);
+  tcase_add_test(tc, ds4c_warns_idle_device_and_oversized_arena);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

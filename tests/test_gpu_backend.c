@@ -301,6 +301,26 @@ START_TEST(fake_memory_and_copies) {
 }
 END_TEST
 
+/* An allocation larger than the device has free is refused with both
+ * figures, before the driver is asked (cuMemGetInfo_v2). */
+START_TEST(fake_memory_too_small) {
+  setenv("DS4_FAKE_CUDA_MEMORY", "1048576", 1);
+  fx f;
+  fx_open(&f, 0);
+  void *p = NULL;
+  rt_status s = f.be->mem_alloc(f.d, 2 << 20, &p);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_str_eq(rt_status_msg(s), "cuda device gpu0: 2097152 bytes do not fit: the device has 1048576 "
+                                     "bytes free of 1048576 (cuMemGetInfo)");
+  ck_assert_ptr_null(p);
+  rt_status_free(s);
+  ck_assert_ptr_null(f.be->mem_alloc(f.d, 1 << 20, &p));
+  f.be->mem_free(f.d, p);
+  fx_close(&f);
+  unsetenv("DS4_FAKE_CUDA_MEMORY");
+}
+END_TEST
+
 typedef struct enqueue_job {
   fx *f;
   smoke_args *args;
@@ -858,6 +878,7 @@ int main(void) {
   tcase_add_test(fake, fake_no_device);
   tcase_add_test(fake, fake_ordinal_out_of_range);
   tcase_add_test(fake, fake_memory_and_copies);
+  tcase_add_test(fake, fake_memory_too_small);
   tcase_add_test(fake, fake_launch_and_cross_stream_wait);
   tcase_add_test(fake, fake_host_visible_record);
   tcase_add_test(fake, fake_foreign_wait);

@@ -1598,6 +1598,32 @@ START_TEST(graph_refusals) {
 }
 END_TEST
 
+/* A GPU whose driver reports less free memory than the plan's arena is
+ * refused at open, the error naming the device, the arena and the
+ * driver's figures (the fake reports DS4_FAKE_CUDA_MEMORY free). */
+START_TEST(arena_larger_than_the_device) {
+  tu_use_fake_cuda(1);
+  setenv("DS4_FAKE_CUDA_MEMORY", "64", 1);
+  tb b;
+  uint32_t x, y, z;
+  graph_plan(&b, &x, &y, &z);
+  rt_bundle *bd = (rt_bundle *)1;
+  rt_status s = rt_bundle_open(b.dir, NULL, &bd);
+  ck_assert_ptr_null(bd);
+  ck_assert_ptr_nonnull(s);
+  char want[256];
+  unsigned long long arena = (unsigned long long)b.p.devices[0].arena_bytes;
+  snprintf(want, sizeof want,
+           "device gpu0: arena of %llu bytes: cuda device gpu0: %llu bytes do not fit: the device has 64 bytes "
+           "free of 64 (cuMemGetInfo)",
+           arena, arena);
+  ck_assert_str_eq(rt_status_msg(s), want);
+  rt_status_free(s);
+  unsetenv("DS4_FAKE_CUDA_MEMORY");
+  tb_cleanup(&b);
+}
+END_TEST
+
 START_TEST(trace_generate) {
   tb b;
   generate_plan(&b);
@@ -1746,6 +1772,7 @@ static Suite *runtime_suite(void) {
   tcase_set_timeout(gr, 120);
   tcase_add_test(gr, graph_replay);
   tcase_add_test(gr, graph_refusals);
+  tcase_add_test(gr, arena_larger_than_the_device);
   suite_add_tcase(s, gr);
   return s;
 }

@@ -27,7 +27,10 @@
  * held.
  *
  * DS4_FAKE_CUDA_DEVICES: the number of devices (default 1; 0 makes cuInit
- * fail with CUDA_ERROR_NO_DEVICE). */
+ * fail with CUDA_ERROR_NO_DEVICE). DS4_FAKE_CUDA_MEMORY: each device's
+ * memory in bytes (default 80 GiB), which cuMemGetInfo_v2 reports free
+ * (the fake does not count what is allocated) and cuMemAlloc_v2 refuses
+ * to exceed in one allocation. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -526,10 +529,23 @@ static CUresult check_context(void) {
   return fake_current->error;
 }
 
+static size_t fake_memory(void) {
+  const char *env = getenv("DS4_FAKE_CUDA_MEMORY");
+  return env && *env ? (size_t)strtoull(env, NULL, 10) : (size_t)80 << 30;
+}
+
+CUresult cuMemGetInfo_v2(size_t *out_free, size_t *out_total) {
+  CUresult r = check_context();
+  if (r) return r;
+  *out_free = *out_total = fake_memory();
+  return CUDA_SUCCESS;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *out_ptr, size_t bytes) {
   CUresult r = check_context();
   if (r) return r;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes > fake_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t n = (bytes + 255) & ~(size_t)255;
   void *p = aligned_alloc(256, n);
   if (!p) return CUDA_ERROR_OUT_OF_MEMORY;

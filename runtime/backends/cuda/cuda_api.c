@@ -90,6 +90,7 @@ enum {
     (CUdevice dev, unsigned int *out_flags, int *out_active))                                      \
   X(0, cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", NULL, (CUcontext peer, unsigned int flags)) \
   X(0, cuDriverGetVersion, "cuDriverGetVersion", NULL, (int *out_version))                         \
+  X(0, cuMemGetInfo, "cuMemGetInfo_v2", NULL, (size_t * out_free, size_t * out_total))              \
   X(0, cuDeviceGetName, "cuDeviceGetName", NULL, (char *out_name, int len, CUdevice dev))          \
   X(0, cuDeviceGetAttribute, "cuDeviceGetAttribute", NULL,                                         \
     (int *out_value, int attribute, CUdevice dev))                                                 \
@@ -301,9 +302,17 @@ static rt_status cuda_device_info(gpu_driver *d, gpu_device_info *out_info) {
 
 static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 
+/* More than the device has free is refused before the driver is asked, by
+ * the figures the driver reports (cuMemGetInfo, where it has one): the
+ * error then says what was needed and what there is. */
 static rt_status cuda_mem_alloc(gpu_driver *d, size_t bytes, void **out_ptr) {
   CUdeviceptr p = 0;
   *out_ptr = NULL;
+  size_t free_bytes = 0, total = 0;
+  if (d->fn.cuMemGetInfo && d->fn.cuMemGetInfo(&free_bytes, &total) == CUDA_SUCCESS && bytes > free_bytes)
+    return rt_status_make("cuda device %s: %zu bytes do not fit: the device has %zu bytes free of %zu "
+                          "(cuMemGetInfo)",
+                          d->name, bytes, free_bytes, total);
   RT_TRY(cu_check(d, d->fn.cuMemAlloc(&p, bytes), "cuMemAlloc(%zu bytes)", bytes));
   *out_ptr = (void *)(uintptr_t)p;
   return NULL;

@@ -74,6 +74,7 @@ enum {
   X(0, hipError_t, hipDeviceCanAccessPeer, (int *out_can, int dev, int peer))                      \
   X(0, hipError_t, hipDeviceEnablePeerAccess, (int peer, unsigned int flags))                     \
   X(0, hipError_t, hipDriverGetVersion, (int *out_version))                                        \
+  X(0, hipError_t, hipMemGetInfo, (size_t * out_free, size_t * out_total))                          \
   X(0, hipError_t, hipDeviceGetName, (char *out_name, int len, int dev))                           \
   X(0, hipError_t, hipStreamBeginCapture, (hipStream_t s, int mode))                               \
   X(0, hipError_t, hipStreamEndCapture, (hipStream_t s, hipGraph_t * out_graph))                   \
@@ -236,8 +237,15 @@ static void hip_peer_enable(gpu_driver *d) {
 
 /* ---- memory ---- */
 
+/* As cuda_mem_alloc: more than hipMemGetInfo reports free is refused with
+ * both figures before hipMalloc is asked. */
 static rt_status hip_mem_alloc(gpu_driver *d, size_t bytes, void **out_ptr) {
   *out_ptr = NULL;
+  size_t free_bytes = 0, total = 0;
+  if (d->fn.hipMemGetInfo && d->fn.hipMemGetInfo(&free_bytes, &total) == hipSuccess && bytes > free_bytes)
+    return rt_status_make("hip device %s: %zu bytes do not fit: the device has %zu bytes free of %zu "
+                          "(hipMemGetInfo)",
+                          d->name, bytes, free_bytes, total);
   return hip_check(d, d->fn.hipMalloc(out_ptr, bytes), "hipMalloc(%zu bytes)", bytes);
 }
 
