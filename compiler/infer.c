@@ -27,13 +27,21 @@ static const char *operand_name(const ir_op *op, int i) {
 }
 
 /* Expect operand i to have exactly these dims (-1: any) and dtype. */
+/* rc (an error just reported), with a note at t's declaration: the error
+ * points at the use, and the fix is often where the tensor is declared. */
+static int declared(dsl_diag *d, const ir_tensor *t, int rc) {
+  dsl_note(d, t->pos, "'%s' declared here", t->path);
+  return rc;
+}
+
 static int expect(const ir_prog *p, const ir_op *op, int i, uint32_t dtype, int ndim,
                   const int64_t *dims, dsl_diag *d) {
   const ir_tensor *t = operand(p, op, i);
   const char *kind = ir_opkinds[op->kind].name;
   if (t->dtype != dtype)
-    return dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' has dtype %s, expected %s", kind, op->path,
-                     operand_name(op, i), t->path, plan_dtype_name(t->dtype), plan_dtype_name(dtype));
+    return declared(d, t, dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' has dtype %s, expected %s", kind,
+                                    op->path, operand_name(op, i), t->path, plan_dtype_name(t->dtype),
+                                    plan_dtype_name(dtype)));
   int ok = t->ndim == ndim;
   for (int j = 0; ok && j < ndim; j++)
     if (dims[j] >= 0 && t->dim[j] != dims[j]) ok = 0;
@@ -46,8 +54,8 @@ static int expect(const ir_prog *p, const ir_op *op, int i, uint32_t dtype, int 
     else snprintf(want + k, sizeof want - k, "%s_", j ? ", " : "");
   }
   strncat(want, "]", sizeof want - strlen(want) - 1);
-  return dsl_error(d, operand_pos(op, i), "shape mismatch: %s '%s': %s '%s' has shape %s, expected %s",
-                   kind, op->path, operand_name(op, i), t->path, have, want);
+  return declared(d, t, dsl_error(d, operand_pos(op, i), "shape mismatch: %s '%s': %s '%s' has shape %s, expected %s",
+                                  kind, op->path, operand_name(op, i), t->path, have, want));
 }
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__})
@@ -57,8 +65,9 @@ static int expect(const ir_prog *p, const ir_op *op, int i, uint32_t dtype, int 
 static int expect_weight(const ir_prog *p, const ir_op *op, int i, int ndim, const int64_t *dims, dsl_diag *d) {
   const ir_tensor *t = operand(p, op, i);
   if (t->dtype != PLAN_F32 && t->dtype != PLAN_BF16)
-    return dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' has dtype %s, expected f32 or bf16",
-                     ir_opkinds[op->kind].name, op->path, operand_name(op, i), t->path, plan_dtype_name(t->dtype));
+    return declared(d, t, dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' has dtype %s, expected f32 or bf16",
+                                    ir_opkinds[op->kind].name, op->path, operand_name(op, i), t->path,
+                                    plan_dtype_name(t->dtype)));
   return expect(p, op, i, t->dtype, ndim, dims, d);
 }
 
@@ -70,9 +79,9 @@ static int expect_embed_rows(const ir_prog *p, const ir_op *op, int64_t H, dsl_d
   if (x->ndim == 2) return expect(p, op, 2, PLAN_F32, 2, DIMS(p->tokens, H), d);
   char have[128];
   shape_str(x, have, sizeof have);
-  return dsl_error(d, operand_pos(op, 2), "shape mismatch: embed '%s': x '%s' has shape %s, expected [%d, %lld] "
-                   "or [%d, _, %lld] (hyper-connection streams)", op->path, x->path, have, p->tokens,
-                   (long long)H, p->tokens, (long long)H);
+  return declared(d, x, dsl_error(d, operand_pos(op, 2), "shape mismatch: embed '%s': x '%s' has shape %s, "
+                                  "expected [%d, %lld] or [%d, _, %lld] (hyper-connection streams)", op->path,
+                                  x->path, have, p->tokens, (long long)H, p->tokens, (long long)H));
 }
 
 static int64_t dim(const ir_prog *p, const ir_op *op, int i, int j) {

@@ -40,6 +40,10 @@ typedef struct dsl_diag {
 int dsl_error(dsl_diag *d, dsl_pos pos, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int dsl_verror(dsl_diag *d, dsl_pos pos, const char *fmt, va_list ap);
+/* After an error: a note at pos, quoting its line with a caret (where the
+ * thing the error names was declared, say). Returns -1 as dsl_error does;
+ * nothing without an error or a position. */
+int dsl_note(dsl_diag *d, dsl_pos pos, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- model descriptions ---- */
 

@@ -153,6 +153,20 @@ int dsl_error(dsl_diag *d, dsl_pos pos, const char *fmt, ...) {
   return r;
 }
 
+int dsl_note(dsl_diag *d, dsl_pos pos, const char *fmt, ...) {
+  if (!d || !d->failed || !pos.src) return -1;
+  char body[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  size_t used = strlen(d->msg);
+  snprintf(d->msg + used, sizeof d->msg - used, "\n%.400s:%d:%d: note: %s",
+           pos.src->path ? pos.src->path : "<input>", pos.line, pos.col, body);
+  if (pos.line >= 1 && pos.col >= 1 && pos.src->text) quote_line(d->msg, sizeof d->msg, pos.src, pos.line, pos.col);
+  return -1;
+}
+
 static int hexval(const char *p, int digits, unsigned long *out) {
   unsigned long v = 0;
   for (int i = 0; i < digits; i++) {

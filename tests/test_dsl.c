@@ -721,6 +721,14 @@ START_TEST(test_diag_format) {
   /* the first error wins */
   dsl_error(&d, (dsl_pos){&src, 1, 1}, "second");
   ck_assert_str_eq(d.msg, "f.yaml:2:6: error: bad thing\n  \tx: [a, b]\n  \t    ^");
+  /* a note follows the error, quoting its own line; none without an error */
+  dsl_diag dn = {0};
+  ck_assert_int_eq(dsl_note(&dn, (dsl_pos){&src, 1, 1}, "orphan"), -1);
+  ck_assert_str_eq(dn.msg, "");
+  dsl_error(&dn, (dsl_pos){&src, 3, 1}, "used here");
+  ck_assert_int_eq(dsl_note(&dn, (dsl_pos){&src, 1, 3}, "'%s' declared here", "first"), -1);
+  ck_assert_str_eq(dn.msg, "f.yaml:3:1: error: used here\n  last\n  ^\n"
+                           "f.yaml:1:3: note: 'first' declared here\n  first\n    ^");
   /* a column past the end of the (last, unterminated) line */
   dsl_diag d2 = {0};
   dsl_error(&d2, (dsl_pos){&src, 3, 7}, "eof");
