@@ -11,7 +11,8 @@
 #include "plan_diff.h"
 
 static const char usage[] =
-    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target LIST] [--dump-after PASS|all] [--no-cache]\n"
+    "usage: ds4c compile MODEL.yaml SCHEDULE.yaml -o BUNDLE [--target LIST] [--cpu] [--dump-after PASS|all]\n"
+    "                    [--no-cache]\n"
     "       ds4c inspect BUNDLE [--json]\n"
     "       ds4c diff A B\n"
     "       ds4c explain BUNDLE [--json]\n"
@@ -26,11 +27,14 @@ static const char usage[] =
     "  -o BUNDLE          output folder; replaced only when the compile succeeds\n"
     "  --target LIST      code object targets, comma-separated: host, gfx1201, gfx1151,\n"
     "                     gfx1100, gfx942, sm_90 (default: the schedule's devices' archs)\n"
+    "  --cpu              every device of the schedule on the cpu backend (arch host), its\n"
+    "                     streams, owners, threads and hints unchanged: a GPU schedule's\n"
+    "                     plan to replay where there is no GPU\n"
     "  --dump-after PASS  print the IR after PASS (or after every pass: all) to stderr\n"
     "  --no-cache         build every code object, neither reading nor filling the kernel\n"
     "                     cache ($DS4C_CACHE, else $XDG_CACHE_HOME/ds4c, else ~/.cache/ds4c)\n"
     "\n"
-    "passes: expand infer place copies deps order sync memplan verify\n"
+    "passes: expand infer place lower copies deps order sync memplan verify\n"
     "\n"
     "inspect reports what BUNDLE holds, for review: each code object (target,\n"
     "path, bytes, sha256, verified against the plan), each kernel's resources\n"
@@ -174,6 +178,7 @@ static int cmd_compile(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) o.out_dir = argv[++i];
     else if (strcmp(argv[i], "--no-cache") == 0) no_cache = 1;
+    else if (strcmp(argv[i], "--cpu") == 0) o.cpu = 1;
     else if (strcmp(argv[i], "--dump-after") == 0 && i + 1 < argc) o.dump_after = argv[++i];
     else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) o.targets = argv[++i];
     else if (argv[i][0] == '-') {

@@ -166,6 +166,7 @@ typedef struct ir_prog {
   int ids_tensor, next_tensor;
   uint64_t weight_seed;
   int max_ops; /* expand's bound: IR_MAX_OPS, or less (ds4c_options) */
+  int cpu_only; /* place: every device on the cpu backend (ds4c_options.cpu) */
 } ir_prog;
 
 /* ---- op kinds ---- */

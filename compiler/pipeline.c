@@ -63,6 +63,7 @@ static int build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
   ir_mem_hold(drop_schedule, s);
   ir_prog *p = ir_prog_new(m, s);
   if (o->max_ops > 0 && o->max_ops < p->max_ops) p->max_ops = o->max_ops;
+  p->cpu_only = o->cpu;
   for (int i = 0; i < NPASSES; i++) {
     if (passes[i].run(p, d)) {
       ir_mem_unhold(m);

@@ -15,6 +15,7 @@ typedef struct ds4c_options {
   const char *cache_dir;  /* the kernel cache's folder; NULL: build every code object */
   int max_ops;            /* a bound below IR_MAX_OPS on the model's ops (the compile
                            * fuzzer's, for speed); 0: IR_MAX_OPS */
+  int cpu;                /* every device on the cpu backend (ds4c compile --cpu) */
 } ds4c_options;
 
 /* Load, run every pass through verify; *out_prog owns the descriptions.

@@ -58,7 +58,13 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     for (int j = 0; j < i; j++)
       if (strcmp(p->devices[j].name, dv->name) == 0)
         return dsl_error(d, sd->name.pos, "duplicate device '%s'", dv->name);
-    if (strcmp(sd->backend.text, "cpu") == 0) {
+    if (p->cpu_only && strcmp(sd->backend.text, "cpu") != 0) {
+      /* ds4c compile --cpu: the GPU's plan on the host, its memory bound
+       * (a GPU's) dropped */
+      dv->backend = PLAN_BACKEND_CPU;
+      ir_xfree(dv->arch);
+      dv->arch = ir_strdup("host");
+    } else if (strcmp(sd->backend.text, "cpu") == 0) {
       dv->backend = PLAN_BACKEND_CPU;
       if (strcmp(dv->arch, "host") != 0)
         return dsl_error(d, sd->arch.pos, "a cpu device has arch 'host', not '%s'", dv->arch);
@@ -76,6 +82,7 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     if (sd->threads.text && parse_int(&sd->threads, 1, 1024, &v, d)) return -1;
     dv->threads = (int)v;
     if (sd->memory.text && parse_int(&sd->memory, 1, INT64_MAX, &dv->memory, d)) return -1;
+    if (p->cpu_only && strcmp(sd->backend.text, "cpu") != 0) dv->memory = 0;
     if (parse_cost(&sd->bandwidth, 1, &dv->bandwidth, d) || parse_cost(&sd->flops, 1, &dv->flops, d) ||
         parse_cost(&sd->launch, 0, &dv->launch, d))
       return -1;
@@ -378,7 +385,7 @@ static void drop_stats(void *st) { dsl_routing_stats_free(st); }
  * file, in the order of the moe_experts ops. */
 static int hot_expert_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *d) {
   const dsl_hot_experts *h = p->sched->hot_experts;
-  int64_t budget;
+  int64_t budget = 0; /* set by parse_int on success; gcc -O3 cannot see it */
   int hot_stream, cold_stream;
   if (parse_int(&h->budget, 0, INT64_MAX, &budget, d) || (hot_stream = rule_stream(p, &h->device, d)) < 0 ||
       (cold_stream = rule_stream(p, &h->cold, d)) < 0)

@@ -541,6 +541,40 @@ START_TEST(ds4c_reports_layer_launches) {
 }
 END_TEST
 
+/* --cpu: every device of tiny-gpu-cpu (a cuda device and a cpu one) on
+ * the cpu backend, arch host, no memory bound, with the schedule's device
+ * names, streams and owners; the ops, their streams and the order are the
+ * GPU plan's except that the cpu keeps a moe_experts whole (no lower). */
+START_TEST(cpu_retargets_every_device) {
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-gpu-cpu.yaml", .cpu = 1};
+  ir_prog *cpu, *gpu = build("models/tiny-moe.yaml", "schedules/tiny-gpu-cpu.yaml");
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &cpu, &d) == 0, "%s", d.msg);
+  ck_assert_int_eq(cpu->ndevices, gpu->ndevices);
+  ck_assert_int_eq(gpu->devices[0].backend, PLAN_BACKEND_CUDA);
+  for (int i = 0; i < cpu->ndevices; i++) {
+    ck_assert_str_eq(cpu->devices[i].name, gpu->devices[i].name);
+    ck_assert_int_eq(cpu->devices[i].backend, PLAN_BACKEND_CPU);
+    ck_assert_str_eq(cpu->devices[i].arch, "host");
+    ck_assert_int_eq(cpu->devices[i].memory, 0);
+  }
+  ck_assert_int_eq(cpu->nstreams, gpu->nstreams);
+  for (int i = 0; i < cpu->nstreams; i++) ck_assert_str_eq(cpu->streams[i].name, gpu->streams[i].name);
+  int lowered = 0;
+  for (int i = 0; i < gpu->nops; i++) lowered += gpu->ops[i].kind == IR_OP_MOE_UP;
+  ck_assert_int_gt(lowered, 0);
+  ck_assert_int_eq(cpu->nops, gpu->nops - lowered);
+  for (int i = 0; i < cpu->nops; i++) {
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_UP);
+    for (int j = 0; j < gpu->nops; j++)
+      if (strcmp(cpu->ops[i].path, gpu->ops[j].path) == 0)
+        ck_assert_str_eq(cpu->streams[cpu->ops[i].stream].name, gpu->streams[gpu->ops[j].stream].name);
+  }
+  ds4c_prog_free(cpu);
+  ds4c_prog_free(gpu);
+}
+END_TEST
+
 /* ds4c compile of DIR/big.yaml under a one-H200 schedule written to
  * DIR/h200.sched.yaml with MEMORY appended to its device; asserts the exit
  * status and returns what it wrote to stderr. */
@@ -619,6 +653,7 @@ int main(void) {
   tcase_add_test(tc, ds4c_finds_its_cache);
   tcase_add_test(tc, ds4c_reports_layer_launches);
   tcase_add_test(tc, ds4c_warns_idle_device_and_oversized_arena);
+  tcase_add_test(tc, cpu_retargets_every_device);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
