@@ -119,6 +119,13 @@ static int is_uint(const char *s) {
 
 static int is_int(const char *s) { return is_uint(*s == '-' ? s + 1 : s); }
 
+static int is_uint_n(const char *s, size_t n) {
+  if (!n) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < '0' || s[i] > '9') return 0;
+  return 1;
+}
+
 static void push_tok(pd_plan *pl, size_t off) {
   if (pl->ntoks == pl->captoks) {
     pl->captoks = pl->captoks ? 2 * pl->captoks : 1024;
@@ -618,6 +625,137 @@ static int load(pd_plan *pl, const char *path) {
   return parse_text(pl) || index_plan(pl) ? -1 : 0;
 }
 
+/* ---- devices matched across a rename ---- */
+
+/* A device of B that no device of A is named as, with the backend, arch
+ * and ordinal of a device of A that B does not name: the same device
+ * under another name. */
+typedef struct pd_rename {
+  char *from, *to; /* B's name, A's name */
+} pd_rename;
+
+#define PD_MAX_RENAMES 16
+
+static int same_device(const pd_plan *a, int la, const pd_plan *b, int lb) {
+  static const char *const keys[] = {"backend", "arch", "ordinal"};
+  for (int k = 0; k < 3; k++) {
+    const char *x = pair(a, la, 1, keys[k]), *y = pair(b, lb, 1, keys[k]);
+    if (!x || !y || strcmp(x, y)) return 0;
+  }
+  return 1;
+}
+
+static int match_devices(const pd_plan *a, const pd_plan *b, pd_rename *out) {
+  int n = 0;
+  for (int i = 0; i < b->devices.n && n < PD_MAX_RENAMES; i++) {
+    int lb = b->devices.v[i];
+    if (find(a, &a->devices, tok(b, lb, 0)) >= 0) continue;
+    for (int j = 0; j < a->devices.n; j++) {
+      int la = a->devices.v[j], taken = 0;
+      if (find(b, &b->devices, tok(a, la, 0)) >= 0 || !same_device(a, la, b, lb)) continue;
+      for (int k = 0; k < n; k++) taken |= strcmp(out[k].to, tok(a, la, 0)) == 0;
+      if (taken) continue;
+      out[n].from = strdup(tok(b, lb, 0));
+      out[n].to = strdup(tok(a, la, 0));
+      if (!out[n].from || !out[n].to) abort();
+      n++;
+      break;
+    }
+  }
+  return n;
+}
+
+/* The rename of the device word w (len bytes) of B's text stands for: the
+ * first word of a [devices] line, or the device part of a stream
+ * (DEVICE.STREAM, one of B's [streams], also as "[stream DEVICE.STREAM]")
+ * or of a placement (DEVICE+OFFSET); NULL for any other word. */
+static const pd_rename *renamed(const pd_plan *b, const char *w, size_t len, int device_line, const pd_rename *rn,
+                                int n) {
+  for (int i = 0; i < n; i++) {
+    size_t l = strlen(rn[i].from);
+    if (len < l || memcmp(w, rn[i].from, l) != 0) continue;
+    if (len == l && device_line) return &rn[i];
+    if (len > l + 1 && w[l] == '+' && is_uint_n(w + l + 1, len - l - 1)) return &rn[i];
+    if (len > l + 1 && w[l] == '.') {
+      size_t sl = w[len - 1] == ']' ? len - 1 : len;
+      char name[512];
+      if (sl >= sizeof name) continue;
+      memcpy(name, w, sl);
+      name[sl] = 0;
+      if (find(b, &b->streams, name) >= 0) return &rn[i];
+    }
+  }
+  return NULL;
+}
+
+static int name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
+/* Word w of B's text under the renames, to f: a device word renamed, and
+ * in any other word each "@DEVICE" (a tensor's or a copy's copy on that
+ * device) that ends where the name does. */
+static void write_word(FILE *f, const pd_plan *b, const char *w, size_t len, int device_line, const pd_rename *rn,
+                       int n) {
+  const pd_rename *r = renamed(b, w, len, device_line, rn, n);
+  if (r) {
+    fprintf(f, "%s%.*s", r->to, (int)(len - strlen(r->from)), w + strlen(r->from));
+    return;
+  }
+  for (size_t i = 0; i < len; i++) {
+    int done = 0;
+    for (int k = 0; k < n && w[i] == '@' && !done; k++) {
+      size_t l = strlen(rn[k].from);
+      if (i + 1 + l <= len && memcmp(w + i + 1, rn[k].from, l) == 0 && (i + 1 + l == len || !name_char(w[i + 1 + l]))) {
+        fprintf(f, "@%s", rn[k].to);
+        i += l;
+        done = 1;
+      }
+    }
+    if (!done) fputc(w[i], f);
+  }
+}
+
+/* B's text with its devices renamed to A's names, parsed again. */
+static int apply_renames(pd_plan *b, const pd_rename *rn, int n) {
+  char *out = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&out, &len);
+  if (!f) abort();
+  int devices = 0;
+  for (size_t c = 0; c < b->len;) {
+    size_t e = c;
+    while (e < b->len && b->text[e] != '\n' && b->text[e]) e++; /* parsing ends lines with NUL */
+    const char *line = b->text + c;
+    if (line[0] == '[') devices = e - c == 9 && memcmp(line, "[devices]", 9) == 0;
+    for (size_t w = c; w < e;) {
+      if (b->text[w] == ' ') {
+        fputc(' ', f);
+        w++;
+        continue;
+      }
+      size_t we = w;
+      while (we < e && b->text[we] != ' ') we++;
+      write_word(f, b, b->text + w, we - w, devices && w == c, rn, n);
+      w = we;
+    }
+    if (e < b->len) fputc('\n', f);
+    c = e + 1;
+  }
+  if (fclose(f)) abort();
+  const char *name = b->name;
+  int rendered = b->rendered;
+  plan_free_parsed(b);
+  memset(b, 0, sizeof *b);
+  b->name = name;
+  b->rendered = rendered;
+  b->text = out;
+  b->len = len;
+  b->toks = xrealloc(NULL, len + 1);
+  memcpy(b->toks, out, len + 1);
+  return parse_text(b) || index_plan(b) ? -1 : 0;
+}
+
 /* ---- the report ---- */
 
 enum { CAT_KERNELS, CAT_EDGES, CAT_COPIES, CAT_PLACEMENT, CAT_MEMORY, CAT_PARAMS, CAT_OTHER, CAT_ORDER, CAT_EVENTS,
@@ -866,6 +1004,7 @@ static void diff_ops(pd_report *r, const pd_plan *a, const pd_plan *b) {
 /* in[j] = 1 for the members of a longest increasing subsequence of the
  * distinct values p[0..n): the ops that kept their relative order. */
 static int increasing_run(const int *p, int n, char *in) {
+  if (n <= 0) return 0; /* and gcc -O1 then knows memset's size below is not negative */
   int *tail = xrealloc(NULL, (size_t)n * sizeof *tail), *prev = xrealloc(NULL, (size_t)n * sizeof *prev), len = 0;
   for (int j = 0; j < n; j++) {
     int lo = 0, hi = len;
@@ -1060,9 +1199,13 @@ static void print_side(FILE *out, const char *label, const pd_plan *p) {
   fprintf(out, "%s: %s (plan %s, model %s, schedule %s)\n", label, p->name, p->version, p->model, p->schedule);
 }
 
-static int print_report(FILE *out, const pd_plan *a, const pd_plan *b, pd_report *r) {
+static int print_report(FILE *out, const pd_plan *a, const pd_plan *b, pd_report *r, const pd_rename *rn,
+                        int nrn) {
   print_side(out, "A", a);
   print_side(out, "B", b);
+  for (int i = 0; i < nrn; i++)
+    fprintf(out, "note: device %s -> %s (the same backend, arch and ordinal; compared as one device)\n", rn[i].to,
+            rn[i].from);
   /* names and the text's version say nothing about what the plan does */
   if (strcmp(a->version, b->version))
     fprintf(out, "note: plan text version %s -> %s (a format change, not a change of the plan)\n", a->version,
@@ -1100,14 +1243,23 @@ int plan_diff(const char *a_path, const char *b_path, FILE *out, FILE *err) {
   if (load(&a, a_path)) fprintf(err, "%s\n", a.err);
   else if (load(&b, b_path)) fprintf(err, "%s\n", b.err);
   else {
-    pd_report r = {0};
-    diff_plans(&r, &a, &b);
-    rc = print_report(out, &a, &b, &r);
-    for (int i = 0; i < r.n; i++) {
-      free(r.v[i].key);
-      free(r.v[i].text);
+    pd_rename rn[PD_MAX_RENAMES];
+    int nrn = match_devices(&a, &b, rn);
+    if (nrn && apply_renames(&b, rn, nrn)) fprintf(err, "%s\n", b.err);
+    else {
+      pd_report r = {0};
+      diff_plans(&r, &a, &b);
+      rc = print_report(out, &a, &b, &r, rn, nrn);
+      for (int i = 0; i < r.n; i++) {
+        free(r.v[i].key);
+        free(r.v[i].text);
+      }
+      free(r.v);
     }
-    free(r.v);
+    for (int i = 0; i < nrn; i++) {
+      free(rn[i].from);
+      free(rn[i].to);
+    }
   }
   plan_free_parsed(&a);
   plan_free_parsed(&b);

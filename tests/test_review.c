@@ -221,8 +221,13 @@ START_TEST(owner_change_lists_copies_and_edges) {
   assert_has(&r, "\n  - launch layers.0.ffn.experts ds4k_moe_experts_");
   assert_has(&r, "\n  + launch layers.0.ffn.experts[6:8] ds4k_moe_experts_");
   assert_has(&r, "\n  + stream cold.copy\n");
-  assert_has(&r, "\n  - stream cpu0.main\n");
-  assert_has(&r, "\n  ~ op layers.0.ffn.gate: stream cpu0.main -> hot.main\n");
+  /* tiny-1dev's cpu0 and tiny-hotcold's hot are both the cpu's ordinal 0:
+   * one device under two names, so its streams and ops stay where they
+   * were, and only its thread count changed */
+  assert_has(&r, "\nnote: device cpu0 -> hot (the same backend, arch and ordinal; compared as one device)\n");
+  assert_has(&r, "\n  ~ device cpu0: threads 2 -> 1\n");
+  assert_lacks(&r, "stream cpu0.main");
+  assert_lacks(&r, "hot.main");
   ck_assert_msg(strncmp(last_line(r.out), "changed: ", 9) == 0, "%s", last_line(r.out));
   ck_assert_ptr_nonnull(strstr(last_line(r.out), " 6 copies, "));
   result_free(&r);
@@ -267,6 +272,27 @@ END_TEST
 
 /* Edits of a text: a wait moved is an event (order only); an arena
  * grown is memory, with its delta. */
+/* A device renamed in the schedule (tiny-hotcold's cold device as 'apu':
+ * its streams, owners and placements follow) is matched by backend, arch
+ * and ordinal: one note, and the plans are identical. */
+START_TEST(renamed_device_is_one_note) {
+  make_tmpdir();
+  const char *a = compile("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", "a");
+  char *text = tu_slurp("schedules/tiny-hotcold.yaml", NULL);
+  char *renamed = tu_replace_all(text, "cold", "apu");
+  tu_write_text(tmp_path("apu.yaml"), renamed);
+  const char *b = compile("models/tiny-moe.yaml", tmp_path("apu.yaml"), "b");
+  diff_result r = diff(a, b);
+  ck_assert_msg(r.rc == PLAN_DIFF_IDENTICAL, "exit %d:\n%s%s", r.rc, r.out, r.err);
+  assert_has(&r, "\nnote: device cold -> apu (the same backend, arch and ordinal; compared as one device)\n");
+  ck_assert_str_eq(last_line(r.out), "identical");
+  result_free(&r);
+  free(text);
+  free(renamed);
+  tu_tmpdir_remove(tmpdir);
+}
+END_TEST
+
 START_TEST(edited_text_events_and_memory) {
   make_tmpdir();
   const char *a = compile("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", "a");
@@ -466,6 +492,7 @@ int main(void) {
   tcase_add_test(tc, mini_decode_early_is_order_only);
   tcase_add_test(tc, owner_change_lists_copies_and_edges);
   tcase_add_test(tc, param_change_lists_kernels);
+  tcase_add_test(tc, renamed_device_is_one_note);
   tcase_add_test(tc, edited_text_events_and_memory);
   tcase_add_test(tc, damaged_inputs_name_file_and_line);
   tcase_add_test(tc, committed_texts_through_the_cli);
