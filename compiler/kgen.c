@@ -22,8 +22,8 @@
 
 /* Columns from which a matmul or group_matmul block takes two tiles,
  * ROWS = 2 columns a GPU warp with both weight rows in flight together
- * (ds4_lane_dot_rows): the GEMVs of 1024 tiles and more, whose blocks are
- * short-lived (q_b, the indexer's q, o_a, the LM head). On an H200, a
+ * (ds4_lane_dot_rows): the GEMVs of 1024 tiles of 8 and more, whose blocks
+ * are short-lived (q_b, the indexer's q, o_a, the LM head). On an H200, a
  * harness on the plan's shapes: q_b 18.4 us against 23.8, o_a 20.9
  * against 23.2, the LM head 244 against 263 (bench/NOTES.md, v12); fewer
  * columns (q_a, o_b, the shared expert) ran as fast or faster with one. */

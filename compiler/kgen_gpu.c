@@ -21,7 +21,6 @@
  * so that every chunk of a w2 row starts 16-byte aligned). */
 #define KGEN_GPU_FFN_CHUNK 2048
 
-
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
  * template takes from <SLOT>_T: float, or the prelude's ds4_bf16 where
@@ -74,8 +73,8 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   /* moe_experts lowered (lower.c): as matmul, 8 warps a block, the tiles
    * spread over the whole GPU, x or the activation row staged in shared
    * memory (X_SHARED), two blocks a multiprocessor: moe_up's gate and up
-   * rows in flight a warp take 88 registers a thread on sm_90, moe_down's
-   * four rows 112, no spills. */
+   * rows in flight a warp take 106 registers a thread on sm_90 for the
+   * slice, moe_down's four rows 128, no spills. */
   [IR_OP_MOE_UP] = {256, 32, 1u << 2 | 1u << 3, 2},
   [IR_OP_MOE_DOWN] = {256, 32, 1u << 2, 2},
   /* hc_pre and hc_head lowered (lower.c): a block per sum, then a block

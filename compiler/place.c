@@ -58,9 +58,10 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     for (int j = 0; j < i; j++)
       if (strcmp(p->devices[j].name, dv->name) == 0)
         return dsl_error(d, sd->name.pos, "duplicate device '%s'", dv->name);
-    if (p->cpu_only && strcmp(sd->backend.text, "cpu") != 0) {
-      /* ds4c compile --cpu: the GPU's plan on the host, its memory bound
-       * (a GPU's) dropped */
+    /* ds4c compile --cpu: the GPU's plan on the host, its memory bound (a
+     * GPU's) dropped below */
+    int to_cpu = p->cpu_only && strcmp(sd->backend.text, "cpu") != 0;
+    if (to_cpu) {
       dv->backend = PLAN_BACKEND_CPU;
       ir_xfree(dv->arch);
       dv->arch = ir_strdup("host");
@@ -82,7 +83,7 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     if (sd->threads.text && parse_int(&sd->threads, 1, 1024, &v, d)) return -1;
     dv->threads = (int)v;
     if (sd->memory.text && parse_int(&sd->memory, 1, INT64_MAX, &dv->memory, d)) return -1;
-    if (p->cpu_only && strcmp(sd->backend.text, "cpu") != 0) dv->memory = 0;
+    if (to_cpu) dv->memory = 0;
     if (parse_cost(&sd->bandwidth, 1, &dv->bandwidth, d) || parse_cost(&sd->flops, 1, &dv->flops, d) ||
         parse_cost(&sd->launch, 0, &dv->launch, d))
       return -1;

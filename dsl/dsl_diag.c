@@ -130,6 +130,15 @@ static void quote_line(char *buf, size_t cap, const dsl_source *src, int line, i
   o[t] = 0;
 }
 
+/* Appends "FILE:LINE:COL: LABEL: BODY" and the quoted line with its caret
+ * to d->msg (pos.src set). */
+static void append_at(dsl_diag *d, dsl_pos pos, const char *label, const char *body) {
+  size_t used = strlen(d->msg);
+  snprintf(d->msg + used, sizeof d->msg - used, "%.400s:%d:%d: %s: %s",
+           pos.src->path ? pos.src->path : "<input>", pos.line, pos.col, label, body);
+  if (pos.line >= 1 && pos.col >= 1 && pos.src->text) quote_line(d->msg, sizeof d->msg, pos.src, pos.line, pos.col);
+}
+
 int dsl_verror(dsl_diag *d, dsl_pos pos, const char *fmt, va_list ap) {
   if (!d || d->failed) return -1;
   d->failed = 1;
@@ -139,9 +148,8 @@ int dsl_verror(dsl_diag *d, dsl_pos pos, const char *fmt, va_list ap) {
     snprintf(d->msg, sizeof d->msg, "error: %s", body);
     return -1;
   }
-  snprintf(d->msg, sizeof d->msg, "%.400s:%d:%d: error: %s",
-           pos.src->path ? pos.src->path : "<input>", pos.line, pos.col, body);
-  if (pos.line >= 1 && pos.col >= 1 && pos.src->text) quote_line(d->msg, sizeof d->msg, pos.src, pos.line, pos.col);
+  d->msg[0] = 0;
+  append_at(d, pos, "error", body);
   return -1;
 }
 
@@ -161,9 +169,8 @@ int dsl_note(dsl_diag *d, dsl_pos pos, const char *fmt, ...) {
   vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
   size_t used = strlen(d->msg);
-  snprintf(d->msg + used, sizeof d->msg - used, "\n%.400s:%d:%d: note: %s",
-           pos.src->path ? pos.src->path : "<input>", pos.line, pos.col, body);
-  if (pos.line >= 1 && pos.col >= 1 && pos.src->text) quote_line(d->msg, sizeof d->msg, pos.src, pos.line, pos.col);
+  snprintf(d->msg + used, sizeof d->msg - used, "\n");
+  append_at(d, pos, "note", body);
   return -1;
 }
 

@@ -3820,7 +3820,8 @@ static void mp_all_kinds(mprog *m)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
     mp_take(m, &k);
   }
-  /* x staged in shared memory (1024 tiles and up: kgen_gpu) */
+  /* two columns a warp with x staged in shared memory (kgen.c: 8192
+   * columns and up; a group's columns whole tiles of 16) */
   kt_init(&k, IR_OP_MATMUL);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
   kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8200, (int64_t)64);
@@ -3829,8 +3830,8 @@ static void mp_all_kinds(mprog *m)
   kt_init(&k, IR_OP_GROUP_MATMUL);
   k.op.iattr[0] = 2;
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)128);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8208, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8208);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8224, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8224);
   mp_take(m, &k);
   /* moe_experts lowered for a GPU (lower.c): moe_up, and moe_down with its
    * activation row staged */
