@@ -214,7 +214,9 @@ static rt_status kit_launch(kit *k, uint32_t c, uint64_t experts, void *wcopy, l
 
 static rt_status launch_run(kit *k, const launch *l) {
   const void *args[2] = {l->bufs, k->step};
-  return k->g->api->launch(k->g->drv, k->g->s, l->f, l->grid, l->block, 0, args, 2);
+  /* As the runtime launches the plan's kernels. */
+  int overlap = (k->p->info.flags & PLAN_FLAG_GRID_WAIT) != 0;
+  return k->g->api->launch(k->g->drv, k->g->s, l->f, l->grid, l->block, 0, args, 2, overlap);
 }
 
 /* ---- timing ---- */

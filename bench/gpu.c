@@ -89,6 +89,7 @@ typedef struct gemv_kernel {
   uint32_t grid, block;
   uint64_t k, n;    /* x [1,k] f32, w [n,k] bf16, y [1,n] f32 */
   uint64_t wbytes;
+  int overlap;      /* launched as the runtime would: the plan's PLAN_FLAG_GRID_WAIT */
 } gemv_kernel;
 
 /* Device state: x -> up -> u -> down -> y, each over R weight sets. */
@@ -121,6 +122,7 @@ static rt_status gemv_kernels_find(const plan *p, gemv_kernel *out) {
     k->symbol = symbol;
     k->grid = p->kernels[cmd->a].grid;
     k->block = p->kernels[cmd->a].block;
+    k->overlap = (p->info.flags & PLAN_FLAG_GRID_WAIT) != 0;
     k->n = w->dim[0];
     k->k = w->dim[1];
     k->wbytes = a[1].bytes;
@@ -213,7 +215,7 @@ static rt_status gemv_launch(gemv_bench *b, int which, uint32_t set) {
   const gemv_kernel *k = &b->kern[which];
   void *bufs = (char *)b->ptrs + ((size_t)set * 2 + which) * 3 * sizeof(void *);
   const void *args[2] = {bufs, b->step};
-  return b->g->api->launch(b->g->drv, b->g->s, k->f, k->grid, k->block, 0, args, 2);
+  return b->g->api->launch(b->g->drv, b->g->s, k->f, k->grid, k->block, 0, args, 2, k->overlap);
 }
 
 /* Event-timed median per GEMV of batches of GEMV_PER_BATCH back-to-back
@@ -421,6 +423,9 @@ typedef struct tiny {
   size_t cubin_len;
 } tiny;
 
+/* The plain loop launches as replay does (the plan's PLAN_FLAG_GRID_WAIT). */
+static int tiny_overlap(const tiny *ty) { return (ty->p.info.flags & PLAN_FLAG_GRID_WAIT) != 0; }
+
 static rt_status tiny_find(const char *root, tiny *out) {
   memset(out, 0, sizeof *out);
   char path[4096];
@@ -561,7 +566,7 @@ static rt_status plain_setup(gpu *g, const tiny *ty, plain *pl) {
 static rt_status plain_run(gpu *g, const tiny *ty, const plain *pl, double *out_ns) {
   const void *args[2] = {pl->ptrs, pl->step};
   double t0 = now_ns();
-  for (int i = 0; i < LAUNCHES; i++) RT_TRY(g->api->launch(g->drv, g->s, pl->f, ty->k->grid, ty->k->block, 0, args, 2));
+  for (int i = 0; i < LAUNCHES; i++) RT_TRY(g->api->launch(g->drv, g->s, pl->f, ty->k->grid, ty->k->block, 0, args, 2, tiny_overlap(ty)));
   RT_TRY(g->api->stream_sync(g->drv, g->s));
   *out_ns = now_ns() - t0;
   return NULL;
@@ -588,7 +593,7 @@ static rt_status launch_floor(gpu *g, const tiny *ty, const plain *pl, double *o
     s = g->api->memset_async(g->drv, g->s, blocker, batch & 0xff, GEMV_BLOCKER_BYTES);
     if (!s) s = g->api->event_record(g->drv, g->e0, g->s);
     for (int i = 0; i < GEMV_PER_BATCH && !s; i++)
-      s = g->api->launch(g->drv, g->s, pl->f, ty->k->grid, ty->k->block, 0, args, 2);
+      s = g->api->launch(g->drv, g->s, pl->f, ty->k->grid, ty->k->block, 0, args, 2, tiny_overlap(ty));
     if (!s) s = g->api->event_record(g->drv, g->e1, g->s);
     double ms = 0;
     if (!s) s = gpu_elapsed(g, &ms);

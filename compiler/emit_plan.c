@@ -102,6 +102,8 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   in->ids_tensor = (uint32_t)p->ids_tensor;
   in->next_tensor = (uint32_t)p->next_tensor;
   in->nevents = (uint32_t)p->nevents;
+  /* Every GPU kernel template calls ds4_grid_wait first (kernels/gpu). */
+  in->flags = PLAN_FLAG_GRID_WAIT;
   in->weight_seed = p->weight_seed;
 
   /* Integer params only: a float param's value is in the attrs it sets. */

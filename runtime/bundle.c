@@ -792,6 +792,7 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
         .sync = &b->sync,
         .fail_launch = f ? f->fail_launch : 0,
         .watchdog_ms = opts ? opts->watchdog_ms : 0,
+        .overlap_launches = (p->info.flags & PLAN_FLAG_GRID_WAIT) != 0,
     };
     if (o.threads == 0) o.threads = 1;
     RT_TRY(rt_fault_device_open(v->be, f, &o, &v->be, &v->dev));

@@ -52,7 +52,7 @@ static const field_desc info_fields[] = {
     FD(plan_info, tokens, F_U32),      FD(plan_info, max_seq, F_U32),
     FD(plan_info, prefill, F_U32),     FD(plan_info, decode, F_U32),
     FD(plan_info, ids_tensor, F_U32),  FD(plan_info, next_tensor, F_U32),
-    FD(plan_info, nevents, F_U32),     FD(plan_info, reserved, F_RSV32),
+    FD(plan_info, nevents, F_U32),     FD(plan_info, flags, F_U32),
     FD(plan_info, weight_seed, F_U64),
 };
 static const field_desc param_fields[] = {
@@ -581,6 +581,9 @@ static rt_status plan_check(const char *name, const plan *p) {
   const plan_info *in = &p->info;
   RT_TRY(check_str(name, p, "info", "model", in->model, false));
   RT_TRY(check_str(name, p, "info", "schedule", in->schedule, false));
+  if (in->flags & ~PLAN_FLAGS_KNOWN)
+    return rt_status_make("%s: info: unknown flags 0x%" PRIx32 " (this runtime knows 0x%x)", name,
+                          in->flags & ~PLAN_FLAGS_KNOWN, PLAN_FLAGS_KNOWN);
 
   for (uint32_t i = 0; i < p->nparams; i++) {
     snprintf(where, sizeof where, "param %" PRIu32, i);
@@ -833,6 +836,10 @@ static rt_status decode_into(const char *name, const uint8_t *bytes, size_t len,
     uint32_t n = counts[id];
     if (id == PLAN_SEC_INFO) {
       decode_record(sd, found[id], (uint8_t *)&p->info);
+      /* A flag says what a backend may do; one a newer minor added is a
+       * permission this reader does not use. In our own minor it is damage
+       * (plan_check). */
+      if (newer_minor) p->info.flags &= PLAN_FLAGS_KNOWN;
       continue;
     }
     if (n == 0) continue;

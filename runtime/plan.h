@@ -17,7 +17,7 @@
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
 #define PLAN_VERSION_MAJOR 3
-#define PLAN_VERSION_MINOR 1
+#define PLAN_VERSION_MINOR 2
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
 /* The largest plan file: plan_encode refuses to make a bigger one and
@@ -69,9 +69,16 @@ typedef struct plan_info {
   uint32_t ids_tensor;     /* the i32 [tokens] input */
   uint32_t next_tensor;    /* the i32 [tokens] output (greedy next token) */
   uint32_t nevents;
-  uint32_t reserved;
+  uint32_t flags;          /* PLAN_FLAG_*; since 3.2 (a 3.0 or 3.1 file holds 0 here) */
   uint64_t weight_seed;    /* seed of the weight generator */
 } plan_info;
+
+/* Every GPU kernel of the plan starts by waiting for the grids before it
+ * on its stream (ds4_grid_wait), so a backend may let a launch begin
+ * before the one before it ends (CUDA's programmatic stream
+ * serialization): its blocks are scheduled while the earlier grid drains. */
+#define PLAN_FLAG_GRID_WAIT 1u
+#define PLAN_FLAGS_KNOWN PLAN_FLAG_GRID_WAIT
 
 typedef struct plan_param {
   uint32_t name; /* string */

@@ -2995,6 +2995,7 @@ static const char g_emu_head[] =
     "DS4_EMU_FN unsigned ds4_grid(void) { return ds4_emu.grid(); }\n"
     "DS4_EMU_FN int ds4_thread(void) { return ds4_emu.thread(); }\n"
     "DS4_EMU_FN void ds4_barrier(void) { ds4_emu.barrier(); }\n"
+    "DS4_EMU_FN void ds4_grid_wait(void) {}\n"
     "DS4_EMU_FN float ds4_lane_down(float v, int s) { return ds4_emu.lane_down(v, s); }\n";
 
 typedef struct emu_hooks {
@@ -4011,6 +4012,20 @@ START_TEST(test_gpu_templates)
     ck_assert_ptr_nonnull(strstr(t, "DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)"));
   }
   ck_assert_ptr_null(ds4_template_find("gpu", "copy"));
+  /* Every GPU kernel, the lowered kinds too, waits for the grids before it
+   * first of all: a plan says so (PLAN_FLAG_GRID_WAIT) and the cuda
+   * backend then lets its launches overlap their predecessors. */
+  int kernels = 0;
+  for (int i = 0; i < ds4_ntemplates; i++) {
+    const ds4_template *t = &ds4_templates[i];
+    if (strcmp(t->target, "gpu") != 0 || strcmp(t->kind, "prelude") == 0)
+      continue;
+    ck_assert_msg(strstr(t->text, "DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)\n{\n"
+                                  "  ds4_grid_wait();\n") != NULL,
+                  "gpu template %s: the kernel does not begin with ds4_grid_wait()", t->kind);
+    kernels++;
+  }
+  ck_assert_int_ge(kernels, NKINDS);
 }
 END_TEST
 

@@ -172,6 +172,7 @@ static void fixture_build(fixture *f) {
   p->info.ids_tensor = 0;
   p->info.next_tensor = 4;
   p->info.nevents = 2;
+  p->info.flags = PLAN_FLAG_GRID_WAIT;
   p->info.weight_seed = 0x123456789abcdef0ull;
 
   f->params[0] = (plan_param){.name = str_add(s, "hidden"), .value = 8};
@@ -281,7 +282,7 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   {
     const plan_info *a = &x->info, *b = &y->info;
     EQ(model); EQ(schedule); EQ(tokens); EQ(max_seq); EQ(prefill); EQ(decode);
-    EQ(ids_tensor); EQ(next_tensor); EQ(nevents); EQ(weight_seed);
+    EQ(ids_tensor); EQ(next_tensor); EQ(nevents); EQ(flags); EQ(weight_seed);
   }
   ck_assert_uint_eq(x->nparams, y->nparams);
   for (uint32_t i = 0; i < x->nparams; i++) {
@@ -504,8 +505,8 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
-  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.1 */
-  ck_assert_uint_eq(rd32(b + 8) >> 16, 1);
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.2 */
+  ck_assert_uint_eq(rd32(b + 8) >> 16, 2);
   memcpy(m, b, len);
   m[8] = 2; /* a 2.x plan: kernels named a code object, with no block */
   m[10] = 0;
@@ -519,13 +520,16 @@ START_TEST(bad_header) {
   reseal(m, len);
   expect_fail(m, len, "plan format version 4.4, this ds4run reads 3.x");
 
-  /* A newer minor version is accepted. */
+  /* A newer minor version is accepted; a flag it added is a permission
+   * this reader drops, while the flags it knows stay. */
   memcpy(m, b, len);
   m[10] = 7;
+  wr32(m + sec_at(m, PLAN_SEC_INFO) + 36, 0x80000000u | PLAN_FLAG_GRID_WAIT);
   reseal(m, len);
   plan d;
   rt_status st = plan_decode("plan.ds4p", m, len, &d);
   ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  ck_assert_uint_eq(d.info.flags, PLAN_FLAG_GRID_WAIT);
   plan_free(&d);
 
   /* One flipped payload byte breaks the checksum. */
@@ -760,6 +764,7 @@ START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 9, "info: ids_tensor index 9 out of range");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 1, "info: ids_tensor 1 has dtype f32, not i32");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 28, 2, "info: next_tensor 2 has dtype f32, not i32");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 36, 6, "plan.ds4p: info: unknown flags 0x6 (this runtime knows 0x1)");
 
   /* A shape whose byte count overflows 64 bits. */
   size_t len;

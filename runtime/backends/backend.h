@@ -73,6 +73,11 @@ typedef struct rt_device_options {
    * stream by polling it, and give up on one still busy this long after
    * its step was poisoned (a kernel that never returns). */
   uint32_t watchdog_ms;
+  /* The plan's PLAN_FLAG_GRID_WAIT: every kernel waits for the grids
+   * before it, so a GPU backend may start a launch before the one before
+   * it on the stream ends (on CUDA, programmatic stream serialization).
+   * The cpu backend runs a launch's blocks after the one before either way. */
+  int overlap_launches;
 } rt_device_options;
 
 /* What a stream is doing, for the watchdog's report (stream_state): a

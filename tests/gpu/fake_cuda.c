@@ -24,7 +24,8 @@
  * every node leads to the origin's frontier. A launched graph runs its
  * nodes in capture order (a topological one) on the stream.
  * fake_cuda_last_graph tells a test what the last graph instantiated
- * held.
+ * held; fake_cuda_launch_counts how many launches allowed programmatic
+ * stream serialization (cuLaunchKernelEx).
  *
  * DS4_FAKE_CUDA_DEVICES: the number of devices (default 1; 0 makes cuInit
  * fail with CUDA_ERROR_NO_DEVICE). DS4_FAKE_CUDA_MEMORY: each device's
@@ -811,10 +812,19 @@ CUresult cuModuleGetFunction(CUfunction *out_function, CUmodule m, const char *n
   return CUDA_ERROR_NOT_FOUND;
 }
 
+/* Launches so far, and of them those that allowed programmatic stream
+ * serialization (fake_cuda_launch_counts). A stream here runs each op
+ * after the one before it has ended, which is what a kernel that waits
+ * for its predecessor observes either way. */
+static uint64_t fake_launches, fake_overlapped;
+
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                         CUstream s, void **params, void **extra) {
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  fake_launches++;
+  pthread_mutex_unlock(&fake_mu);
   if (!gx || !bx || gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || shared || extra ||
       !params)
     return CUDA_ERROR_INVALID_VALUE;
@@ -827,6 +837,40 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
   op->bufs = *(void *const *const *)params[0];
   op->step = *(const int32_t *const *)params[1];
   return enqueue(s, op);
+}
+
+/* cuda.h's CUlaunchConfig and CUlaunchAttribute; of the attributes, only
+ * programmatic stream serialization (id 6), the one the backend sets. */
+typedef struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int allowed;
+  } value;
+} CUlaunchAttribute;
+
+typedef struct CUlaunchConfig {
+  unsigned int gx, gy, gz, bx, by, bz, shared;
+  CUstream s;
+  CUlaunchAttribute *attrs;
+  unsigned int nattrs;
+} CUlaunchConfig;
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+  if (!c || (c->nattrs && !c->attrs)) return CUDA_ERROR_INVALID_VALUE;
+  int overlapped = 0;
+  for (unsigned int i = 0; i < c->nattrs; i++) {
+    if (c->attrs[i].id != 6) return CUDA_ERROR_INVALID_VALUE;
+    overlapped = c->attrs[i].value.allowed != 0;
+  }
+  CUresult r = cuLaunchKernel(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->shared, c->s, params, extra);
+  if (!r && overlapped) {
+    pthread_mutex_lock(&fake_mu);
+    fake_overlapped++;
+    pthread_mutex_unlock(&fake_mu);
+  }
+  return r;
 }
 
 CUresult cuMemHostRegister_v2(void *ptr, size_t bytes, unsigned int flags) {
@@ -999,6 +1043,16 @@ int fake_cuda_last_graph(int (*edges)[2], int cap, int *out_nedges) {
     edges[i][0] = fake_last_edges[i][0];
     edges[i][1] = fake_last_edges[i][1];
   }
+  pthread_mutex_unlock(&fake_mu);
+  return n;
+}
+
+/* Test hook: the launches so far, and into *out_overlapped those that
+ * allowed programmatic stream serialization. */
+uint64_t fake_cuda_launch_counts(uint64_t *out_overlapped) {
+  pthread_mutex_lock(&fake_mu);
+  uint64_t n = fake_launches;
+  *out_overlapped = fake_overlapped;
   pthread_mutex_unlock(&fake_mu);
   return n;
 }

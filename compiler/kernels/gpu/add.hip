@@ -6,6 +6,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   const float *a = (const float *)bufs[0];
   const float *b = (const float *)bufs[1];
   float *c = (float *)bufs[2];

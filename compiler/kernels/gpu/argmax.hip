@@ -11,6 +11,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float redv[NTHREADS];
   DS4_SHARED int32_t redi[NTHREADS];
   const float *logits = (const float *)bufs[0];

@@ -19,6 +19,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float red[NTHREADS];
   DS4_SHARED float prob[NTHREADS];
   const float *q = (const float *)bufs[0];

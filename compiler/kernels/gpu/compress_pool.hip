@@ -21,6 +21,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   constexpr int64_t nslot = (1 + OVERLAP) * RATIO;
   /* R/2 + 1 entries, so the table is never empty (R may be 0). */
   static const float inv_freq[R / 2 + 1] = INV_FREQ;

@@ -8,6 +8,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   const float *c = (const float *)bufs[0];
   const float *z = (const float *)bufs[1];
   float *c_state = (float *)bufs[2];

@@ -10,6 +10,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   static_assert(sizeof(TABLE_T) == (TABLE_BF16 ? 2 : 4), "TABLE_T is the table's dtype");
   const int32_t *ids = (const int32_t *)bufs[0];
   const TABLE_T *table = (const TABLE_T *)bufs[1];

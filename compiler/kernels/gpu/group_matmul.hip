@@ -23,6 +23,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
   static_assert(ROWS == 1 || NG % TILE == 0, "a warp's columns in one group");

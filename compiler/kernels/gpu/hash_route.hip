@@ -13,6 +13,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float score[TOPK];
   DS4_SHARED int32_t eid[TOPK];
   const int32_t *ids = (const int32_t *)bufs[0];

@@ -15,6 +15,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   /* One array: pre[], read at constant indices, could otherwise be split
    * into padded scalars, and the block would use more shared memory than
    * kgen_gpu reports. */

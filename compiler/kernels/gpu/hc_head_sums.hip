@@ -10,6 +10,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   static_assert(COLS == NTHREADS, "a thread per column of the tile");
   /* Reached through a run-time offset of 0: read at constant indices
    * only, the array could be split into padded scalars, and the block

@@ -10,6 +10,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   const float *y = (const float *)bufs[0];
   const float *X = (const float *)bufs[1];
   const float *post = (const float *)bufs[2];

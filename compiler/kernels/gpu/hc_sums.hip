@@ -12,6 +12,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float red[NTHREADS];
   const float *X = (const float *)bufs[0];
   const float *fn = (const float *)bufs[1];

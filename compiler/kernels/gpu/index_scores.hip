@@ -15,6 +15,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float term[TILE * NH];
   const float *q = (const float *)bufs[0];
   const float *weights = (const float *)bufs[1];

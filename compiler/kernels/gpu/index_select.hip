@@ -25,6 +25,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED int32_t counts[2][NTHREADS];
   DS4_SHARED int32_t above_n[NTHREADS];
   DS4_SHARED int32_t ties_n[NTHREADS];

@@ -7,6 +7,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   const float *slots = (const float *)bufs[0];
   const float *w = (const float *)bufs[1];
   float *y = (float *)bufs[2];

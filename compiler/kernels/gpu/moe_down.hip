@@ -21,6 +21,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS channels a group of LANES threads");
   static_assert(sizeof(W2_T) == (W2_BF16 ? 2 : 4), "W2_T is the weight's dtype");

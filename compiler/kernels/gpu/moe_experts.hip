@@ -19,6 +19,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4) &&
                     sizeof(W2_T) == (W2_BF16 ? 2 : 4),
                 "W1_T, W3_T and W2_T are the weights' dtypes");

@@ -21,6 +21,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per row of the tile");
   static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4),
                 "W1_T and W3_T are the weights' dtypes");

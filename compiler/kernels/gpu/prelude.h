@@ -10,6 +10,8 @@
  *   ds4_grid()       the blocks of the launch (GRID, but not a constant)
  *   ds4_thread()     the thread index in the block, 0..NTHREADS-1
  *   ds4_barrier()    every thread of the block, shared memory visible
+ *   ds4_grid_wait()  the grids before this one on its stream have ended and
+ *                    their writes are visible; every kernel calls it first
  *   DS4_SHARED       a block's shared memory (static, in the kernel body)
  *   DS4_GLOBAL, DS4_LDS  address spaces: global and shared memory
  *   ds4_lane_down(v, s)  lane i + s's v, within a warp or wavefront
@@ -20,8 +22,9 @@
  *
  * Compiled for the host with DS4_EMU defined (tests/test_kernels.c runs
  * GPU kernels on host threads), the block functions come from the
- * emulator, which declares ds4_block, ds4_grid, ds4_thread, ds4_barrier
- * and ds4_lane_down before this file, and the address spaces are plain.
+ * emulator, which declares ds4_block, ds4_grid, ds4_thread, ds4_barrier,
+ * ds4_grid_wait and ds4_lane_down before this file, and the address
+ * spaces are plain.
  *
  * Math: NVPTX has no libcall for expf (and no device library is linked on
  * either target), so the math the kernels need is written here in plain
@@ -61,6 +64,11 @@ DS4_DEVICE void ds4_barrier(void)
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
+/* A launch on AMDGPU starts only after the one before it on its stream
+ * has ended (HIP has no launch that overlaps its predecessor), so there is
+ * nothing to wait for. */
+DS4_DEVICE void ds4_grid_wait(void) {}
+
 /* Lane i's v, read by lane i - s of the same warp or wavefront (lanes
  * whose i is past the end read an unspecified value). Every lane of the
  * warp or wavefront calls it. Here ds_bpermute, over the wavefront's 32
@@ -94,6 +102,16 @@ DS4_DEVICE int ds4_thread(void) { return __nvvm_read_ptx_sreg_tid_x(); }
 
 /* bar.sync 0: waits for the whole block and orders its memory accesses. */
 DS4_DEVICE void ds4_barrier(void) { __syncthreads(); }
+
+/* griddepcontrol.wait (sm_90): the runtime launches a plan's kernels with
+ * programmatic stream serialization (docs/RUNTIME.md), so a block may be
+ * scheduled while the grid before it on the stream still runs; this waits
+ * until every grid it depends on has ended and its writes are visible. A
+ * launch without that attribute finds nothing to wait for. Called before
+ * the kernel reads or writes anything, and by every thread, so that a
+ * grid ends only after the one before it: events recorded after it order
+ * both. */
+DS4_DEVICE void ds4_grid_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /* As on AMDGPU; shfl.sync.down over the full warp. */
 DS4_DEVICE float ds4_lane_down(float v, int s) { return __nvvm_shfl_sync_down_f32(0xffffffffu, v, s, 0x1f); }

@@ -10,6 +10,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float red[NTHREADS];
   const float *x = (const float *)bufs[0];
   float *y = (float *)bufs[1];

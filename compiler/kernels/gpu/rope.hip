@@ -12,6 +12,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   /* R/2 + 1 entries, so the table is never empty (R may be 0). */
   static const float inv_freq[R / 2 + 1] = INV_FREQ;
   const float *x = (const float *)bufs[0];

@@ -18,6 +18,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float score[E];
   DS4_SHARED float key[E];
   DS4_SHARED int32_t taken[E];

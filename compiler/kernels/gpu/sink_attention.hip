@@ -43,6 +43,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float red[NTHREADS];
   DS4_SHARED float prob[NTHREADS];
   DS4_SHARED const float *row[NTHREADS]; /* pass 3: the chunk's key rows */

@@ -10,6 +10,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   const float *parts = (const float *)bufs[0];
   float *y = (float *)bufs[1];
   int64_t t = ds4_block();

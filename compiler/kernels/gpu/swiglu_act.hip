@@ -9,6 +9,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   static_assert(TILE == NTHREADS, "a thread per element of the tile");
   const float *g = (const float *)bufs[0];
   const float *u = (const float *)bufs[1];

@@ -16,6 +16,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   DS4_SHARED float prob[E];
   DS4_SHARED int32_t taken[E];
   DS4_SHARED float redv[NTHREADS];

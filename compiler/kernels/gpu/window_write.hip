@@ -8,6 +8,7 @@
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
+  ds4_grid_wait();
   const float *src = (const float *)bufs[0];
   float *ring = (float *)bufs[1];
   int64_t t = ds4_block(), pos = step[0], ntok = step[1];

@@ -25,6 +25,28 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 
+/* cuLaunchKernelEx's configuration, as cuda.h lays it out: an attribute
+ * is its id, padding to 8 bytes and a 64-byte value. */
+typedef struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int programmatic_stream_serialization_allowed;
+  } value;
+} CUlaunchAttribute;
+
+typedef struct CUlaunchConfig {
+  unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z;
+  unsigned int shared_bytes;
+  CUstream stream;
+  CUlaunchAttribute *attrs;
+  unsigned int nattrs;
+} CUlaunchConfig;
+
+_Static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8,
+               "CUlaunchAttribute as cuda.h lays it out");
+
 enum {
   CUDA_SUCCESS = 0,
   CUDA_ERROR_NOT_READY = 600,
@@ -38,6 +60,7 @@ enum {
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
   CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
   CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
 };
 
 /* Every function used: required (1) or optional (0), the field (named as
@@ -94,6 +117,8 @@ enum {
   X(0, cuDeviceGetName, "cuDeviceGetName", NULL, (char *out_name, int len, CUdevice dev))          \
   X(0, cuDeviceGetAttribute, "cuDeviceGetAttribute", NULL,                                         \
     (int *out_value, int attribute, CUdevice dev))                                                 \
+  X(0, cuLaunchKernelEx, "cuLaunchKernelEx", NULL,                                                 \
+    (const CUlaunchConfig *config, CUfunction f, void **params, void **extra))                     \
   X(0, cuStreamBeginCapture, "cuStreamBeginCapture_v2", NULL, (CUstream s, int mode))               \
   X(0, cuStreamEndCapture, "cuStreamEndCapture", NULL, (CUstream s, CUgraph * out_graph))          \
   X(0, cuGraphGetNodes, "cuGraphGetNodes", NULL, (CUgraph g, CUgraphNode * nodes, size_t * count))  \
@@ -454,12 +479,26 @@ static rt_status cuda_function_find(gpu_driver *d, gpu_module m, const char *sym
   return NULL;
 }
 
+/* With overlap, programmatic stream serialization (sm_90 and later; a
+ * driver without cuLaunchKernelEx launches plainly): the driver may
+ * schedule the grid's blocks while the kernel before it on the stream
+ * drains, and the kernel's griddepcontrol.wait holds them until that grid
+ * has ended. A GPU before sm_90 ignores the attribute. */
 static rt_status cuda_launch(gpu_driver *d, gpu_stream s, gpu_function f, uint32_t grid,
                              uint32_t block, uint32_t shared_bytes, const void *const *args,
-                             uint32_t nargs) {
+                             uint32_t nargs, int overlap) {
   /* kernelParams: one pointer to each argument's value. */
   void *params[GPU_MAX_ARGS];
   for (uint32_t i = 0; i < nargs && i < GPU_MAX_ARGS; i++) params[i] = (void *)&args[i];
+  if (overlap && d->fn.cuLaunchKernelEx) {
+    CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+    attr.value.programmatic_stream_serialization_allowed = 1;
+    CUlaunchConfig config = {.grid_x = grid, .grid_y = 1, .grid_z = 1, .block_x = block, .block_y = 1,
+                             .block_z = 1, .shared_bytes = shared_bytes, .stream = (CUstream)s,
+                             .attrs = &attr, .nattrs = 1};
+    return cu_check(d, d->fn.cuLaunchKernelEx(&config, (CUfunction)f, params, NULL),
+                    "cuLaunchKernelEx(grid %u, block %u, programmatic stream serialization)", grid, block);
+  }
   return cu_check(d,
                   d->fn.cuLaunchKernel((CUfunction)f, grid, 1, 1, block, 1, 1, shared_bytes,
                                        (CUstream)s, params, NULL),

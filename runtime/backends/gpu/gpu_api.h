@@ -102,9 +102,11 @@ typedef struct gpu_api {
                              gpu_function *out_function);
   /* grid x 1 x 1 blocks of block x 1 x 1 threads. The kernel's arguments
    * are nargs (at most GPU_MAX_ARGS) pointers, args[i] the i-th: the kernel
-   * ABI passes only pointers (bufs, step). */
+   * ABI passes only pointers (bufs, step). overlap: the kernel waits for
+   * the grids before it (rt_device_options.overlap_launches), so the
+   * launch may begin before the one before it on s has ended. */
   rt_status (*launch)(gpu_driver *drv, gpu_stream s, gpu_function f, uint32_t grid, uint32_t block,
-                      uint32_t shared_bytes, const void *const *args, uint32_t nargs);
+                      uint32_t shared_bytes, const void *const *args, uint32_t nargs, int overlap);
   /* t must stay valid until it has run. */
   rt_status (*host_task)(gpu_driver *drv, gpu_stream s, gpu_host_task *t);
 

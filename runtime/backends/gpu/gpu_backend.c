@@ -44,6 +44,7 @@ struct rt_device {
   uint64_t fail_launch;
   _Atomic uint64_t launches; /* counted only when fail_launch is set */
   uint64_t watchdog_ns;      /* rt_device_options.watchdog_ms; 0: off */
+  int overlap_launches;      /* rt_device_options.overlap_launches */
   /* A private stream for the synchronous copies, the zeroing of new memory
    * and the clock anchors. The legacy default stream would not do: the
    * runtime's streams are non-blocking, so they do not wait for it. */
@@ -271,6 +272,7 @@ static rt_status gpu_device_open(const rt_backend *be, const gpu_api *api,
   d->fail_launch = o->fail_launch;
   atomic_init(&d->launches, 0);
   d->watchdog_ns = (uint64_t)o->watchdog_ms * 1000000u;
+  d->overlap_launches = o->overlap_launches;
   pthread_mutex_init(&d->clock_mu, NULL);
   pthread_mutex_init(&d->reg_mu, NULL);
   rt_status s = device_start(d, o->ordinal);
@@ -737,7 +739,7 @@ static rt_status gpu_launch(rt_stream *s, rt_kernel *k, uint32_t grid, uint32_t 
   }
   RT_TRY(current(d));
   const void *args[2] = {bufs, step};
-  return d->api->launch(d->drv, s->s, (gpu_function)k, grid, block, 0, args, 2);
+  return d->api->launch(d->drv, s->s, (gpu_function)k, grid, block, 0, args, 2, d->overlap_launches);
 }
 
 static rt_status gpu_copy_async(rt_stream *s, void *dst, const void *src, size_t bytes) {

@@ -374,10 +374,12 @@ static rt_status hip_function_find(gpu_driver *d, gpu_module m, const char *symb
 
 /* The arguments go through `extra` as one packed buffer: ROCm's
  * documentation still marks kernelParams as unimplemented. Pointers need no
- * padding, so the buffer is the args array itself. */
+ * padding, so the buffer is the args array itself. HIP has no launch that
+ * overlaps the one before it: overlap changes nothing. */
 static rt_status hip_launch(gpu_driver *d, gpu_stream s, gpu_function f, uint32_t grid,
                             uint32_t block, uint32_t shared_bytes, const void *const *args,
-                            uint32_t nargs) {
+                            uint32_t nargs, int overlap) {
+  (void)overlap;
   size_t size = nargs * sizeof(void *);
   void *extra[] = {HIP_LAUNCH_PARAM_BUFFER_POINTER, (void *)args, HIP_LAUNCH_PARAM_BUFFER_SIZE,
                    &size, HIP_LAUNCH_PARAM_END};
