@@ -4,7 +4,8 @@
  * NSTREAMS, TABLE_BF16, GRID, NTHREADS, KERNEL_NAME and TABLE_T (float or
  * ds4_bf16, widened exactly by ds4_f32).
  * Grid: one block per token slot t (T). Threads: thread i copies columns
- * i, i + NTHREADS, ... of the row into each stream. No reduction: an exact
+ * i, i + NTHREADS, ... of the row into each stream, loading DS4_BATCH of
+ * them before storing any. No reduction: an exact
  * copy. Dead rows, and ids outside [0, V) (never read out of bounds), give
  * a zero row in every stream. */
 
@@ -26,9 +27,15 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   }
   const TABLE_T *src = table + id * H;
-  for (int64_t c = ds4_thread(); c < H; c += NTHREADS) {
-    float v = ds4_f32(src[c]);
-    for (int64_t i = 0; i < NSTREAMS; i++)
-      row[i * H + c] = v;
+  for (int64_t c0 = ds4_thread(); c0 < H; c0 += (int64_t)NTHREADS * DS4_BATCH) {
+    float v[DS4_BATCH];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      v[k] = c0 + k * NTHREADS < H ? ds4_f32(src[c0 + k * NTHREADS]) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      if (c0 + k * NTHREADS < H)
+        for (int64_t i = 0; i < NSTREAMS; i++)
+          row[i * H + c0 + k * NTHREADS] = v[k];
   }
 }

@@ -6,7 +6,8 @@
  * b / N, stream j = b mod N. Threads: thread i computes channels d = i,
  * i + NTHREADS, ... of stream j, each starting from post_j * y[d] and
  * adding comb[i][j] * X[i][d] over i ascending, the host kernel's
- * operations in its order, so the same bits. No reduction across threads. */
+ * operations in its order, so the same bits; a thread loads DS4_BATCH
+ * channels' operands before it stores any. No reduction across threads. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -30,10 +31,29 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
   const float *yr = y + t * D, *xs = X + t * (N * D);
   const float pj = post[t * N + j], *cr = comb + t * (N * N);
-  for (int64_t d = tid; d < D; d += NTHREADS) {
-    float acc = pj * yr[d];
-    for (int64_t i = 0; i < N; i++)
-      acc += cr[i * N + j] * xs[i * D + d];
-    xo[d] = acc;
+  float cj[N];
+#pragma unroll
+  for (int64_t i = 0; i < N; i++)
+    cj[i] = cr[i * N + j];
+  for (int64_t d0 = tid; d0 < D; d0 += (int64_t)NTHREADS * DS4_BATCH) {
+    float yv[DS4_BATCH], xv[DS4_BATCH][N];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++) {
+      int64_t d = d0 + k * NTHREADS;
+      yv[k] = d < D ? yr[d] : 0.0f;
+#pragma unroll
+      for (int64_t i = 0; i < N; i++)
+        xv[k][i] = d < D ? xs[i * D + d] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++) {
+      if (d0 + k * NTHREADS >= D)
+        continue;
+      float acc = pj * yv[k];
+#pragma unroll
+      for (int64_t i = 0; i < N; i++)
+        acc += cj[i] * xv[k][i];
+      xo[d0 + k * NTHREADS] = acc;
+    }
   }
 }

@@ -3,7 +3,8 @@
  * and KERNEL_NAME.
  * Grid: one block per token slot t (T). Threads: thread i computes
  * channels i, i + NTHREADS, ..., each summing over j = 0..TOPK-1 in
- * ascending order from +0, as the host kernel does. */
+ * ascending order from +0, as the host kernel does; a thread loads
+ * DS4_BATCH channels' operands before it stores any. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -22,10 +23,26 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
   const float *sr = slots + t * (TOPK * H);
   const float *wr = w + t * TOPK;
-  for (int64_t c = ds4_thread(); c < H; c += NTHREADS) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < TOPK; j++)
-      acc += wr[j] * sr[j * H + c];
-    yr[c] = acc;
+  float wv[TOPK];
+#pragma unroll
+  for (int64_t j = 0; j < TOPK; j++)
+    wv[j] = wr[j];
+  for (int64_t c0 = ds4_thread(); c0 < H; c0 += (int64_t)NTHREADS * DS4_BATCH) {
+    float sv[DS4_BATCH][TOPK];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+#pragma unroll
+      for (int64_t j = 0; j < TOPK; j++)
+        sv[k][j] = c0 + k * NTHREADS < H ? sr[j * H + c0 + k * NTHREADS] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++) {
+      if (c0 + k * NTHREADS >= H)
+        continue;
+      float acc = 0.0f;
+#pragma unroll
+      for (int64_t j = 0; j < TOPK; j++)
+        acc += wv[j] * sv[k][j];
+      yr[c0 + k * NTHREADS] = acc;
+    }
   }
 }

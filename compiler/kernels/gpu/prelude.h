@@ -305,6 +305,14 @@ DS4_DEVICE void ds4_sincosf(float x, float *out_sin, float *out_cos)
  * block's thread count (NTHREADS) and `red` a DS4_SHARED array of NT
  * elements. */
 
+/* Elements a thread of an elementwise kernel loads before it stores any:
+ * a kernel's loads may not move past its own stores (its buffers may be
+ * the same bytes, as rope's are), so a loop that loads, computes and
+ * stores one element at a time waits a memory latency per element. The
+ * kernels load DS4_BATCH elements, then compute and store them in their
+ * order, so one latency covers the batch and the bits are the same. */
+#define DS4_BATCH 16
+
 /* The sum over each group of L consecutive threads (L a power of two),
  * returned to every thread of the group: a pairwise tree, level s adding
  * lane i + s into lane i for i < s (s = L/2, ..., 1), so the order depends

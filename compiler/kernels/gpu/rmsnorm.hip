@@ -4,7 +4,9 @@
  * Grid: one block per token slot t (T). Threads: thread i sums x[t,j]^2
  * over j = i, i + NTHREADS, ... in ascending order, then the block adds the
  * NTHREADS partial sums with ds4_block_sum's fixed pairwise tree; every
- * thread then scales columns i, i + NTHREADS, ... as the host kernel does. */
+ * thread then scales columns i, i + NTHREADS, ... as the host kernel does.
+ * Both passes load DS4_BATCH columns a thread before using (or storing)
+ * any of them. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -24,11 +26,31 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   }
   const float *xr = x + t * H;
+  constexpr int64_t STRIDE = (int64_t)NTHREADS * DS4_BATCH;
   float ss = 0.0f;
-  for (int64_t j = tid; j < H; j += NTHREADS)
-    ss += xr[j] * xr[j];
+  for (int64_t j0 = tid; j0 < H; j0 += STRIDE) {
+    float v[DS4_BATCH];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      v[k] = j0 + k * NTHREADS < H ? xr[j0 + k * NTHREADS] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      if (j0 + k * NTHREADS < H)
+        ss += v[k] * v[k];
+  }
   ss = ds4_block_sum<NTHREADS>(red, ss);
   float den = __builtin_sqrtf(ss / (float)H + EPS);
-  for (int64_t j = tid; j < H; j += NTHREADS)
-    yr[j] = xr[j] * w[j] / den;
+  for (int64_t j0 = tid; j0 < H; j0 += STRIDE) {
+    float v[DS4_BATCH], wv[DS4_BATCH];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++) {
+      int64_t j = j0 + k * NTHREADS;
+      v[k] = j < H ? xr[j] : 0.0f;
+      wv[k] = j < H ? ds4_f32(w[j]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      if (j0 + k * NTHREADS < H)
+        yr[j0 + k * NTHREADS] = v[k] * wv[k] / den;
+  }
 }

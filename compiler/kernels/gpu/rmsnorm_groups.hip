@@ -6,7 +6,8 @@
  * b / NGROUPS, group b mod NGROUPS. Threads: thread i sums x^2 over the
  * group's channels i, i + NTHREADS, ... in ascending order, then the block
  * adds the NTHREADS partial sums with ds4_block_sum's fixed pairwise tree;
- * every thread then scales the same channels. */
+ * every thread then scales the same channels. Both passes load DS4_BATCH
+ * channels a thread before using (or storing) any of them. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -27,11 +28,28 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   }
   const float *xg = x + t * C + g * G;
+  constexpr int64_t STRIDE = (int64_t)NTHREADS * DS4_BATCH;
   float ss = 0.0f;
-  for (int64_t j = tid; j < G; j += NTHREADS)
-    ss += xg[j] * xg[j];
+  for (int64_t j0 = tid; j0 < G; j0 += STRIDE) {
+    float v[DS4_BATCH];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      v[k] = j0 + k * NTHREADS < G ? xg[j0 + k * NTHREADS] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      if (j0 + k * NTHREADS < G)
+        ss += v[k] * v[k];
+  }
   ss = ds4_block_sum<NTHREADS>(red, ss);
   float den = __builtin_sqrtf(ss / (float)G + EPS);
-  for (int64_t j = tid; j < G; j += NTHREADS)
-    yg[j] = xg[j] / den;
+  for (int64_t j0 = tid; j0 < G; j0 += STRIDE) {
+    float v[DS4_BATCH];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      v[k] = j0 + k * NTHREADS < G ? xg[j0 + k * NTHREADS] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++)
+      if (j0 + k * NTHREADS < G)
+        yg[j0 + k * NTHREADS] = v[k] / den;
+  }
 }

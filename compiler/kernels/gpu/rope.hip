@@ -6,9 +6,9 @@
  * (theta^(-2i/R), or YaRN's), computed by ds4c as for the host kernel.
  * Grid: one block per token slot and head, T * NH; block b is slot b / NH,
  * head b mod NH. Threads: a head has HD - R/2 units (a copied channel or a
- * rotated pair); thread i takes units i, i + NTHREADS, ... and writes both
- * channels of a pair from loads made before either store, so it also
- * works in place. No reduction; sin and cos come from ds4_sincosf. */
+ * rotated pair); thread i takes units i, i + NTHREADS, ..., DS4_BATCH at
+ * a time, and loads every channel of a batch before it stores any, so it
+ * also works in place. No reduction; sin and cos come from ds4_sincosf. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -31,18 +31,33 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
   const float *xh = x + t * (NH * HD) + h * HD;
   float fpos = (float)(pos + t);
-  for (int64_t v = tid; v < HD - R / 2; v += NTHREADS) {
-    if (v < HD - R) {
-      yh[v] = xh[v];
-      continue;
+  constexpr int64_t UNITS = HD - R / 2;
+  for (int64_t v0 = tid; v0 < UNITS; v0 += (int64_t)NTHREADS * DS4_BATCH) {
+    /* A unit's one channel (copied) or two (a pair), loaded for the batch
+     * before any store. */
+    float a[DS4_BATCH], b[DS4_BATCH];
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++) {
+      int64_t v = v0 + k * NTHREADS, i = v - (HD - R);
+      a[k] = v >= UNITS ? 0.0f : v < HD - R ? xh[v] : xh[HD - R + 2 * i];
+      b[k] = v >= UNITS || v < HD - R ? 0.0f : xh[HD - R + 2 * i + 1];
     }
-    int64_t i = v - (HD - R);
-    float sn, cs;
-    ds4_sincosf(fpos * inv_freq[i], &sn, &cs);
-    if (INVERSE)
-      sn = -sn;
-    float x0 = xh[HD - R + 2 * i], x1 = xh[HD - R + 2 * i + 1];
-    yh[HD - R + 2 * i] = x0 * cs - x1 * sn;
-    yh[HD - R + 2 * i + 1] = x0 * sn + x1 * cs;
+#pragma unroll
+    for (int k = 0; k < DS4_BATCH; k++) {
+      int64_t v = v0 + k * NTHREADS;
+      if (v >= UNITS)
+        continue;
+      if (v < HD - R) {
+        yh[v] = a[k];
+        continue;
+      }
+      int64_t i = v - (HD - R);
+      float sn, cs;
+      ds4_sincosf(fpos * inv_freq[i], &sn, &cs);
+      if (INVERSE)
+        sn = -sn;
+      yh[HD - R + 2 * i] = a[k] * cs - b[k] * sn;
+      yh[HD - R + 2 * i + 1] = a[k] * sn + b[k] * cs;
+    }
   }
 }
