@@ -2965,8 +2965,9 @@ static void ref_select(const float *scores, int vis, int topk, int32_t *out)
 /* ---- GPU kernels run on the host ----
  * A GPU kernel's source (kgen_gpu) compiled for the host by clang as C++
  * with DS4_EMU defined, its block's NTHREADS threads as pthreads,
- * ds4_barrier a pthread barrier and ds4_lane_down an exchange between the
- * 32 threads of a warp, each step behind a barrier of the warp: the
+ * ds4_barrier a pthread barrier and ds4_lane_down and ds4_lane_read an
+ * exchange between the 32 threads of a warp, each step behind a barrier
+ * of the warp: the
  * prelude's math, reductions and dot products and the kernel's own code
  * are the same IEEE f32/f64 operations the GPU targets run
  * (-ffp-contract=off), so this gives the GPU kernel's bits, and its
@@ -2986,6 +2987,7 @@ static const char g_emu_head[] =
     "  int (*thread)(void);\n"
     "  void (*barrier)(void);\n"
     "  float (*lane_down)(float, int);\n"
+    "  float (*lane_read)(float, int);\n"
     "};\n"
     "extern \"C\" { struct ds4_emu_hooks ds4_emu; }\n"
     "#define DS4_KERNEL extern \"C\"\n"
@@ -2996,7 +2998,8 @@ static const char g_emu_head[] =
     "DS4_EMU_FN int ds4_thread(void) { return ds4_emu.thread(); }\n"
     "DS4_EMU_FN void ds4_barrier(void) { ds4_emu.barrier(); }\n"
     "DS4_EMU_FN void ds4_grid_wait(void) {}\n"
-    "DS4_EMU_FN float ds4_lane_down(float v, int s) { return ds4_emu.lane_down(v, s); }\n";
+    "DS4_EMU_FN float ds4_lane_down(float v, int s) { return ds4_emu.lane_down(v, s); }\n"
+    "DS4_EMU_FN float ds4_lane_read(float v, int l) { return ds4_emu.lane_read(v, l); }\n";
 
 typedef struct emu_hooks {
   unsigned (*block)(void);
@@ -3004,6 +3007,7 @@ typedef struct emu_hooks {
   int (*thread)(void);
   void (*barrier)(void);
   float (*lane_down)(float, int);
+  float (*lane_read)(float, int);
 } emu_hooks;
 
 /* The threads of one block, kept between blocks and launches (test state
@@ -3057,6 +3061,17 @@ static float emu_hook_lane_down(float v, int s)
   values[tid] = v;
   pthread_barrier_wait(&g_emu.warp_barrier[warp]);
   return tid % EMU_WARP + s < EMU_WARP ? values[tid + s] : v;
+}
+
+/* ds4_lane_read: the same exchange, each lane reading lane l of its warp. */
+static float emu_hook_lane_read(float v, int l)
+{
+  int tid = g_emu_tid, warp = tid / EMU_WARP;
+  float *values = g_emu.lane_value[g_emu_parity];
+  g_emu_parity ^= 1;
+  values[tid] = v;
+  pthread_barrier_wait(&g_emu.warp_barrier[warp]);
+  return values[warp * EMU_WARP + l];
 }
 
 static void *emu_worker(void *arg)
@@ -3132,7 +3147,8 @@ static emu_built *emu_build(const kt *k)
   *(void **)&e->fn = dlsym(e->dl, e->kk.symbol);
   emu_hooks *hooks = dlsym(e->dl, "ds4_emu");
   ck_assert(e->fn && hooks);
-  *hooks = (emu_hooks){emu_hook_block, emu_hook_grid, emu_hook_thread, emu_hook_barrier, emu_hook_lane_down};
+  *hooks = (emu_hooks){emu_hook_block, emu_hook_grid, emu_hook_thread, emu_hook_barrier, emu_hook_lane_down,
+                     emu_hook_lane_read};
   return e;
 }
 
@@ -5101,6 +5117,8 @@ START_TEST(test_gpu_hc)
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   hc_pre_op(&k, 4, 3, 33, 2);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  hc_pre_op(&k, 2, 6, 20, 3); /* 36 elements: the block's Sinkhorn, not 32 lanes' */
+  ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   hc_head_op(&k, 4, 4, 40);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   kt_init(&k, IR_OP_HC_POST); /* a block per slot and output stream */
@@ -5112,6 +5130,7 @@ START_TEST(test_gpu_hc)
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   hc_lowered_case(1, 4, 40, 20);
   hc_lowered_case(1, 3, 33, 2);
+  hc_lowered_case(1, 6, 20, 3);
   hc_lowered_case(0, 4, 40, 0);
   hc_lowered_case(0, 3, 33, 0);
   emu_stop();

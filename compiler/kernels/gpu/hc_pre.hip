@@ -10,7 +10,7 @@
  *     one after another (ds4_hc_sums: each by the whole block, 16-byte
  *     chunks, ds4_block_sum's fixed tree);
  *   - thread 0 turns them into pre and post (ds4_hc_pre_gates), the block
- *     into comb (ds4_hc_comb_sinkhorn, a thread per element);
+ *     into comb (ds4_hc_comb_sinkhorn: 32 lanes, an element a lane);
  *   - thread i computes x[j] for j = i, i + NTHREADS, ..., summing
  *     pre_s * X[s][j] over the streams s ascending from +0, as on the host.
  * Dead rows: x, post and comb all zero. */
@@ -50,6 +50,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_barrier(); /* sums[] written by thread 0, read by the Sinkhorn's threads */
   if (tid == 0)
     ds4_hc_pre_gates<N, NMIX, D, true>(sums, base, scale, EPS, HC_EPS, pre, pr);
-  ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, sums, base, scale, EPS, HC_EPS, ITERS, cr); /* ends in a barrier: pre[] written */
+  ds4_barrier(); /* pre[] written */
+  ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, sums, base, scale, EPS, HC_EPS, ITERS, cr);
   ds4_hc_combine<NTHREADS, N, D>(pre, xs, xr);
 }

@@ -15,6 +15,7 @@
  *   DS4_SHARED       a block's shared memory (static, in the kernel body)
  *   DS4_GLOBAL, DS4_LDS  address spaces: global and shared memory
  *   ds4_lane_down(v, s)  lane i + s's v, within a warp or wavefront
+ *   ds4_lane_read(v, l)  lane l's v, within a group of 32 lanes
  *   ds4_bf16         a bf16 weight element; ds4_f32 widens it (exactly)
  *   ds4_expf, ds4_sincosf, ds4_block_sum, ds4_group_sum, ds4_lane_dot,
  *                    ds4_lane_sum, ds4_swiglu, ... (below; a kernel uses
@@ -23,8 +24,8 @@
  * Compiled for the host with DS4_EMU defined (tests/test_kernels.c runs
  * GPU kernels on host threads), the block functions come from the
  * emulator, which declares ds4_block, ds4_grid, ds4_thread, ds4_barrier,
- * ds4_grid_wait and ds4_lane_down before this file, and the address
- * spaces are plain.
+ * ds4_grid_wait, ds4_lane_down and ds4_lane_read before this file, and
+ * the address spaces are plain.
  *
  * Math: NVPTX has no libcall for expf (and no device library is linked on
  * either target), so the math the kernels need is written here in plain
@@ -79,6 +80,14 @@ DS4_DEVICE float ds4_lane_down(float v, int s)
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane + s) << 2, __builtin_bit_cast(int, v)));
 }
 
+/* Lane l's v (0 <= l < 32) of the caller's group of 32 lanes, to every
+ * lane of the group. Every lane of the group calls it. */
+DS4_DEVICE float ds4_lane_read(float v, int l)
+{
+  int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(((lane & ~31) + l) << 2, __builtin_bit_cast(int, v)));
+}
+
 /* Global and shared memory, named so that loads through them are plain
  * global and shared loads (global_load, ds_read) rather than flat ones. */
 #define DS4_GLOBAL __attribute__((address_space(1)))
@@ -115,6 +124,9 @@ DS4_DEVICE void ds4_grid_wait(void) { asm volatile("griddepcontrol.wait;" ::: "m
 
 /* As on AMDGPU; shfl.sync.down over the full warp. */
 DS4_DEVICE float ds4_lane_down(float v, int s) { return __nvvm_shfl_sync_down_f32(0xffffffffu, v, s, 0x1f); }
+
+/* As on AMDGPU; shfl.sync.idx over the full warp. */
+DS4_DEVICE float ds4_lane_read(float v, int l) { return __nvvm_shfl_sync_idx_f32(0xffffffffu, v, l, 0x1f); }
 
 /* ld.global and ld.shared rather than generic loads. */
 #define DS4_GLOBAL __attribute__((address_space(1)))
@@ -466,6 +478,54 @@ DS4_DEVICE void ds4_hc_pre_gates(const float *sums, const float *base, const flo
       post[i] = 2.0f / (1.0f + ds4_expf(-(sums[N + i] / den * scale[1] + base[N + i])));
 }
 
+/* hc_pre's comb from its sums, by one group of 32 lanes (each calls it):
+ * the mixes 2N + k scaled and shifted, each row's softmax + hc_eps, then
+ * ITERS rounds of Sinkhorn balancing (rows from the second round on,
+ * then columns), written to the slot's comb row. Lane k < N*N holds
+ * element k = (i, j) and reads its row's or column's elements from their
+ * lanes (ds4_lane_read), in ascending order from +0 for a sum: the host
+ * kernel's operations on each element in its order, with no barrier
+ * between the 2 * ITERS passes (N*N dependent divisions on one thread
+ * take tens of microseconds; a thread per element with a block barrier
+ * a pass, ds4_hc_comb_sinkhorn_block, most of hc_pre_sums' time). */
+template <int N, int M, int D>
+DS4_DEVICE void ds4_hc_comb_sinkhorn_lanes(const float *sums, const float *base, const float *scale, float eps,
+                                           float hc_eps, int64_t iters, float *comb)
+{
+  static_assert(N * N <= 32, "an element a lane");
+  int lane = ds4_thread() & 31, k = lane % (N * N), i = k / N, j = k % N;
+  float den = __builtin_sqrtf(sums[M] / (float)(N * D) + eps);
+  float a = sums[2 * N + k] / den * scale[2] + base[2 * N + k];
+  float mx = ds4_lane_read(a, i * N);
+#pragma unroll
+  for (int q = 1; q < N; q++) {
+    float r = ds4_lane_read(a, i * N + q);
+    if (r > mx)
+      mx = r;
+  }
+  float b = ds4_expf(a - mx), sum = 0.0f;
+#pragma unroll
+  for (int q = 0; q < N; q++)
+    sum += ds4_lane_read(b, i * N + q);
+  a = b / sum + hc_eps;
+  for (int64_t it = 0; it < iters; it++) {
+    if (it > 0) {
+      sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < N; q++)
+        sum += ds4_lane_read(a, i * N + q);
+      a = a / (sum + hc_eps);
+    }
+    sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < N; q++)
+      sum += ds4_lane_read(a, q * N + j);
+    a = a / (sum + hc_eps);
+  }
+  if (lane < N * N)
+    comb[k] = a;
+}
+
 /* One Sinkhorn normalisation of the N x N matrix src into dst, by the
  * whole block: element k = (i, j) divided by (the sum of its row i, or
  * with COLS its column j, + hc_eps), the sum over the row or column in
@@ -486,15 +546,12 @@ DS4_DEVICE void ds4_hc_norm_pass(const float *src, float *dst, float hc_eps)
   ds4_barrier();
 }
 
-/* hc_pre's comb from its sums, by the whole block (every thread calls it):
- * the mixes 2N + k scaled and shifted, each row's softmax + hc_eps, then
- * ITERS rounds of Sinkhorn balancing (rows from the second round on,
- * then columns), written to the slot's comb row. The host kernel's
- * operations on each element in its order (ds4_hc_norm_pass), a thread
- * per element: N*N dependent divisions on one thread take tens of
- * microseconds. m is two N*N buffers of shared memory. */
+/* ds4_hc_comb_sinkhorn_lanes by the whole block (every thread calls it)
+ * for a matrix of more than 32 elements: a thread per element, the same
+ * operations in the same order (ds4_hc_norm_pass), a barrier a pass. m is
+ * two N*N buffers of shared memory. */
 template <int N, int M, int D, int NT>
-DS4_DEVICE void ds4_hc_comb_sinkhorn(float *m, const float *sums, const float *base, const float *scale, float eps,
+DS4_DEVICE void ds4_hc_comb_sinkhorn_block(float *m, const float *sums, const float *base, const float *scale, float eps,
                                      float hc_eps, int64_t iters, float *comb)
 {
   float *a = m, *b = m + N * N;
@@ -535,6 +592,22 @@ DS4_DEVICE void ds4_hc_comb_sinkhorn(float *m, const float *sums, const float *b
   }
   for (int k = ds4_thread(); k < N * N; k += NT)
     comb[k] = a[k];
+}
+
+/* hc_pre's comb from its sums, every thread of the block calling it: by
+ * the first 32 lanes when the matrix fits them, else by the whole block.
+ * No barrier at the end either way. */
+template <int N, int M, int D, int NT>
+DS4_DEVICE void ds4_hc_comb_sinkhorn(float *m, const float *sums, const float *base, const float *scale, float eps,
+                                     float hc_eps, int64_t iters, float *comb)
+{
+  if constexpr (N * N <= 32) {
+    static_assert(NT >= 32, "a block of at least 32 threads");
+    if (ds4_thread() < 32)
+      ds4_hc_comb_sinkhorn_lanes<N, M, D>(sums, base, scale, eps, hc_eps, iters, comb);
+  } else {
+    ds4_hc_comb_sinkhorn_block<N, M, D, NT>(m, sums, base, scale, eps, hc_eps, iters, comb);
+  }
 }
 
 /* hc_head's weights from its sums (thread 0 alone): pre_i =
