@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "occupancy.h"
 #include "plan.h"
 #include "sha256.h"
 #include "trace.h"
@@ -220,7 +221,8 @@ const insp_kernel *insp_find_kernel(const insp_codeobj *c, const char *symbol) {
 static insp_kernel kernel_unknown(void) {
   return (insp_kernel){.sgpr = INSP_UNKNOWN, .vgpr = INSP_UNKNOWN, .agpr = INSP_UNKNOWN, .lds = INSP_UNKNOWN,
                        .scratch = INSP_UNKNOWN, .kernarg = INSP_UNKNOWN, .regs = INSP_UNKNOWN,
-                       .shared = INSP_UNKNOWN, .local = INSP_UNKNOWN, .stack = INSP_UNKNOWN, .size = INSP_UNKNOWN};
+                       .shared = INSP_UNKNOWN, .local = INSP_UNKNOWN, .stack = INSP_UNKNOWN, .size = INSP_UNKNOWN,
+                       .wave = INSP_UNKNOWN};
 }
 
 /* Appends a kernel named symbol[0..n) with every field unknown. */
@@ -500,6 +502,7 @@ static rt_status amd_kernel(mp_reader *r, insp_codeobj *c) {
                      : key_is(key, klen, ".group_segment_fixed_size")  ? &k.lds
                      : key_is(key, klen, ".private_segment_fixed_size") ? &k.scratch
                      : key_is(key, klen, ".kernarg_segment_size")      ? &k.kernarg
+                     : key_is(key, klen, ".wavefront_size")            ? &k.wave
                                                                          : NULL;
     if (field) RT_TRY(mp_count(r, "a kernel resource count", field));
     else if (key_is(key, klen, ".name")) RT_TRY(mp_str(r, ".name", &name, &name_len));
@@ -797,9 +800,20 @@ static rt_status text_codeobjs(const bundle_view *b, FILE *out) {
   return table_print(&t, "code objects", out);
 }
 
+/* The ops kernel k serves, in plan order (a kernel is shared by every op
+ * of the same kind and shapes). */
+static uint32_t kernel_ops(const plan *p, uint32_t k, uint32_t *out) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < p->nops; i++)
+    if (p->ops[i].kernel == k) out[n++] = i;
+  return n;
+}
+
 static rt_status text_plan_kernels(const plan *p, FILE *out) {
-  static const char *const heads[] = {"symbol", "kind", "grid", "block", "shared", "nbufs"};
-  table t = {heads, "llrrrr", 6, NULL, 0, false};
+  static const char *const heads[] = {"symbol", "kind", "grid", "block", "shared", "nbufs", "ops"};
+  table t = {heads, "llrrrrr", 7, NULL, 0, false};
+  uint32_t *ops = malloc((p->nops ? p->nops : 1) * sizeof *ops);
+  if (!ops) return rt_status_make("out of memory");
   for (uint32_t i = 0; i < p->nkernels; i++) {
     const plan_kernel *k = &p->kernels[i];
     cell(&t, "%s", plan_str(p, k->symbol));
@@ -808,8 +822,32 @@ static rt_status text_plan_kernels(const plan *p, FILE *out) {
     cell(&t, "%u", k->block);
     cell(&t, "%u", k->shared);
     cell(&t, "%u", k->nbufs);
+    cell(&t, "%u", kernel_ops(p, i, ops));
   }
-  return table_print(&t, "kernels", out);
+  rt_status st = table_print(&t, "kernels", out);
+  /* Then each kernel's op paths, one a line, for a reviewer who asks
+   * which ops a kernel's resources and occupancy stand for. */
+  if (!st) fputs("ops by kernel\n", out);
+  for (uint32_t i = 0; !st && i < p->nkernels; i++) {
+    uint32_t n = kernel_ops(p, i, ops);
+    fprintf(out, "  %s\n", plan_str(p, p->kernels[i].symbol));
+    for (uint32_t j = 0; j < n; j++) fprintf(out, "    %s\n", plan_str(p, p->ops[ops[j]].path));
+  }
+  if (!st) fputc('\n', out);
+  free(ops);
+  return st;
+}
+
+/* "8/8" and its limit, or "-" twice when the target has no rule. */
+static void cell_occupancy(table *t, const char *target, const insp_kernel *k, uint32_t block) {
+  occ_result r;
+  if (occ_compute(target, k, block, &r)) {
+    cell(t, "-");
+    cell(t, "-");
+    return;
+  }
+  cell(t, "%" PRId64 "/%" PRId64, r.value, r.max);
+  cell(t, "%s", r.limit);
 }
 
 /* The plan's kernels as code object i holds them, in the plan's order. */
@@ -817,20 +855,24 @@ static rt_status text_codeobj_kernels(const bundle_view *b, uint32_t i, FILE *ou
   const plan *p = &b->p;
   const insp_codeobj *c = &b->objs[i];
   static const char *const host_heads[] = {"symbol", "code bytes"};
-  static const char *const amd_heads[] = {"symbol", "sgpr", "vgpr", "agpr", "lds", "scratch", "kernarg"};
-  static const char *const cuda_heads[] = {"symbol", "regs", "shared", "local", "stack"};
-  table t = c->kind == INSP_AMDGPU ? (table){amd_heads, "lrrrrrr", 7, NULL, 0, false}
-            : c->kind == INSP_CUDA ? (table){cuda_heads, "lrrrr", 5, NULL, 0, false}
+  static const char *const amd_heads[] = {"symbol", "sgpr",    "vgpr",       "agpr", "lds",
+                                          "scratch", "kernarg", "waves/SIMD", "limit"};
+  static const char *const cuda_heads[] = {"symbol", "regs", "shared", "local", "stack", "warps/SM", "limit"};
+  table t = c->kind == INSP_AMDGPU ? (table){amd_heads, "lrrrrrrrl", 9, NULL, 0, false}
+            : c->kind == INSP_CUDA ? (table){cuda_heads, "lrrrrrl", 7, NULL, 0, false}
                                    : (table){host_heads, "lr", 2, NULL, 0, false};
+  const char *target = plan_str(p, p->codeobjs[i].target);
   for (uint32_t j = 0; j < p->nkernels; j++) {
     const insp_kernel *k = insp_find_kernel(c, plan_str(p, p->kernels[j].symbol));
     cell(&t, "%s", k->symbol);
     if (c->kind == INSP_AMDGPU) {
       int64_t v[] = {k->sgpr, k->vgpr, k->agpr, k->lds, k->scratch, k->kernarg};
       for (size_t f = 0; f < 6; f++) cell_num(&t, v[f]);
+      cell_occupancy(&t, target, k, p->kernels[j].block);
     } else if (c->kind == INSP_CUDA) {
       int64_t v[] = {k->regs, k->shared, k->local, k->stack};
       for (size_t f = 0; f < 4; f++) cell_num(&t, v[f]);
+      cell_occupancy(&t, target, k, p->kernels[j].block);
     } else {
       cell_num(&t, k->size);
     }
@@ -888,7 +930,18 @@ static void json_field(FILE *f, const char *key, int64_t v) {
   else fprintf(f, "%" PRId64, v);
 }
 
-static void json_codeobj_kernel(FILE *f, insp_kind kind, const insp_kernel *k) {
+/* , "occupancy": {...}, or null when the target has no rule. */
+static void json_occupancy(FILE *f, const char *target, const insp_kernel *k, uint32_t block) {
+  occ_result r;
+  if (occ_compute(target, k, block, &r)) {
+    fputs(", \"occupancy\": null", f);
+    return;
+  }
+  fprintf(f, ", \"occupancy\": {\"value\": %" PRId64 ", \"max\": %" PRId64 ", \"unit\": \"%s\", \"limit\": \"%s\"}",
+          r.value, r.max, r.unit, r.limit);
+}
+
+static void json_codeobj_kernel(FILE *f, insp_kind kind, const insp_kernel *k, const char *target, uint32_t block) {
   fputs("{\"symbol\": ", f);
   rt_json_string(f, k->symbol);
   if (kind == INSP_AMDGPU) {
@@ -898,11 +951,13 @@ static void json_codeobj_kernel(FILE *f, insp_kind kind, const insp_kernel *k) {
     json_field(f, "lds", k->lds);
     json_field(f, "scratch", k->scratch);
     json_field(f, "kernarg", k->kernarg);
+    json_occupancy(f, target, k, block);
   } else if (kind == INSP_CUDA) {
     json_field(f, "regs", k->regs);
     json_field(f, "shared", k->shared);
     json_field(f, "local", k->local);
     json_field(f, "stack", k->stack);
+    json_occupancy(f, target, k, block);
   } else {
     json_field(f, "code_bytes", k->size);
   }
@@ -924,7 +979,8 @@ static void json_codeobjs(const bundle_view *b, FILE *f) {
             b->bytes[i], hex);
     for (uint32_t k = 0; k < p->nkernels; k++) {
       fputs(k ? ",\n      " : "\n      ", f);
-      json_codeobj_kernel(f, b->objs[i].kind, insp_find_kernel(&b->objs[i], plan_str(p, p->kernels[k].symbol)));
+      json_codeobj_kernel(f, b->objs[i].kind, insp_find_kernel(&b->objs[i], plan_str(p, p->kernels[k].symbol)),
+                          plan_str(p, p->codeobjs[i].target), p->kernels[k].block);
     }
     fputs(p->nkernels ? "\n    ]}" : "]}", f);
   }
@@ -939,7 +995,14 @@ static void json_plan_kernels(const plan *p, FILE *f) {
     rt_json_string(f, plan_str(p, k->symbol));
     fputs(", \"kind\": ", f);
     rt_json_string(f, plan_str(p, k->kind));
-    fprintf(f, ", \"grid\": %u, \"block\": %u, \"shared\": %u, \"nbufs\": %u}", k->grid, k->block, k->shared, k->nbufs);
+    fprintf(f, ", \"grid\": %u, \"block\": %u, \"shared\": %u, \"nbufs\": %u, \"ops\": [", k->grid, k->block,
+            k->shared, k->nbufs);
+    for (uint32_t o = 0, n = 0; o < p->nops; o++) {
+      if (p->ops[o].kernel != i) continue;
+      if (n++) fputs(", ", f);
+      rt_json_string(f, plan_str(p, p->ops[o].path));
+    }
+    fputs("]}", f);
   }
   fputs(p->nkernels ? "\n  ],\n" : "],\n", f);
 }

@@ -29,6 +29,7 @@ typedef struct insp_kernel {
    * (LDS), .private_segment_fixed_size (scratch per work-item),
    * .kernarg_segment_size. */
   int64_t sgpr, vgpr, agpr, lds, scratch, kernarg;
+  int64_t wave; /* AMDGPU: .wavefront_size */
   /* CUDA: registers per thread (EIATTR_REGCOUNT); bytes of the
    * .nv.shared.<kernel> section, 0 when absent (on sm_90 it includes the
    * 1 KiB the driver reserves per block, as cuobjdump's SHARED does);

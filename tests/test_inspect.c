@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "inspect.h"
+#include "occupancy.h"
 #include "pipeline.h"
 #include "plan.h"
 #include "sha256.h"
@@ -528,6 +529,30 @@ static void assert_lists_every_kernel(void) {
   snprintf(want, sizeof want, "%u %u True\n", p.ncodeobjs, p.nkernels);
   ck_assert_str_eq(out, want);
   free(out);
+  /* Each op with a kernel under that kernel, once: its path on the line
+   * after the kernel's or another of its ops' in "ops by kernel", and in
+   * the kernel's "ops" in the JSON. */
+  uint32_t launched = 0;
+  for (uint32_t o = 0; o < p.nops; o++) {
+    if (p.ops[o].kernel == PLAN_NONE) continue;
+    launched++;
+    char line[512];
+    snprintf(line, sizeof line, "\n    %s\n", plan_str(&p, p.ops[o].path));
+    const char *at = strstr(text, line);
+    ck_assert_msg(at, "ops by kernel lacks %s", plan_str(&p, p.ops[o].path));
+    while (at > text && !(at[-1] == '\n' && at[0] == ' ' && at[1] == ' ' && at[2] != ' ')) at--;
+    char head[256];
+    snprintf(head, sizeof head, "  %s\n", plan_str(&p, p.kernels[p.ops[o].kernel].symbol));
+    ck_assert_msg(strncmp(at, head, strlen(head)) == 0, "%s is not under %s", plan_str(&p, p.ops[o].path), head);
+  }
+  snprintf(cmd, sizeof cmd,
+           "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); o=[x for k in d[\"kernels\"] for x in k[\"ops\"]]; "
+           "print(len(o), len(set(o)))' %s",
+           path);
+  ck_assert_int_eq(tu_run(cmd, &out), 0);
+  snprintf(want, sizeof want, "%u %u\n", launched, launched);
+  ck_assert_str_eq(out, want);
+  free(out);
   free(text);
   free(json);
   plan_free(&p);
@@ -613,7 +638,7 @@ START_TEST(gpu_bundle_lists_every_kernel) {
   ck_assert_msg(strstr(sec, "  sgpr  vgpr  agpr  "), "%s", sec);
   free(sec);
   sec = text_section(text, "kernels on sm_90 (kernels/sm_90.cubin)");
-  ck_assert_msg(strstr(sec, "  regs  shared  local  stack\n"), "%s", sec);
+  ck_assert_msg(strstr(sec, "  regs  shared  local  stack  warps/SM  limit\n"), "%s", sec);
   free(sec);
   free(text);
 
@@ -637,6 +662,56 @@ START_TEST(gpu_bundle_lists_every_kernel) {
   free(notes);
   free(b);
   insp_codeobj_free(&c);
+  plan_free(&p);
+}
+END_TEST
+
+/* Occupancy on AMDGPU is LLVM's: for every kernel of ds4-flash-mini (VGPR,
+ * LDS and workgroup limits all met among them) on the four AMD archs,
+ * the "; Occupancy:" line clang -S writes for the bundle's own source. */
+START_TEST(amd_occupancy_matches_clang) {
+  need_tool("clang-19");
+  need_tool(PTXAS); /* the schedule's own device is an sm_90 */
+  snprintf(bundle, sizeof bundle, "%s/mini", tmpdir);
+  ds4c_options o = {.model_path = "models/ds4-flash-mini.yaml", .sched_path = "schedules/ds4-flash-h200.yaml",
+                    .out_dir = bundle, .targets = "sm_90,gfx942,gfx1100,gfx1151,gfx1201"};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+  plan p;
+  read_plan(&p);
+  int below_max = 0;
+  for (uint32_t i = 0; i < p.ncodeobjs; i++) {
+    const char *arch = plan_str(&p, p.codeobjs[i].target);
+    if (strncmp(arch, "gfx", 3) != 0) continue;
+    char path[512], cmd[1024], *asm_text;
+    snprintf(cmd, sizeof cmd,
+             "clang-19 -x hip --cuda-device-only --offload-arch=%s -nogpulib -nogpuinc -fuse-cuid=none -O3 "
+             "-ffp-contract=off -fno-gpu-flush-denormals-to-zero -S -o - %s/kernels/%s.hip",
+             arch, bundle, arch);
+    ck_assert_int_eq(tu_run(cmd, &asm_text), 0);
+    snprintf(path, sizeof path, "%s/%s", bundle, plan_str(&p, p.codeobjs[i].path));
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    insp_codeobj c;
+    rt_status st = insp_read_codeobj(path, b, len, &c);
+    ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+    for (uint32_t k = 0; k < p.nkernels; k++) {
+      const char *sym = plan_str(&p, p.kernels[k].symbol);
+      char label[128];
+      snprintf(label, sizeof label, "\n%s:", sym); /* the function's label, a comment after it */
+      const char *at = strstr(asm_text, label), *occ = at ? strstr(at, "; Occupancy: ") : NULL;
+      ck_assert_msg(occ, "%s: clang -S gives no occupancy for %s", arch, sym);
+      occ_result r;
+      ck_assert_int_eq(occ_compute(arch, must_find(&c, sym), p.kernels[k].block, &r), 0);
+      ck_assert_msg(r.value == strtol(occ + 13, NULL, 10), "%s %s: %lld waves/SIMD, clang says %ld", arch, sym,
+                    (long long)r.value, strtol(occ + 13, NULL, 10));
+      below_max += r.value < r.max;
+    }
+    insp_codeobj_free(&c);
+    free(b);
+    free(asm_text);
+  }
+  ck_assert_int_gt(below_max, 0); /* some kernel is limited by something */
   plan_free(&p);
 }
 END_TEST
@@ -749,6 +824,40 @@ START_TEST(command_line) {
 }
 END_TEST
 
+/* sm_90's occupancy, warps a multiprocessor holds, with what limits it.
+ * The first two are index_scores and hc_pre_sums of ds4-flash-slice,
+ * whose theoretical occupancy ncu reported on the H200 as 25 % and 75 %. */
+START_TEST(sm90_occupancy) {
+  static const struct {
+    int64_t regs, shared;
+    uint32_t block;
+    int64_t warps;
+    const char *limit;
+  } cases[] = {
+      {108, 2048, 256, 16, "regs"},   {33, 1168, 256, 48, "regs"},      {18, 0, 256, 64, "none"},
+      {32, 100000, 256, 16, "shared"}, {16, 0, 96, 63, "threads"},      {16, 0, 32, 32, "blocks"},
+      {52, 9216, 1024, 32, "regs"},   {255, 0, 1024, 0, "regs"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    insp_kernel k = {.regs = cases[i].regs, .shared = cases[i].shared};
+    occ_result r;
+    ck_assert_int_eq(occ_compute("sm_90", &k, cases[i].block, &r), 0);
+    ck_assert_msg(r.value == cases[i].warps && strcmp(r.limit, cases[i].limit) == 0 && r.max == 64,
+                  "case %zu: %lld warps (%s)", i, (long long)r.value, r.limit);
+    ck_assert_str_eq(r.unit, "warps/SM");
+  }
+  /* No rule: an arch it does not know, an AMD kernel without its wave size. */
+  insp_kernel k = {.regs = 32, .shared = 0, .sgpr = 20, .vgpr = 20, .lds = 0, .wave = INSP_UNKNOWN};
+  occ_result r;
+  ck_assert_int_eq(occ_compute("gfx90a", &k, 256, &r), -1);
+  ck_assert_int_eq(occ_compute("gfx942", &k, 256, &r), -1);
+  k.wave = 64;
+  ck_assert_int_eq(occ_compute("gfx942", &k, 256, &r), 0);
+  ck_assert_int_eq(r.value, 8);
+  ck_assert_str_eq(r.limit, "none");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("inspect");
   TCase *tc = tcase_create("code objects");
@@ -760,12 +869,14 @@ int main(void) {
   tcase_add_test(tc, every_truncation_is_an_error);
   tcase_add_test(tc, every_flipped_byte_reads_cleanly);
   tcase_add_test(tc, damage_is_named);
+  tcase_add_test(tc, sm90_occupancy);
   suite_add_tcase(s, tc);
   TCase *tb = tcase_create("bundles");
   tcase_set_timeout(tb, 600);
   tcase_add_checked_fixture(tb, setup, teardown);
   tcase_add_test(tb, host_bundle_report);
   tcase_add_test(tb, gpu_bundle_lists_every_kernel);
+  tcase_add_test(tb, amd_occupancy_matches_clang);
   tcase_add_test(tb, command_line);
   suite_add_tcase(s, tb);
   return tu_run_suite(s);
