@@ -110,8 +110,25 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
   }
 }
 
+/* The expected share of a moe op's expert weights one step reads: the T
+ * slots each choose k of the E experts the router picks from (all of them,
+ * though the op may own only some); with choices spread evenly, an expert
+ * is read in a step with probability 1 - (1 - k/E)^T. A decode step of
+ * DeepSeek-V4-Flash reads 6 of 256 experts, not all of them. */
+static double expert_read_share(const ir_prog *p, const ir_op *op) {
+  const ir_tensor *idx = &p->tensors[op->in[1]];
+  double k = (double)idx->dim[1], E = op->expert_row ? (double)op->nexperts : operand_rows(p, op, 2);
+  if (E <= 0 || k >= E) return 1;
+  double unread = 1;
+  for (int64_t t = 0; t < idx->dim[0]; t++) unread *= 1 - k / E;
+  return 1 - unread;
+}
+
 /* Bytes an operand moves: its range, except where a kind touches less of
- * it (docs/OPS.md), which matters for the states sized for max_seq:
+ * it (docs/OPS.md), which matters for the states sized for max_seq, and
+ * for the routed experts:
+ *   moe_experts, moe_up and moe_down read the share of their expert
+ *     weights a step's routing reaches (expert_read_share);
  *   window_write and compress_store write the step's T rows of a ring;
  *   compress_pool writes the entries of the windows that close in the
  *     step, at most ceil(T / ratio) rows;
@@ -139,6 +156,10 @@ static double operand_bytes(const ir_prog *p, const ir_op *op, int slot) {
       }
       if (slot == 3) return op->iattr[3] == 2 ? (double)len : 0;
       return (double)len;
+    case IR_OP_MOE_EXPERTS:
+    case IR_OP_MOE_UP:
+    case IR_OP_MOE_DOWN:
+      return slot >= 2 && slot < op->nin ? (double)len * expert_read_share(p, op) : (double)len;
     default: return (double)len;
   }
 }

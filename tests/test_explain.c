@@ -201,6 +201,59 @@ START_TEST(compiled_bundle_path_is_a_chain) {
 }
 END_TEST
 
+/* The cost the order pass gives a routed-experts op (moe_experts, or on a
+ * GPU its moe_up and moe_down): its expert weights count at the share a
+ * step's routing reaches, 1 - (1 - k/E)^T for T slots choosing k of E
+ * experts each, the other operands whole; its FLOPs those of the T·k
+ * choices (docs/SCHEDULES.md). Returns the share. */
+static double assert_moe_cost(const ir_prog *ir, const ir_op *op) {
+  const ir_device *dv = &ir->devices[op->device];
+  const ir_tensor *idx = &ir->tensors[op->in[1]];
+  double E = op->expert_row ? op->nexperts : (double)ir_operand_view(ir, op, 2).dim[0];
+  double k = (double)idx->dim[1], share = 1 - pow(1 - k / E, (double)idx->dim[0]), bytes = 0;
+  for (int s = 0; s < op->nin + op->nout; s++) {
+    int64_t off, len;
+    ir_operand_range(ir, op, s, &off, &len);
+    bytes += s >= 2 && s < op->nin ? (double)len * share : (double)len;
+  }
+  const ir_tensor *in0 = &ir->tensors[op->in[0]], *out0 = &ir->tensors[op->out[0]];
+  double outs = 1;
+  for (int i = 0; i < out0->ndim; i++) outs *= (double)out0->dim[i];
+  double flops = op->kind == IR_OP_MOE_EXPERTS ? 6.0 * outs * (double)ir->tensors[op->in[2]].dim[1]
+                 : op->kind == IR_OP_MOE_UP    ? 4.0 * outs * (double)in0->dim[1]
+                                               : 2.0 * outs * (double)in0->dim[2];
+  double want = dv->launch + fmax(bytes / dv->bandwidth, flops / dv->flops);
+  ck_assert_msg(fabs(op->cost - want) <= 1e-9 * want, "%s: cost %.9g s, want %.9g s (share %.4f)", op->path, op->cost,
+                want, share);
+  return share;
+}
+
+/* The routed experts cost what a step's routing reads: tiny-hotcold's
+ * split moe_experts on the cpu, ds4-flash-mini's lowered moe_up and
+ * moe_down on the H200 (a decode step there reads top_k of its experts a
+ * slot, not all of them). */
+START_TEST(routed_experts_cost_their_share) {
+  static const char *const pairs[][2] = {{"models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml"},
+                                         {"models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml"}};
+  for (int i = 0; i < 2; i++) {
+    ds4c_options o = {.model_path = pairs[i][0], .sched_path = pairs[i][1]};
+    dsl_diag d = {0};
+    ir_prog *ir;
+    ck_assert_msg(ds4c_build(&o, &ir, &d) == 0, "%s", d.msg);
+    int n = 0;
+    for (int k = 0; k < ir->nops; k++) {
+      const ir_op *op = &ir->ops[k];
+      if (op->kind != IR_OP_MOE_EXPERTS && op->kind != IR_OP_MOE_UP && op->kind != IR_OP_MOE_DOWN) continue;
+      double share = assert_moe_cost(ir, op);
+      ck_assert_msg(share > 0 && share < 1, "%s: share %g", op->path, share);
+      n++;
+    }
+    ck_assert_int_gt(n, 0);
+    ds4c_prog_free(ir);
+  }
+}
+END_TEST
+
 /* ---- a plan built by hand ----------------------------------------------------- */
 
 typedef struct hand {
@@ -546,6 +599,7 @@ int main(void) {
   tcase_add_test(tc, hand_built_plan);
   tcase_add_test(tc, refusals);
   tcase_add_test(tc, command_line);
+  tcase_add_test(tc, routed_experts_cost_their_share);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
