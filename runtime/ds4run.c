@@ -275,6 +275,14 @@ static void print_trace_human(const cli *c, const plan *p, const rt_trace_summar
            i == 0 ? "start" : t->path[i].via_wait ? "event" : "stream", sn,
            plan_str(p, p->ops[pc->op].path));
   }
+  for (uint32_t i = 0; i < t->ncosts; i++) {
+    const rt_trace_costs *k = &t->costs[i];
+    printf("predicted: step %d, device %s %s: %u op%s, predicted %.3f us, measured %.3f us", t->path_step,
+           plan_str(p, p->devices[k->device].name), k->kind, k->ops, k->ops == 1 ? "" : "s", k->predicted_us,
+           k->measured_us);
+    if (k->predicted_us > 0) printf(" (%.2fx)", k->measured_us / k->predicted_us);
+    putchar('\n');
+  }
 }
 
 static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary *t) {
@@ -316,7 +324,17 @@ static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary
     printf(", \"start_us\": %.3f, \"end_us\": %.3f, \"via\": %s}", t->path[i].start_us,
            t->path[i].end_us, i == 0 ? "null" : t->path[i].via_wait ? "\"event\"" : "\"stream\"");
   }
-  printf("]}}");
+  printf("]}, \"costs\": [");
+  for (uint32_t i = 0; i < t->ncosts; i++) {
+    const rt_trace_costs *k = &t->costs[i];
+    printf("%s{\"device\": ", i ? ", " : "");
+    rt_json_string(stdout, plan_str(p, p->devices[k->device].name));
+    printf(", \"kind\": ");
+    rt_json_string(stdout, k->kind);
+    printf(", \"ops\": %u, \"predicted_us\": %.3f, \"measured_us\": %.3f}", k->ops, k->predicted_us,
+           k->measured_us);
+  }
+  printf("]}");
 }
 
 static void print_human(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,

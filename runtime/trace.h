@@ -63,6 +63,16 @@ typedef struct rt_trace_path_op {
                                (0: it follows that op on its stream; the first op: 0) */
 } rt_trace_path_op;
 
+/* The last step's launches and copies of one device and op kind (a
+ * launch's kernel kind, or "copy"): the compiler's predicted time (the
+ * plan's costs) against the measured one, each summed over the ops. */
+typedef struct rt_trace_costs {
+  uint32_t device;
+  const char *kind;         /* a plan string, or "copy" */
+  uint32_t ops;
+  double predicted_us, measured_us;
+} rt_trace_costs;
+
 typedef struct rt_trace_summary {
   int steps;
   uint64_t spans, flows;    /* X and flow pairs written */
@@ -77,6 +87,10 @@ typedef struct rt_trace_summary {
   double path_span_us;      /* that step's span_ns */
   const rt_trace_path_op *path; /* first op to last */
   uint32_t npath;
+  /* That step by device, then op kind in the order the plan first
+   * launches it; none (ncosts 0) when the plan holds no predicted costs. */
+  const rt_trace_costs *costs;
+  uint32_t ncosts;
 } rt_trace_summary;
 
 rt_status rt_trace_writer_open(rt_bundle *b, const char *path, const char *bundle_name,

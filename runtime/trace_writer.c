@@ -94,6 +94,7 @@ struct rt_trace_writer {
   double *busy_us;
   rt_trace_copies *copies;
   rt_trace_path_op *path_ops;
+  rt_trace_costs *kind_costs; /* [ncommands] at most */
 };
 
 static int timed(const plan_command *c) {
@@ -202,6 +203,7 @@ void rt_trace_writer_close(rt_trace_writer *w) {
   free(w->busy_us);
   free(w->copies);
   free(w->path_ops);
+  free(w->kind_costs);
   free(w->path);
   free(w->tmp);
   free(w->bundle_name);
@@ -234,10 +236,11 @@ rt_status rt_trace_writer_open(rt_bundle *b, const char *path, const char *bundl
   w->last_start = calloc(nc, sizeof *w->last_start);
   w->last_end = calloc(nc, sizeof *w->last_end);
   w->path_ops = calloc(nc, sizeof *w->path_ops);
+  w->kind_costs = calloc(nc, sizeof *w->kind_costs);
   rt_status s = NULL;
   if (!w->path || !w->bundle_name || !w->tmp || !w->stream_prev || !w->producer || !w->consumer ||
       !w->group || !w->groups || !w->busy_ns || !w->busy_us || !w->last_start || !w->last_end ||
-      !w->path_ops)
+      !w->path_ops || !w->kind_costs)
     s = rt_status_make("out of memory");
   if (!s) s = rt_overlap_open(p, &w->ov);
   if (!s) s = find_structure(w);
@@ -393,6 +396,33 @@ static void critical_path(rt_trace_writer *w) {
   w->sum.npath = n;
 }
 
+/* The last step's predicted and measured time by device and op kind: for
+ * each device in order, its kinds in the order of their first launch or
+ * copy in the plan. */
+static void kind_costs(rt_trace_writer *w) {
+  const plan *p = w->p;
+  uint32_t n = 0;
+  if (p->ncosts != p->nops) return;
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    uint32_t first = n;
+    for (uint32_t i = 0; i < p->ncommands; i++) {
+      const plan_command *c = &p->commands[i];
+      if (!timed(c) || p->streams[c->stream].device != d) continue;
+      uint32_t k = p->ops[c->op].kernel;
+      const char *kind = k == PLAN_NONE ? "copy" : plan_str(p, p->kernels[k].kind);
+      uint32_t j = first;
+      while (j < n && strcmp(w->kind_costs[j].kind, kind) != 0) j++;
+      if (j == n) w->kind_costs[n++] = (rt_trace_costs){.device = d, .kind = kind};
+      rt_trace_costs *e = &w->kind_costs[j];
+      e->ops++;
+      e->predicted_us += 1e-3 * p->costs[c->op];
+      e->measured_us += 1e-3 * (double)(w->last_end[i] > w->last_start[i] ? w->last_end[i] - w->last_start[i] : 0);
+    }
+  }
+  w->sum.costs = w->kind_costs;
+  w->sum.ncosts = n;
+}
+
 rt_status rt_trace_writer_finish(rt_trace_writer *w, const rt_trace_summary **out_summary) {
   *out_summary = NULL;
   const plan *p = w->p;
@@ -443,7 +473,10 @@ rt_status rt_trace_writer_finish(rt_trace_writer *w, const rt_trace_summary **ou
   sum->path_step = w->last_step;
   sum->path_decode = w->last_decode;
   sum->path_span_us = 1e-3 * (double)w->last_span_ns;
-  if (w->steps) critical_path(w);
+  if (w->steps) {
+    critical_path(w);
+    kind_costs(w);
+  }
   *out_summary = sum;
   return NULL;
 }

@@ -141,6 +141,7 @@ typedef struct xspan {
   int64_t start, end;
   long long step;
   uint32_t device;
+  uint32_t op;
 } xspan;
 
 static int cmp_start(const void *a, const void *b) {
@@ -274,7 +275,7 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
         ck_assert_str_eq(str_of(json_get(a, "kernel")), plan_str(&p, p.kernels[p.ops[op].kernel].symbol));
       int64_t ts = ns_of(json_get(e, "ts")), dur = ns_of(json_get(e, "dur"));
       ck_assert(ts >= 0 && dur >= 0);
-      spans[nspans++] = (xspan){ts, ts + dur, int_of(json_get(a, "step")), (uint32_t)pid};
+      spans[nspans++] = (xspan){ts, ts + dur, int_of(json_get(a, "step")), (uint32_t)pid, op};
       if (spans[nspans - 1].step + 1 > nsteps) nsteps = spans[nspans - 1].step + 1;
     } else if (!strcmp(ph, "s")) {
       flow_s[ns++] = int_of(json_get(e, "id"));
@@ -345,6 +346,43 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   snprintf(want, sizeof want, "%.3f", last_end);
   ck_assert_str_eq(field(out, "critical:  step", " to ", buf, sizeof buf), want);
 
+  /* predicted against measured, the last step by device and op kind: the
+   * plan's costs and the file's spans of step 5, summed in plan order */
+  int lines = 0;
+  for (uint32_t d = 0; d < p.ndevices; d++)
+    for (uint32_t i = 0; i < p.ncommands; i++) {
+      const plan_command *c = &p.commands[i];
+      if ((c->kind != PLAN_CMD_LAUNCH && c->kind != PLAN_CMD_COPY) || p.streams[c->stream].device != d) continue;
+      uint32_t k = p.ops[c->op].kernel;
+      const char *kind = k == PLAN_NONE ? "copy" : plan_str(&p, p.kernels[k].kind);
+      int seen = 0;
+      for (uint32_t j = 0; j < i && !seen; j++) {
+        const plan_command *e = &p.commands[j];
+        uint32_t ek = e->op == PLAN_NONE ? PLAN_NONE : p.ops[e->op].kernel;
+        seen = (e->kind == PLAN_CMD_LAUNCH || e->kind == PLAN_CMD_COPY) && p.streams[e->stream].device == d &&
+               !strcmp(ek == PLAN_NONE ? "copy" : plan_str(&p, p.kernels[ek].kind), kind);
+      }
+      if (seen) continue;
+      uint32_t n = 0;
+      double predicted = 0, measured = 0;
+      for (uint32_t j = i; j < p.ncommands; j++) {
+        const plan_command *e = &p.commands[j];
+        if ((e->kind != PLAN_CMD_LAUNCH && e->kind != PLAN_CMD_COPY) || p.streams[e->stream].device != d) continue;
+        uint32_t ek = p.ops[e->op].kernel;
+        if (strcmp(ek == PLAN_NONE ? "copy" : plan_str(&p, p.kernels[ek].kind), kind)) continue;
+        n++;
+        predicted += 1e-3 * p.costs[e->op];
+        for (size_t s = 0; s < nspans; s++)
+          if (spans[s].step == 5 && spans[s].op == e->op) measured += 1e-3 * (double)(spans[s].end - spans[s].start);
+      }
+      char line[512];
+      snprintf(line, sizeof line, "\npredicted: step 5, device %s %s: %u op%s, predicted %.3f us, measured %.3f us",
+               plan_str(&p, p.devices[d].name), kind, n, n == 1 ? "" : "s", predicted, measured);
+      ck_assert_msg(strstr(out, line), "no '%s' in:\n%s", line + 1, out);
+      lines++;
+    }
+  ck_assert_int_gt(lines, 3);
+
   free(process_seen);
   free(thread_seen);
   free(spans);
@@ -377,6 +415,10 @@ START_TEST(trace_metrics_in_json_output) {
   const json_value *path = json_get(json_get(t, "critical_path"), "ops");
   ck_assert_uint_gt(path->n, 10);
   ck_assert_int_eq(json_get(path->items[0], "via")->kind, JSON_NULL);
+  const json_value *costs = json_get(t, "costs");
+  ck_assert_uint_gt(costs->n, 3);
+  ck_assert_str_eq(str_of(json_get(costs->items[0], "device")), "hot");
+  ck_assert(json_get(costs->items[0], "predicted_us")->number > 0 && json_get(costs->items[0], "ops")->number >= 1);
   json_free(v);
   size_t len;
   char *text = tu_slurp(tpath, &len);
