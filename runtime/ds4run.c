@@ -255,6 +255,8 @@ static void print_trace_human(const cli *c, const plan *p, const rt_trace_summar
            t->span_us > 0 ? t->busy_us[d] / t->span_us : 0.0, t->span_us);
   printf("overlap:   %.3f us with two or more devices busy, of %.3f us with any busy: share %.4f\n",
          t->both_us, t->any_us, t->share);
+  printf("host:      %.3f us in the steps: %.3f us enqueueing, %.3f us waiting for the streams\n", t->host_step_us,
+         t->host_submit_us, t->host_wait_us);
   for (uint32_t g = 0; g < t->ncopies; g++) {
     const rt_trace_copies *k = &t->copies[g];
     char sn[512];
@@ -296,8 +298,9 @@ static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary
     printf(", \"busy_us\": %.3f, \"busy_share\": %.6f}", t->busy_us[d],
            t->span_us > 0 ? t->busy_us[d] / t->span_us : 0.0);
   }
-  printf("], \"overlap\": {\"both_us\": %.3f, \"any_us\": %.3f, \"share\": %.6f}, \"copies\": [",
-         t->both_us, t->any_us, t->share);
+  printf("], \"overlap\": {\"both_us\": %.3f, \"any_us\": %.3f, \"share\": %.6f}, \"host\": {\"step_us\": %.3f, "
+         "\"submit_us\": %.3f, \"wait_us\": %.3f}, \"copies\": [",
+         t->both_us, t->any_us, t->share, t->host_step_us, t->host_submit_us, t->host_wait_us);
   for (uint32_t g = 0; g < t->ncopies; g++) {
     const rt_trace_copies *k = &t->copies[g];
     char sn[512];

@@ -5,6 +5,7 @@
  * timestamps included when the bundle traces. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rt_impl.h"
 
@@ -149,10 +150,18 @@ static void graph_step(rt_bundle *b, uint64_t gen) {
   if (s) rt_sync_poison(&b->sync, s);
 }
 
+/* CLOCK_MONOTONIC nanoseconds, the trace's clock. */
+static uint64_t host_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   const plan *p = &b->p;
   int32_t block[4] = {step[0], step[1], step[2], 0};
   b->trace_valid = 0;
+  if (b->trace_start) b->trace_host[0] = host_now_ns();
   /* The previous step drained every stream, so the block can be written
    * synchronously without racing a kernel that reads it. */
   for (uint32_t d = 0; d < p->ndevices; d++) {
@@ -166,10 +175,12 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
     graph_step(b, gen);
   else
     submit_all(b, gen);
+  if (b->trace_start) b->trace_host[1] = host_now_ns();
   for (uint32_t s = 0; s < p->nstreams; s++) {
     rt_status e = b->devs[p->streams[s].device].be->stream_sync(b->streams[s]);
     if (e) rt_sync_poison(&b->sync, e);
   }
+  if (b->trace_start) b->trace_host[2] = host_now_ns();
   /* After the syncs, so that the watchdog's report of this step is in
    * before the error is taken, and none can come after. */
   if (b->watchdog) rt_watchdog_disarm(b->watchdog);
@@ -188,6 +199,13 @@ rt_status rt_graph_stats(const rt_bundle *b, uint64_t *out_nodes, uint64_t *out_
     return rt_status_make("rt_graph_stats: bundle %s: no graph yet (the first step captures it)",
                           b->dir);
   b->devs[0].be->graph_stats(b->graph, out_nodes, out_edges);
+  return NULL;
+}
+
+rt_status rt_trace_last_host(const rt_bundle *b, uint64_t out_ns[3]) {
+  const uint64_t *start, *end;
+  RT_TRY(rt_trace_last_step(b, &start, &end));
+  for (int i = 0; i < 3; i++) out_ns[i] = b->trace_host[i];
   return NULL;
 }
 

@@ -85,6 +85,12 @@ rt_status rt_graph_stats(const rt_bundle *b, uint64_t *out_nodes, uint64_t *out_
  * for RECORD and WAIT. Valid after a successful rt_replay_step until the
  * next one starts. Fails when the bundle was opened without trace, before
  * the first step and after a failed one. */
+/* With rt_options.trace, the host's side of the last step, CLOCK_MONOTONIC
+ * nanoseconds (the clock of every backend's timestamps): out_ns[0] when
+ * rt_replay_step began, [1] when every device's commands (or the graph
+ * launch) were enqueued, [2] when every stream had been synchronised.
+ * Valid and failing as rt_trace_last_step. */
+rt_status rt_trace_last_host(const rt_bundle *b, uint64_t out_ns[3]);
 rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,
                              const uint64_t **out_end);
 

@@ -109,6 +109,7 @@ struct rt_bundle {
    * launches and copies (NULL without trace); trace_valid says whether the
    * last step succeeded. */
   uint64_t *trace_start, *trace_end;
+  uint64_t trace_host[3]; /* rt_trace_last_host */
   int trace_valid;
 
   rt_watchdog *watchdog; /* rt_options.watchdog_ms; NULL: off */

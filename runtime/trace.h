@@ -91,6 +91,10 @@ typedef struct rt_trace_summary {
    * launches it; none (ncosts 0) when the plan holds no predicted costs. */
   const rt_trace_costs *costs;
   uint32_t ncosts;
+  /* The host, summed over the steps (rt_trace_last_host): each step's time
+   * in rt_replay_step, the part spent enqueueing, and the part spent
+   * waiting for the streams. */
+  double host_step_us, host_submit_us, host_wait_us;
 } rt_trace_summary;
 
 rt_status rt_trace_writer_open(rt_bundle *b, const char *path, const char *bundle_name,

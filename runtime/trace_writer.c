@@ -82,6 +82,7 @@ struct rt_trace_writer {
   uint64_t t0; /* the first step's first start: the file's time 0 */
   uint64_t *busy_ns; /* [ndevices] summed */
   uint64_t any_ns, both_ns, span_ns;
+  uint64_t host_ns[3]; /* step, submit and wait nanoseconds, summed */
   int steps;
   uint64_t spans, flows;
   /* The last step's trace, for the critical path. */
@@ -182,6 +183,22 @@ static void put_metadata(rt_trace_writer *w) {
     fprintf(f, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":%u,"
                "\"args\":{\"sort_index\":%u}}", ps->device, s, s);
   }
+  /* The host: a process after the devices, one track of steps. */
+  fprintf(f, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":\"host\"}},"
+             "\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"sort_index\":%u}},"
+             "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":\"host.steps\"}}",
+          p->ndevices, p->ndevices, p->ndevices, p->ndevices);
+}
+
+/* One span of the host track: the step, or its submit or wait part. */
+static void put_host_span(rt_trace_writer *w, const char *name, uint64_t from, uint64_t to, int32_t step) {
+  FILE *f = w->f;
+  fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"host\",\"ph\":\"X\",\"pid\":%u,\"tid\":0,\"ts\":", name,
+          w->p->ndevices);
+  put_us(f, (int64_t)(from - w->t0));
+  fputs(",\"dur\":", f);
+  put_us(f, (int64_t)(to > from ? to - from : 0));
+  fprintf(f, ",\"args\":{\"step\":%d}}", (int)step);
 }
 
 void rt_trace_writer_close(rt_trace_writer *w) {
@@ -321,10 +338,22 @@ rt_status rt_trace_writer_hook(void *ctx, rt_bundle *b, const int32_t step[4], c
   rt_trace_writer *w = ctx;
   const plan *p = w->p;
   const uint64_t *start, *end;
+  uint64_t host[3];
   RT_TRY(rt_trace_last_step(b, &start, &end));
+  RT_TRY(rt_trace_last_host(b, host));
   rt_step_busy sb;
   rt_overlap_step(w->ov, start, end, &sb);
-  if (w->steps == 0) w->t0 = sb.first_ns;
+  /* The file's time 0: the first step's start on the host, before any of
+   * its device work (which its enqueueing precedes). */
+  if (w->steps == 0) w->t0 = host[0] < sb.first_ns ? host[0] : sb.first_ns;
+  char name[32];
+  snprintf(name, sizeof name, "step %d", (int)step[2]);
+  put_host_span(w, name, host[0], host[2], step[2]);
+  put_host_span(w, "submit", host[0], host[1], step[2]);
+  put_host_span(w, "wait", host[1], host[2], step[2]);
+  w->host_ns[0] += host[2] - host[0];
+  w->host_ns[1] += host[1] - host[0];
+  w->host_ns[2] += host[2] - host[1];
   for (uint32_t d = 0; d < p->ndevices; d++) w->busy_ns[d] += sb.busy_ns[d];
   w->any_ns += sb.any_ns;
   w->both_ns += sb.both_ns;
@@ -473,6 +502,9 @@ rt_status rt_trace_writer_finish(rt_trace_writer *w, const rt_trace_summary **ou
   sum->path_step = w->last_step;
   sum->path_decode = w->last_decode;
   sum->path_span_us = 1e-3 * (double)w->last_span_ns;
+  sum->host_step_us = 1e-3 * (double)w->host_ns[0];
+  sum->host_submit_us = 1e-3 * (double)w->host_ns[1];
+  sum->host_wait_us = 1e-3 * (double)w->host_ns[2];
   if (w->steps) {
     critical_path(w);
     kind_costs(w);

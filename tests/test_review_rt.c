@@ -241,7 +241,11 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   ck_assert_ptr_nonnull(ev);
   ck_assert_int_eq(ev->kind, JSON_ARRAY);
 
-  int *process_seen = calloc(p.ndevices, sizeof *process_seen), *thread_seen = calloc(p.nstreams, sizeof *thread_seen);
+  /* devices 0..n-1 and the host, n; the streams and the host's track */
+  int *process_seen = calloc(p.ndevices + 1, sizeof *process_seen),
+      *thread_seen = calloc(p.nstreams + 1, sizeof *thread_seen);
+  enum { MAXSTEPS = 16 };
+  int64_t host_step[MAXSTEPS][2] = {{0}}, host_submit[MAXSTEPS][2] = {{0}}, host_wait[MAXSTEPS][2] = {{0}};
   xspan *spans = malloc(ev->n * sizeof *spans);
   long long *flow_s = calloc(ev->n, sizeof *flow_s), *flow_f = calloc(ev->n, sizeof *flow_f);
   ck_assert(process_seen && thread_seen && spans && flow_s && flow_f);
@@ -251,7 +255,27 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
     const json_value *e = ev->items[i];
     const char *ph = str_of(json_get(e, "ph")), *name = str_of(json_get(e, "name"));
     long long pid = int_of(json_get(e, "pid")), tid = int_of(json_get(e, "tid"));
-    if (!strcmp(ph, "M") && !strcmp(name, "process_name")) {
+    if (!strcmp(ph, "M") && !strcmp(name, "process_name") && pid == p.ndevices) {
+      process_seen[pid]++;
+      ck_assert_str_eq(str_of(json_get(json_get(e, "args"), "name")), "host");
+    } else if (!strcmp(ph, "M") && !strcmp(name, "thread_name") && pid == p.ndevices) {
+      ck_assert_int_eq(tid, 0);
+      thread_seen[p.nstreams]++;
+      ck_assert_str_eq(str_of(json_get(json_get(e, "args"), "name")), "host.steps");
+    } else if (!strcmp(ph, "X") && !strcmp(str_of(json_get(e, "cat")), "host")) {
+      ck_assert_int_eq(pid, p.ndevices);
+      long long st = int_of(json_get(json_get(e, "args"), "step"));
+      ck_assert(st >= 0 && st < MAXSTEPS);
+      int64_t ts = ns_of(json_get(e, "ts")), dur = ns_of(json_get(e, "dur"));
+      int64_t(*slot)[2] = !strcmp(name, "submit") ? host_submit : !strcmp(name, "wait") ? host_wait : host_step;
+      if (slot == host_step) {
+        char want[32];
+        snprintf(want, sizeof want, "step %lld", st);
+        ck_assert_str_eq(name, want);
+      }
+      slot[st][0] = ts;
+      slot[st][1] = ts + dur;
+    } else if (!strcmp(ph, "M") && !strcmp(name, "process_name")) {
       ck_assert(pid >= 0 && pid < p.ndevices);
       process_seen[pid]++;
       char want[300];
@@ -286,8 +310,8 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
       ck_assert_msg(!strcmp(ph, "M"), "unexpected event phase '%s'", ph);
     }
   }
-  for (uint32_t d = 0; d < p.ndevices; d++) ck_assert_int_eq(process_seen[d], 1);
-  for (uint32_t s = 0; s < p.nstreams; s++) ck_assert_int_eq(thread_seen[s], 1);
+  for (uint32_t d = 0; d <= p.ndevices; d++) ck_assert_int_eq(process_seen[d], 1);
+  for (uint32_t s = 0; s <= p.nstreams; s++) ck_assert_int_eq(thread_seen[s], 1);
   /* 10 prompt tokens in chunks of 4, then 3 decode steps; every launch
    * and copy of the plan in each */
   ck_assert_int_eq(nsteps, 3 + 3);
@@ -306,6 +330,30 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   char buf[64], want[64];
   snprintf(want, sizeof want, "%zu", ns);
   ck_assert_str_eq(field(out, "trace:", "spans, ", buf, sizeof buf), want);
+
+  /* the host track: each step's span is its submit then its wait, and
+   * holds every launch and copy of the step; the host line sums them */
+  int64_t sum_step = 0, sum_submit = 0, sum_wait = 0;
+  for (long long st = 0; st < nsteps; st++) {
+    ck_assert(host_step[st][1] > host_step[st][0]);
+    ck_assert(host_submit[st][0] == host_step[st][0] && host_submit[st][1] == host_wait[st][0] &&
+              host_wait[st][1] == host_step[st][1]);
+    if (st > 0) ck_assert(host_step[st][0] >= host_step[st - 1][1]);
+    for (size_t i = 0; i < nspans; i++)
+      if (spans[i].step == st)
+        ck_assert_msg(spans[i].start >= host_step[st][0] && spans[i].end <= host_step[st][1],
+                      "step %lld: span [%lld, %lld] outside the host's [%lld, %lld]", st, (long long)spans[i].start,
+                      (long long)spans[i].end, (long long)host_step[st][0], (long long)host_step[st][1]);
+    sum_step += host_step[st][1] - host_step[st][0];
+    sum_submit += host_submit[st][1] - host_submit[st][0];
+    sum_wait += host_wait[st][1] - host_wait[st][0];
+  }
+  snprintf(want, sizeof want, "%.3f", 1e-3 * (double)sum_step);
+  ck_assert_str_eq(field(out, "host:", "host:      ", buf, sizeof buf), want);
+  snprintf(want, sizeof want, "%.3f", 1e-3 * (double)sum_submit);
+  ck_assert_str_eq(field(out, "host:", "steps: ", buf, sizeof buf), want);
+  snprintf(want, sizeof want, "%.3f", 1e-3 * (double)sum_wait);
+  ck_assert_str_eq(field(out, "host:", "enqueueing, ", buf, sizeof buf), want);
 
   /* the printed metrics are the file's */
   int64_t busy[2], any, both;
