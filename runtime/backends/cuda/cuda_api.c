@@ -483,7 +483,7 @@ static rt_status cuda_function_find(gpu_driver *d, gpu_module m, const char *sym
  * driver without cuLaunchKernelEx launches plainly): the driver may
  * schedule the grid's blocks while the kernel before it on the stream
  * drains, and the kernel's griddepcontrol.wait holds them until that grid
- * has ended. A GPU before sm_90 ignores the attribute. */
+ * has ended (sm_90, the one NVIDIA target ds4c builds for, has both). */
 static rt_status cuda_launch(gpu_driver *d, gpu_stream s, gpu_function f, uint32_t grid,
                              uint32_t block, uint32_t shared_bytes, const void *const *args,
                              uint32_t nargs, int overlap) {
