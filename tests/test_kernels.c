@@ -3048,30 +3048,34 @@ static void emu_hook_barrier(void)
   pthread_barrier_wait(&g_emu.block_barrier);
 }
 
-/* Every lane of the warp publishes v, waits for the others, then reads
- * lane + s's (its own past the warp's end: unspecified on a GPU). Calls
- * alternate between two arrays: a lane can write the other one while the
- * warp still reads this one, and cannot come back to this one before
- * every lane has passed the next call's wait, having read. */
-static float emu_hook_lane_down(float v, int s)
+/* Every lane of the warp publishes v and waits for the others; returns
+ * the warp's published values. Calls alternate between two arrays: a lane
+ * can write the other one while the warp still reads this one, and cannot
+ * come back to this one before every lane has passed the next call's
+ * wait, having read. */
+static const float *emu_lane_exchange(float v)
 {
   int tid = g_emu_tid, warp = tid / EMU_WARP;
   float *values = g_emu.lane_value[g_emu_parity];
   g_emu_parity ^= 1;
   values[tid] = v;
   pthread_barrier_wait(&g_emu.warp_barrier[warp]);
-  return tid % EMU_WARP + s < EMU_WARP ? values[tid + s] : v;
+  return values + warp * EMU_WARP;
 }
 
-/* ds4_lane_read: the same exchange, each lane reading lane l of its warp. */
+/* ds4_lane_down: lane + s's v (its own past the warp's end: unspecified
+ * on a GPU). */
+static float emu_hook_lane_down(float v, int s)
+{
+  int lane = g_emu_tid % EMU_WARP;
+  const float *warp = emu_lane_exchange(v);
+  return lane + s < EMU_WARP ? warp[lane + s] : v;
+}
+
+/* ds4_lane_read: lane l's v. */
 static float emu_hook_lane_read(float v, int l)
 {
-  int tid = g_emu_tid, warp = tid / EMU_WARP;
-  float *values = g_emu.lane_value[g_emu_parity];
-  g_emu_parity ^= 1;
-  values[tid] = v;
-  pthread_barrier_wait(&g_emu.warp_barrier[warp]);
-  return values[warp * EMU_WARP + l];
+  return emu_lane_exchange(v)[l];
 }
 
 static void *emu_worker(void *arg)
