@@ -175,6 +175,15 @@ rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int nto
   return rt_replay_step(bd, step);
 }
 
+rt_status decode_once(rt_bundle *bd, int32_t id, int pos, int index, int32_t *out_next) {
+  rt_bundle *d = rt_bundle_decode(bd);
+  const plan *p = rt_bundle_plan(d);
+  int32_t ids[64] = {id}; /* the decode plan's slots: one live, zeros after */
+  if (p->info.tokens > 64) return rt_status_make("decode_once: a decode plan of %u slots", p->info.tokens);
+  RT_TRY(step_once(d, p, ids, pos, 1, index));
+  return rt_tensor_read(d, p->info.next_tensor, out_next, sizeof *out_next);
+}
+
 rt_status prefill(rt_bundle *bd, const plan *p, const int32_t *prompt, int nprompt, int32_t *ids, int32_t *next,
                   int *index, int32_t *out_last) {
   for (int pos = 0; pos < nprompt; pos += (int)p->info.tokens) {

@@ -67,6 +67,9 @@ rt_status bench_copy(gpu *g, double *out_bps);
 
 /* Feeds ids (ntok live, zeros after) and replays one step. */
 rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int ntok, int index);
+/* One decode step of token id at pos on the bundle's decode plan
+ * (rt_bundle_decode); *out_next is the greedy token after it. */
+rt_status decode_once(rt_bundle *bd, int32_t id, int pos, int index, int32_t *out_next);
 /* Replays the prompt as prefill chunks of the plan's slots from step index
  * *index on (advanced); *out_last is the greedy token after the prompt.
  * ids and next hold the plan's token slots. */

@@ -127,12 +127,9 @@ static rt_status run_bundle(const char *dir, const opts *o, int graph, result *r
   int32_t last = 0;
   if (!s) s = prefill(bd, p, prompt, nprompt, ids, next, &index, &last);
   for (int i = 0; i < o->warmup + o->steps && !s; i++) {
-    ids[0] = last;
     double t0 = now_ns();
-    s = step_once(bd, p, ids, nprompt + i, 1, index++);
-    if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
+    s = decode_once(bd, last, nprompt + i, index++, &last);
     double dt = now_ns() - t0;
-    last = next[0];
     if (!s && i >= o->warmup) {
       us[i - o->warmup] = dt * 1e-3;
       r->tokens[i - o->warmup] = last;
@@ -196,12 +193,9 @@ static void positions_rows(const char *dir, const opts *o, double copy_bps, tabl
     if (want[w] <= at || want[w] > room) continue;
     s = feed_range(bd, p, prompt, nprompt, at, want[w], ids, next, &index, &last);
     for (int i = 0; i < o->warmup + o->steps && !s; i++) {
-      ids[0] = last;
       double t0 = now_ns();
-      s = step_once(bd, p, ids, want[w] + i, 1, index++);
-      if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
+      s = decode_once(bd, last, want[w] + i, index++, &last);
       if (!s && i >= o->warmup) us[i - o->warmup] = (now_ns() - t0) * 1e-3;
-      last = next[0];
     }
     at = want[w] + o->warmup + o->steps;
     if (s) break;
@@ -250,17 +244,14 @@ static void op_rows(const char *dir, const opts *o, double copy_bps, table *t) {
   int32_t last = 0;
   s = rt_default_prompt(p, &prompt, &nprompt);
   int32_t *ids = calloc(p->info.tokens, sizeof *ids), *next = calloc(p->info.tokens, sizeof *next);
-  kind_time *k = calloc(p->nkernels + 1, sizeof *k);
+  kind_time *k = calloc(rt_bundle_plan(rt_bundle_decode(bd))->nkernels + 1, sizeof *k);
   if (!s && !(ids && next && k)) s = rt_status_make("out of memory");
   if (!s) s = prefill(bd, p, prompt, nprompt, ids, next, &index, &last);
-  for (int i = 0; i < o->warmup + 1 && !s; i++) {
-    ids[0] = last;
-    s = step_once(bd, p, ids, nprompt + i, 1, index++);
-    if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
-    last = next[0];
-  }
+  for (int i = 0; i < o->warmup + 1 && !s; i++) s = decode_once(bd, last, nprompt + i, index++, &last);
+  /* The decode plan's step: its commands, its trace. */
+  p = rt_bundle_plan(rt_bundle_decode(bd));
   const uint64_t *start = NULL, *end = NULL;
-  if (!s) s = rt_trace_last_step(bd, &start, &end);
+  if (!s) s = rt_trace_last_step(rt_bundle_decode(bd), &start, &end);
   int nk = 0;
   double total = 0;
   for (uint32_t c = 0; c < p->ncommands && !s; c++) {

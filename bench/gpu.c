@@ -337,14 +337,16 @@ static void bench_gemv(table *t, gpu *g, const char *root, double copy_bps) {
 /* ---- bundles replayed through the runtime ---- */
 
 
-/* Median, p10 and p90 wall time of rt_replay_step over decode steps: the
- * default prompt as prefill, then decode steps fed their predecessor's
- * token until max_seq, then again from position 0. */
+/* Median, p10 and p90 wall time of decode steps on the decode plan (the
+ * token written, rt_replay_step, the next token read): the default prompt
+ * as prefill, then decode steps fed their predecessor's token until
+ * max_seq, then again from position 0. *out_plan is the decode plan. */
 static rt_status decode_steps(const char *dir, double q[3], const plan **out_plan, rt_bundle **out_bundle) {
   rt_bundle *bd;
   RT_TRY(rt_bundle_open(dir, NULL, &bd));
   *out_bundle = bd;
-  const plan *p = *out_plan = rt_bundle_plan(bd);
+  const plan *p = rt_bundle_plan(bd);
+  *out_plan = rt_bundle_plan(rt_bundle_decode(bd));
   int32_t *prompt = NULL;
   int nprompt = 0;
   RT_TRY(rt_default_prompt(p, &prompt, &nprompt));
@@ -359,14 +361,11 @@ static rt_status decode_steps(const char *dir, double q[3], const plan **out_pla
     int32_t last = 0;
     s = prefill(bd, p, prompt, nprompt, ids, next, &index, &last);
     for (int pos = nprompt; pos < (int)p->info.max_seq && !s && done < STEP_WARMUP + STEP_RUNS; pos++) {
-      ids[0] = last;
       double t0 = now_ns();
-      s = step_once(bd, p, ids, pos, 1, index++);
+      s = decode_once(bd, last, pos, index++, &last);
       double dt = now_ns() - t0;
       if (!s && done >= STEP_WARMUP) us[done - STEP_WARMUP] = dt * 1e-3;
       done++;
-      if (!s) s = rt_tensor_read(bd, p->info.next_tensor, next, p->info.tokens * sizeof *next);
-      last = next[0];
     }
   }
   if (!s) {
@@ -402,7 +401,7 @@ static void bench_decode(table *t, const char *root, const char *name, const cha
         wbytes += p->args[cmd->args_begin + 1].bytes;
     }
     char how[200], bw[96] = "";
-    snprintf(how, sizeof how, "rt_replay_step wall time, median of %d decode steps after %d; %s, %u launches",
+    snprintf(how, sizeof how, "decode step wall time, median of %d after %d; %s, %u launches",
              STEP_RUNS, STEP_WARMUP, name, launches);
     if (with_bandwidth)
       snprintf(bw, sizeof bw, ": %.0f GB/s of matmul weights (%.0f MiB a step)",
@@ -477,7 +476,7 @@ static rt_status tiny_bundle(const tiny *ty, uint32_t ordinal, const char *dir) 
   p.strings = str;
   p.strings_len = (uint32_t)(sizeof strings + sym_len);
   p.info = (plan_info){.model = S_MODEL, .schedule = S_SCHED, .tokens = tokens, .max_seq = src->info.max_seq,
-                       .prefill = 1, .decode = 1, .ids_tensor = 0, .next_tensor = 1, .weight_seed = 1};
+                       .prompt = 1, .decode = 1, .ids_tensor = 0, .next_tensor = 1, .weight_seed = 1};
   plan_tensor tensors[5];
   uint64_t off = 0;
   const uint32_t names[5] = {S_IDS, S_NEXT, S_A, S_B, S_C};

@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
   p.strings = (char *)strings;
   p.strings_len = sizeof strings;
   p.info = (plan_info){.model = S_BENCH, .schedule = S_SCHED, .tokens = 1, .max_seq = 1,
-                       .prefill = 1, .decode = 1, .ids_tensor = 0, .next_tensor = 1,
+                       .prompt = 1, .decode = 1, .ids_tensor = 0, .next_tensor = 1,
                        .weight_seed = 1};
   plan_device dev = {.name = S_CPU0, .backend = PLAN_BACKEND_CPU, .arch = S_HOST, .threads = 1,
                      .arena_bytes = 192};

@@ -17,12 +17,16 @@ static const char usage[] =
     "       ds4c diff A B\n"
     "       ds4c explain BUNDLE [--json]\n"
     "\n"
-    "Compiles a model and a schedule description into BUNDLE/: plan.ds4p (the\n"
-    "binary launch plan), plan.txt (its canonical text, for review) and\n"
-    "kernels/ (generated kernel sources and the code objects built from them),\n"
-    "then prints one line: the plan's launches, copies, records and waits, and\n"
-    "each device's arena. A code object built before from the same sources by\n"
-    "the same toolchain is copied from the kernel cache (docs/GPU.md).\n"
+    "Compiles a model and a schedule description into a bundle of two plans,\n"
+    "one per step shape of the schedule's `step`: BUNDLE/ holds the prefill\n"
+    "plan (a chunk of `prefill` token slots) and BUNDLE/decode/ the decode plan\n"
+    "(`decode` slots), each as plan.ds4p (the binary launch plan), plan.txt (its\n"
+    "canonical text, for review) and kernels/ (generated kernel sources and the\n"
+    "code objects built from them); the two share the weights and the state.\n"
+    "Then prints each plan's launches, copies, records and waits, each device's\n"
+    "arena and the decode plan's launches per decoder layer. A code object\n"
+    "built before from the same sources by the same toolchain is copied from\n"
+    "the kernel cache (docs/GPU.md).\n"
     "\n"
     "  -o BUNDLE          output folder; replaced only when the compile succeeds\n"
     "  --target LIST      code object targets, comma-separated: host, gfx1201, gfx1151,\n"
@@ -30,7 +34,8 @@ static const char usage[] =
     "  --cpu              every device of the schedule on the cpu backend (arch host), its\n"
     "                     streams, owners, threads and hints unchanged: a GPU schedule's\n"
     "                     plan to replay where there is no GPU\n"
-    "  --dump-after PASS  print the IR after PASS (or after every pass: all) to stderr\n"
+    "  --dump-after PASS  print the IR after PASS (or after every pass: all) to stderr,\n"
+    "                     the prefill plan's, then the decode plan's\n"
     "  --no-cache         build every code object, neither reading nor filling the kernel\n"
     "                     cache ($DS4C_CACHE, else $XDG_CACHE_HOME/ds4c, else ~/.cache/ds4c)\n"
     "\n"
@@ -43,7 +48,8 @@ static const char usage[] =
     "bytes; host: code bytes) with its occupancy and what limits it (AMD: waves\n"
     "a SIMD; NVIDIA: warps a multiprocessor), the ops each kernel serves, the\n"
     "devices and their arenas, and the plan's launches, copies, records, waits,\n"
-    "ops, edges and kernels.\n"
+    "ops, edges and kernels; for the prefill plan, then the decode plan\n"
+    "(BUNDLE/decode).\n"
     "\n"
     "  --json             the same report as JSON, for scripts\n"
     "\n"
@@ -52,7 +58,8 @@ static const char usage[] =
     "memory and params that changed, each by op path or name, then each\n"
     "stream's order and its events (docs/REVIEW.md); a device of B with the\n"
     "backend, arch and ordinal of a device of A under another name is that\n"
-    "device (one note). Exit status: 0 identical,\n"
+    "device (one note). Two bundle folders: their decode plans next. Exit\n"
+    "status, the worse of the two: 0 identical,\n"
     "1 order or hints only (only stream order and events changed), 2 edges,\n"
     "kernels, copies, placement, memory or params changed, 3 an input is\n"
     "unreadable or not a plan, 64 usage.\n"
@@ -61,7 +68,8 @@ static const char usage[] =
     "its ops (its cost model, not a measurement) and prints the predicted step\n"
     "time, each device's busy time and share of it, and the critical path from\n"
     "the last-finishing op back to the step's start: each op's predicted start,\n"
-    "finish and duration, its stream, and what it started after (docs/REVIEW.md).\n"
+    "finish and duration, its stream, and what it started after (docs/REVIEW.md);\n"
+    "for the prefill plan, then the decode plan.\n"
     "\n"
     "  --json             the same report as JSON, for scripts\n";
 
@@ -78,8 +86,8 @@ static int layer_of(const plan *p, const plan_command *c) {
   return sscanf(path, "layers.%d.%n", &l, &end) == 1 && end > 0 && l >= 0 ? l : -1;
 }
 
-/* With decoder layers: their launches, the most in one layer (a decode
- * step's launches grow with them) and the rest. */
+/* With decoder layers: the decode plan's launches in them, the most in
+ * one layer (a decode step's launches grow with them) and the rest. */
 static void report_layers(const char *dir, const plan *p) {
   int nl = 0;
   for (uint32_t i = 0; i < p->ncommands; i++)
@@ -101,7 +109,7 @@ static void report_layers(const char *dir, const plan *p) {
     used += count[l] > 0;
     if (count[l] > count[most]) most = l;
   }
-  printf("ds4c: %s: %u launches in %d decoder layers, at most %u in one (layers.%d); %u outside them\n", dir,
+  printf("ds4c: %s: decode plan: %u launches in %d decoder layers, at most %u in one (layers.%d); %u outside them\n", dir,
          total, used, count[most], most, outside);
   free(count);
 }
@@ -129,29 +137,44 @@ static void warn(const char *sched, const plan *p) {
   }
 }
 
-/* One line a reviewer reads after every compile: the plan's commands and
- * each device's arena, read back from the bundle just written; and one
- * with the launches a decoder layer takes; then warn's warnings. */
+/* What a reviewer reads after every compile, read back from the bundle
+ * just written: each plan's commands, the arenas the two share, and the
+ * launches a decoder layer takes in a decode step; then warn's warnings. */
+static int read_back(const char *dir, const char *sub, plan *p) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s%s/plan.ds4p", dir, sub);
+  rt_status st = plan_read(path, p);
+  if (!st) return 0;
+  fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
+  rt_status_free(st);
+  return -1;
+}
+
+static void report_commands(const char *dir, const char *what, const plan *p) {
+  uint32_t n[4] = {0, 0, 0, 0};
+  for (uint32_t i = 0; i < p->ncommands; i++) n[p->commands[i].kind]++;
+  printf("ds4c: %s: %s plan, %u slot%s: %u launches, %u copies, %u records, %u waits on %u streams\n", dir, what,
+         p->info.tokens, p->info.tokens == 1 ? "" : "s", n[PLAN_CMD_LAUNCH], n[PLAN_CMD_COPY], n[PLAN_CMD_RECORD],
+         n[PLAN_CMD_WAIT], p->nstreams);
+}
+
 static int report(const char *dir, const char *sched) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/plan.ds4p", dir);
-  plan p;
-  rt_status st = plan_read(path, &p);
-  if (st) {
-    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
-    rt_status_free(st);
+  plan p, q;
+  if (read_back(dir, "", &p)) return 1;
+  if (read_back(dir, "/decode", &q)) {
+    plan_free(&p);
     return 1;
   }
-  uint32_t n[4] = {0, 0, 0, 0};
-  for (uint32_t i = 0; i < p.ncommands; i++) n[p.commands[i].kind]++;
-  printf("ds4c: %s: %u launches, %u copies, %u records, %u waits on %u streams; arenas:", dir,
-         n[PLAN_CMD_LAUNCH], n[PLAN_CMD_COPY], n[PLAN_CMD_RECORD], n[PLAN_CMD_WAIT], p.nstreams);
+  report_commands(dir, "prefill", &p);
+  report_commands(dir, "decode", &q);
+  printf("ds4c: %s: arenas:", dir);
   for (uint32_t i = 0; i < p.ndevices; i++)
     printf(" %s %llu bytes%s", plan_str(&p, p.devices[i].name), (unsigned long long)p.devices[i].arena_bytes,
            i + 1 < p.ndevices ? "," : "\n");
-  report_layers(dir, &p);
+  report_layers(dir, &q);
   warn(sched, &p);
   plan_free(&p);
+  plan_free(&q);
   return 0;
 }
 

@@ -97,13 +97,13 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   in->schedule = intern(e, p->sched_name);
   in->tokens = (uint32_t)p->tokens;
   in->max_seq = (uint32_t)p->max_seq;
-  in->prefill = (uint32_t)p->prefill;
+  in->prompt = (uint32_t)p->prompt;
   in->decode = (uint32_t)p->decode;
   in->ids_tensor = (uint32_t)p->ids_tensor;
   in->next_tensor = (uint32_t)p->next_tensor;
   in->nevents = (uint32_t)p->nevents;
   /* Every GPU kernel template calls ds4_grid_wait first (kernels/gpu). */
-  in->flags = PLAN_FLAG_GRID_WAIT;
+  in->flags = PLAN_FLAG_GRID_WAIT | (p->decode_plan ? PLAN_FLAG_DECODE : 0);
   in->weight_seed = p->weight_seed;
 
   /* Integer params only: a float param's value is in the attrs it sets. */

@@ -13,17 +13,24 @@ typedef struct scope {
   const ir_prog *p;
   const dsl_layer *layer; /* per-layer params, or NULL */
   int64_t index;          /* instance index, -1 when not repeated */
+  int state;              /* a state tensor's shape: `tokens` is state_tokens */
 } scope;
 
 /* dsl_lookup_fn: per-layer params (integer expressions over the model's
- * params), then the model's; 1 for a float param. */
+ * params), then the model's; 1 for a float param. In a state tensor's
+ * shape `tokens` is the prefill chunk's slots in every plan, so that the
+ * decode plan's state is the prefill plan's. */
 static int lookup_param(void *ctx, const char *name, int64_t *out) {
   const scope *s = ctx;
+  if (s->state && s->p->state_tokens > 0 && strcmp(name, "tokens") == 0) {
+    *out = s->p->state_tokens;
+    return 0;
+  }
   if (s->layer)
     for (int i = 0; i < s->layer->nparams; i++)
       if (strcmp(s->layer->params[i].key.text, name) == 0) {
         /* per-layer params are plain integers or model-param expressions */
-        scope outer = {s->p, NULL, s->index};
+        scope outer = {s->p, NULL, s->index, s->state};
         dsl_diag scratch = {0};
         return dsl_eval(&s->layer->params[i].value, lookup_param, &outer, out, &scratch);
       }
@@ -54,7 +61,7 @@ static int lookup_param_float(void *ctx, const char *name, double *out) {
 /* A param is an integer expression, or a float one when it holds a
  * number with a fraction or an exponent or names a float param. */
 static int eval_param(ir_prog *p, const dsl_kv *kv, ir_param *out, dsl_diag *d) {
-  scope s = {p, NULL, -1};
+  scope s = {p, NULL, -1, 0};
   dsl_diag scratch = {0};
   if (!dsl_has_float_literal(&kv->value)) {
     if (dsl_eval(&kv->value, lookup_param, &s, &out->value, &scratch) == 0) return 0;
@@ -62,6 +69,34 @@ static int eval_param(ir_prog *p, const dsl_kv *kv, ir_param *out, dsl_diag *d) 
   }
   out->is_float = 1;
   return dsl_eval_float(&kv->value, lookup_param_float, &s, &out->fvalue, d);
+}
+
+/* The schedule's step decides `tokens`, the slots of a step: the prefill
+ * plan's are the step's `prefill` (the model's own `tokens` when it names
+ * none), the decode plan's its `decode`. Later params and every shape see
+ * this plan's value; state shapes see the prefill plan's (lookup_param). */
+static int bind_step(ir_prog *p, ir_param *tokens, dsl_diag *d) {
+  const dsl_schedule *s = p->sched;
+  int64_t prefill = tokens->value, decode = 1;
+  char *end;
+  if (s->step_prefill.text) {
+    prefill = strtoll(s->step_prefill.text, &end, 10);
+    if (*end || prefill < 1 || prefill > 65536)
+      return dsl_error(d, s->step_prefill.pos, "step: prefill slots must be from 1 to 65536, found '%s'",
+                       s->step_prefill.text);
+  }
+  if (s->step_decode.text) {
+    decode = strtoll(s->step_decode.text, &end, 10);
+    if (*end || decode != 1)
+      return dsl_error(d, s->step_decode.pos,
+                       "step: decode slots must be 1 (a bundle decodes one sequence, a token a step), found '%s'",
+                       s->step_decode.text);
+  }
+  p->prefill = (int)prefill;
+  p->decode = (int)decode;
+  p->state_tokens = (int)prefill;
+  tokens->value = p->decode_plan ? decode : prefill;
+  return 0;
 }
 
 static int eval_params(ir_prog *p, dsl_diag *d) {
@@ -76,6 +111,7 @@ static int eval_params(ir_prog *p, dsl_diag *d) {
     if (eval_param(p, &m->params[i], pa, d)) return -1;
     pa->name = ir_strdup(m->params[i].key.text);
     p->nparams = i + 1;
+    if (strcmp(pa->name, "tokens") == 0 && !pa->is_float && bind_step(p, pa, d)) return -1;
   }
   return 0;
 }
@@ -153,8 +189,10 @@ static int make_tensor(ir_prog *p, const dsl_tensor *dt, const char *prefix, con
                      IR_MAXDIM);
   t.ndim = dt->ndim;
   int64_t bytes = plan_dtype_size(t.dtype);
+  scope shape = *s;
+  shape.state = t.role == PLAN_STATE;
   for (int i = 0; i < dt->ndim; i++) {
-    if (dsl_eval(&dt->shape[i], lookup_param, (void *)s, &t.dim[i], d)) return -1;
+    if (dsl_eval(&dt->shape[i], lookup_param, &shape, &t.dim[i], d)) return -1;
     if (t.dim[i] <= 0)
       return dsl_error(d, dt->shape[i].pos, "dimension %d of tensor '%s' is %lld; dimensions must be positive",
                        i, path, (long long)t.dim[i]);
@@ -302,7 +340,7 @@ static int64_t span_last(const layer_span *s) {
 }
 
 static int eval_span(ir_prog *p, const dsl_layer *l, layer_span *out, dsl_diag *d) {
-  scope top = {p, NULL, -1};
+  scope top = {p, NULL, -1, 0};
   out->first = l->from.text || l->repeat.text ? 0 : -1;
   out->count = 1;
   if (l->from.text) {
@@ -358,7 +396,7 @@ static int expand_instance(ir_prog *p, const dsl_layer *l, const dsl_block *b, i
   char prefix[256];
   if (index >= 0) snprintf(prefix, sizeof prefix, "%s.%lld", l->name.text, (long long)index);
   else snprintf(prefix, sizeof prefix, "%s", l->name.text);
-  scope s = {p, l, index};
+  scope s = {p, l, index, 0};
   for (int i = 0; i < b->ntensors; i++) {
     const dsl_tensor *dt = &b->tensors[i];
     for (int g = 0; g < p->model->ntensors; g++)
@@ -445,7 +483,7 @@ int pass_expand(ir_prog *p, dsl_diag *d) {
   p->model_name = ir_strdup(m->name.text);
   p->sched_name = ir_strdup(p->sched->name.text);
   if (eval_params(p, d)) return -1;
-  scope top = {p, NULL, -1};
+  scope top = {p, NULL, -1, 0};
   for (int i = 0; i < m->ntensors; i++)
     if (make_tensor(p, &m->tensors[i], NULL, &top, d)) return -1;
   layer_span *spans = ir_xrealloc(NULL, (size_t)(m->nlayers ? m->nlayers : 1) * sizeof *spans);

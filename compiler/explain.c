@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bundle_report.h"
 #include "trace.h"
 
 /* Where a stream stands in the replay: its time, and the op whose finish
@@ -255,16 +256,17 @@ static void write_json(const char *dir, const plan *p, const expl_result *r, con
           r->npath ? "\n  ]" : "]", r->npath, total, share(total, r->makespan), copies);
 }
 
-rt_status expl_report(const char *bundle_dir, expl_format format, FILE *out) {
+/* The report of the plan in dir (a bundle, or its decode/ folder) to m. */
+static rt_status report_plan(const char *dir, expl_format format, FILE *m) {
   struct stat sb;
-  if (stat(bundle_dir, &sb) != 0) return rt_status_make("%s: %s", bundle_dir, strerror(errno));
+  if (stat(dir, &sb) != 0) return rt_status_make("%s: %s", dir, strerror(errno));
   if (!S_ISDIR(sb.st_mode))
-    return rt_status_make("%s: not a bundle (a bundle is the folder that ds4c compile -o writes)", bundle_dir);
+    return rt_status_make("%s: not a bundle (a bundle is the folder that ds4c compile -o writes)", dir);
   char *path;
-  if (asprintf(&path, "%s/plan.ds4p", bundle_dir) < 0) return rt_status_make("out of memory");
+  if (asprintf(&path, "%s/plan.ds4p", dir) < 0) return rt_status_make("out of memory");
   if (stat(path, &sb) != 0 && errno == ENOENT) {
     free(path);
-    return rt_status_make("%s: not a bundle (it holds no plan.ds4p)", bundle_dir);
+    return rt_status_make("%s: not a bundle (it holds no plan.ds4p)", dir);
   }
   plan p;
   rt_status st = plan_read(path, &p);
@@ -273,21 +275,31 @@ rt_status expl_report(const char *bundle_dir, expl_format format, FILE *out) {
   free(path);
   double *on_path = NULL, copies = 0;
   if (!st && !(on_path = calloc(p.ndevices ? p.ndevices : 1, sizeof *on_path))) st = rt_status_make("out of memory");
-  /* The report goes to memory first, so that a failure writes nothing. */
-  char *text = NULL;
-  size_t len = 0;
-  FILE *m = NULL;
-  if (!st && !(m = open_memstream(&text, &len))) st = rt_status_make("out of memory");
   if (!st) {
     path_sums(&p, &r, on_path, &copies);
-    if (format == EXPL_JSON) write_json(bundle_dir, &p, &r, on_path, copies, m);
-    else write_text(bundle_dir, &p, &r, on_path, copies, m);
+    if (format == EXPL_JSON) write_json(dir, &p, &r, on_path, copies, m);
+    else write_text(dir, &p, &r, on_path, copies, m);
   }
-  if (m && fclose(m) != 0 && !st) st = rt_status_make("out of memory");
-  if (!st && fwrite(text, 1, len, out) != len) st = rt_status_make("writing the report: %s", strerror(errno));
-  free(text);
   free(on_path);
   expl_result_free(&r);
   plan_free(&p);
   return st;
+}
+
+/* report_plan into *out_text (free it), nothing on failure. */
+static rt_status report_text(const char *dir, int json, char **out_text, size_t *out_len) {
+  *out_text = NULL;
+  *out_len = 0;
+  FILE *m = open_memstream(out_text, out_len);
+  rt_status st = m ? report_plan(dir, json ? EXPL_JSON : EXPL_TEXT, m) : rt_status_make("out of memory");
+  if (m && fclose(m) != 0 && !st) st = rt_status_make("out of memory");
+  if (st) {
+    free(*out_text);
+    *out_text = NULL;
+  }
+  return st;
+}
+
+rt_status expl_report(const char *bundle_dir, expl_format format, FILE *out) {
+  return brep_write(bundle_dir, format == EXPL_JSON, report_text, out);
 }

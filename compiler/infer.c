@@ -133,6 +133,8 @@ static int infer_window_write(const ir_prog *p, ir_op *op, dsl_diag *d) {
 
 /* The ring holds the last S positions; a step's first query still needs
  * the window - 1 positions before the step, so S >= window + tokens - 1. */
+/* sel is read only with select 2; otherwise it is a placeholder of any
+ * rows (a state sized for the prefill chunk serves the decode plan too). */
 static int infer_sink_attention(const ir_prog *p, ir_op *op, dsl_diag *d) {
   const int64_t T = p->tokens;
   int64_t C = dim(p, op, 0, 1), nh = op->iattr[0], window = op->iattr[1], ratio = op->iattr[2];
@@ -143,7 +145,7 @@ static int infer_sink_attention(const ir_prog *p, ir_op *op, dsl_diag *d) {
                      (long long)C, (long long)nh);
   int64_t hd = C / nh, S = dim(p, op, 1, 0);
   if (expect(p, op, 1, PLAN_F32, 2, DIMS(-1, hd), d) || expect(p, op, 2, PLAN_F32, 2, DIMS(-1, hd), d) ||
-      expect(p, op, 3, PLAN_I32, 2, DIMS(T, -1), d) || expect(p, op, 4, PLAN_F32, 1, DIMS(nh), d) ||
+      expect(p, op, 3, PLAN_I32, 2, DIMS(select == 2 ? T : -1, -1), d) || expect(p, op, 4, PLAN_F32, 1, DIMS(nh), d) ||
       expect(p, op, 5, PLAN_F32, 2, DIMS(T, C), d))
     return -1;
   if (window < 1) return dsl_error(d, op->pos, "sink_attention '%s': window must be at least 1", op->path);
@@ -496,8 +498,9 @@ int pass_infer(ir_prog *p, dsl_diag *d) {
   int64_t tokens = ir_param_value(p, "tokens", -1), max_seq = ir_param_value(p, "max_seq", -1);
   if (tokens < 1 || tokens > 65536)
     return dsl_error(d, p->model->name.pos, "model needs a param 'tokens' (token slots per step), 1 to 65536");
-  if (max_seq < tokens || max_seq > (1 << 24))
-    return dsl_error(d, p->model->name.pos, "model needs a param 'max_seq' of at least 'tokens'");
+  if (max_seq < p->state_tokens || max_seq > (1 << 24))
+    return dsl_error(d, p->model->name.pos, "model needs a param 'max_seq' of at least 'tokens' (the prefill plan's %d)",
+                     p->state_tokens);
   p->tokens = (int)tokens;
   p->max_seq = (int)max_seq;
   if (check_roles(p, d)) return -1;

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bundle_report.h"
 #include "occupancy.h"
 #include "plan.h"
 #include "sha256.h"
@@ -1039,19 +1040,26 @@ static void write_json(const bundle_view *b, FILE *f) {
           n.launches, n.copies, n.records, n.waits, p->nops, p->nedges, p->nkernels, p->nstreams);
 }
 
-rt_status insp_report(const char *bundle_dir, insp_format format, FILE *out) {
+/* The report of the plan in dir (a bundle, or its decode/ folder) into
+ * *out_text (free it), nothing on failure. */
+static rt_status report_text(const char *dir, int json, char **out_text, size_t *out_len) {
+  *out_text = NULL;
+  *out_len = 0;
   bundle_view b;
-  RT_TRY(bundle_view_load(bundle_dir, &b));
-  /* The report goes to memory first, so that a failure writes nothing. */
-  char *text = NULL;
-  size_t len = 0;
-  FILE *m = open_memstream(&text, &len);
+  RT_TRY(bundle_view_load(dir, &b));
+  FILE *m = open_memstream(out_text, out_len);
   rt_status st = m ? NULL : rt_status_make("out of memory");
-  if (!st && format == INSP_JSON) write_json(&b, m);
+  if (!st && json) write_json(&b, m);
   else if (!st) st = write_text(&b, m);
   if (m && fclose(m) != 0 && !st) st = rt_status_make("out of memory");
-  if (!st && fwrite(text, 1, len, out) != len) st = rt_status_make("writing the report: %s", strerror(errno));
-  free(text);
+  if (st) {
+    free(*out_text);
+    *out_text = NULL;
+  }
   bundle_view_free(&b);
   return st;
+}
+
+rt_status insp_report(const char *bundle_dir, insp_format format, FILE *out) {
+  return brep_write(bundle_dir, format == INSP_JSON, report_text, out);
 }

@@ -162,7 +162,12 @@ typedef struct ir_prog {
   int *order; /* order: op indices in submission order (nops) */
   ir_cmd *cmds; int ncmds, capcmds;
   int nevents;
-  int tokens, max_seq, prefill, decode;
+  /* tokens: this plan's step slots; state_tokens: the slots the state is
+   * sized for (the prefill chunk's, the most of any plan of the bundle);
+   * prefill and decode: the two plans' slots; prompt: the default prompt's
+   * tokens (expand binds them from the schedule's step). */
+  int tokens, max_seq, state_tokens, prefill, decode, prompt;
+  int decode_plan; /* this is the bundle's decode plan (ds4c_build's shape) */
   int ids_tensor, next_tensor;
   uint64_t weight_seed;
   int max_ops; /* expand's bound: IR_MAX_OPS, or less (ds4c_options) */

@@ -146,7 +146,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           0, {{0}}},
   [IR_OP_SINK_ATTENTION] = {"sink_attention", 5, 1,
                             {{"q", 'f', "TC"}, {"ring", 'f', "SD"}, {"entries", 'f', "ED"},
-                             {"sel", 'i', "TK"}, {"sinks", 'f', "H"}, {"o", 'f', "TC"}},
+                             {"sel", 'i', "UK"}, {"sinks", 'f', "H"}, {"o", 'f', "TC"}},
                             5, {{"heads", 0}, {"window", 0}, {"ratio", 0}, {"select", 0},
                                 {"scale", 1}}},
   /* x [T, groups * J], w [N, J]: checked by kgen_specialise */
@@ -722,6 +722,11 @@ static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
     return kgen_attr_error(c, "select", "must be 0, 1 or 2");
   if (select != 0 && ratio < 1)
     return kgen_attr_error(c, "ratio", "must be at least 1 when select is not 0");
+  /* sel is read only with select 2: then a row per token slot; otherwise
+   * a placeholder of any rows. */
+  if (select == 2 && v['U'] != v['T'])
+    return kgen_err(c->d, op->pos, "sink_attention: sel has %" PRId64 " rows; select 2 reads one per token slot (%" PRId64 ")",
+                    v['U'], v['T']);
   float f;
   if (kgen_finite_float(c, 4, &f))
     return -1;

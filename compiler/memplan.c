@@ -1,5 +1,5 @@
 /* memplan.c - one arena per device. Weights, state, inputs and outputs
- * own their bytes for the life of the bundle; two activations may share
+ * own their bytes for the life of the bundle (weights and state first); two activations may share
  * bytes only when every access to one happens before every access to the
  * other. That is decided on dependency paths, which every plan honours,
  * not on program order, and not on one order's stream order, so that
@@ -159,16 +159,23 @@ static int64_t align_up(int64_t v) { return (v + MEMPLAN_ALIGN - 1) & ~(int64_t)
 
 /* Lays out one device's arena; returns its size. */
 static int64_t layout_device(ir_prog *p, int dev, const mp_after *r, const ir_accesses *acc, int *list, int *placed) {
-  /* Persistent tensors first, in path order, each its own bytes. */
+  /* Persistent tensors first, each its own bytes: weights and state in
+   * tensor order, then inputs and outputs. Weights and state have the same
+   * shapes in the prefill and the decode plan of a bundle, so they start
+   * at the same offsets in both, which is how the two share them. */
   int64_t top = 0;
   int n = 0;
   for (int t = 0; t < p->ntensors; t++) {
     ir_tensor *x = &p->tensors[t];
     if (x->device != dev) continue;
-    if (x->role == PLAN_ACTIVATION) {
-      list[n++] = t;
-      continue;
-    }
+    if (x->role == PLAN_ACTIVATION) list[n++] = t;
+    if (x->role != PLAN_WEIGHT && x->role != PLAN_STATE) continue;
+    x->offset = top;
+    top = align_up(top + x->bytes);
+  }
+  for (int t = 0; t < p->ntensors; t++) {
+    ir_tensor *x = &p->tensors[t];
+    if (x->device != dev || (x->role != PLAN_INPUT && x->role != PLAN_OUTPUT)) continue;
     x->offset = top;
     top = align_up(top + x->bytes);
   }

@@ -64,6 +64,7 @@ static int build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
   ir_prog *p = ir_prog_new(m, s);
   if (o->max_ops > 0 && o->max_ops < p->max_ops) p->max_ops = o->max_ops;
   p->cpu_only = o->cpu;
+  p->decode_plan = o->decode_plan;
   for (int i = 0; i < NPASSES; i++) {
     if (passes[i].run(p, d)) {
       ir_mem_unhold(m);
@@ -73,7 +74,7 @@ static int build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
     }
     if (o->dump_after && (strcmp(o->dump_after, "all") == 0 || strcmp(o->dump_after, passes[i].name) == 0)) {
       FILE *f = o->dump ? o->dump : stderr;
-      fprintf(f, "## after %s\n", passes[i].name);
+      fprintf(f, "## after %s%s\n", passes[i].name, o->decode_plan ? " (decode plan)" : "");
       ir_print(p, f);
     }
   }
@@ -236,26 +237,77 @@ typedef struct compile_state {
 /* Build in DIR.tmp-PID, then swap it into place: an error never leaves
  * a half-written bundle at DIR, and an earlier bundle stays until the new
  * one is complete. */
-static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
-  ir_prog *p;
-  if (ds4c_build(o, &p, d)) return -1;
-  char old[4096];
-  if (strlen(o->out_dir) > 4000) {
-    ds4c_prog_free(p);
-    return dsl_error(d, (dsl_pos){0}, "output path is longer than 4000 bytes: %.60s...", o->out_dir);
+/* The prefill plan p and the decode plan q share every weight and state
+ * tensor: the same bytes at the same offset of the same device (memplan
+ * lays them out first, and their shapes do not depend on the step), and
+ * one arena per device that fits either plan's step. */
+static int share_state(ir_prog *p, ir_prog *q, dsl_diag *d) {
+  if (p->ntensors != q->ntensors || p->ndevices != q->ndevices)
+    return dsl_error(d, (dsl_pos){0}, "internal error: the prefill and decode plans differ in tensors or devices");
+  for (int t = 0; t < p->ntensors; t++) {
+    const ir_tensor *a = &p->tensors[t], *b = &q->tensors[t];
+    if (a->role != PLAN_WEIGHT && a->role != PLAN_STATE) continue;
+    if (strcmp(a->path, b->path) || a->device != b->device || a->offset != b->offset || a->bytes != b->bytes)
+      return dsl_error(d, a->pos, "internal error: %s '%s' is not where the decode plan has it", a->role == PLAN_WEIGHT ? "weight" : "state", a->path);
   }
-  ir_mem_hold(drop_model, (void *)p->model);
-  ir_mem_hold(drop_schedule, (void *)p->sched);
-  char *stage = c->stage;
-  snprintf(stage, sizeof c->stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
-  snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
-  remove_tree(stage);
-  int rc = make_parents(o->out_dir, d);
-  if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
-  if (!rc) rc = emit_bundle(p, stage, o, d);
+  for (int i = 0; i < p->ndevices; i++) {
+    int64_t most = p->devices[i].arena_bytes > q->devices[i].arena_bytes ? p->devices[i].arena_bytes
+                                                                          : q->devices[i].arena_bytes;
+    p->devices[i].arena_bytes = q->devices[i].arena_bytes = most;
+  }
+  return 0;
+}
+
+static void prog_release(ir_prog *p) {
+  if (!p) return;
   ir_mem_unhold((void *)p->model);
   ir_mem_unhold((void *)p->sched);
   ds4c_prog_free(p);
+}
+
+/* Both plans, built and sharing their state; the descriptions held for
+ * the compile's jump out. */
+static int build_plans(const ds4c_options *o, ir_prog **out_p, ir_prog **out_q, dsl_diag *d) {
+  ir_prog *p = NULL, *q = NULL;
+  ds4c_options od = *o;
+  od.decode_plan = 1;
+  if (ds4c_build(o, &p, d)) return -1;
+  ir_mem_hold(drop_model, (void *)p->model);
+  ir_mem_hold(drop_schedule, (void *)p->sched);
+  if (ds4c_build(&od, &q, d)) {
+    prog_release(p);
+    return -1;
+  }
+  ir_mem_hold(drop_model, (void *)q->model);
+  ir_mem_hold(drop_schedule, (void *)q->sched);
+  if (share_state(p, q, d)) {
+    prog_release(p);
+    prog_release(q);
+    return -1;
+  }
+  *out_p = p;
+  *out_q = q;
+  return 0;
+}
+
+static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
+  char old[4096], sub[4096 + 16];
+  if (strlen(o->out_dir) > 4000)
+    return dsl_error(d, (dsl_pos){0}, "output path is longer than 4000 bytes: %.60s...", o->out_dir);
+  ir_prog *p, *q;
+  if (build_plans(o, &p, &q, d)) return -1;
+  char *stage = c->stage;
+  snprintf(stage, sizeof c->stage, "%s.tmp-%ld", o->out_dir, (long)getpid());
+  snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
+  snprintf(sub, sizeof sub, "%s/decode", stage);
+  remove_tree(stage);
+  int rc = make_parents(o->out_dir, d);
+  if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
+  if (!rc && mkdir(sub, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", sub, strerror(errno));
+  if (!rc) rc = emit_bundle(p, stage, o, d);
+  if (!rc) rc = emit_bundle(q, sub, o, d);
+  prog_release(p);
+  prog_release(q);
   if (!rc) {
     struct stat sb;
     int had_old = stat(o->out_dir, &sb) == 0;

@@ -16,6 +16,8 @@ typedef struct ds4c_options {
   int max_ops;            /* a bound below IR_MAX_OPS on the model's ops (the compile
                            * fuzzer's, for speed); 0: IR_MAX_OPS */
   int cpu;                /* every device on the cpu backend (ds4c compile --cpu) */
+  int decode_plan;        /* ds4c_build: the decode plan (the step's decode slots)
+                           * rather than the prefill plan */
 } ds4c_options;
 
 /* Load, run every pass through verify; *out_prog owns the descriptions.
@@ -24,8 +26,10 @@ typedef struct ds4c_options {
 int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d);
 void ds4c_prog_free(ir_prog *p); /* frees the descriptions too */
 
-/* The whole compile: build, then emit the bundle into a staging folder
- * beside out_dir and move it into place only when complete. */
+/* The whole compile: build the prefill plan and the decode plan, then emit
+ * the bundle (the prefill plan in out_dir, the decode plan in
+ * out_dir/decode) into a staging folder beside out_dir and move it into
+ * place only when complete. */
 int ds4c_compile(const ds4c_options *o, dsl_diag *d);
 
 /* The names of the passes, in order, NULL-terminated. */

@@ -667,14 +667,13 @@ static void place_tensors(ir_prog *p) {
     if (p->tensors[i].device < 0 && p->tensors[i].role != PLAN_WEIGHT) p->tensors[i].device = 0;
 }
 
+/* The default prompt must fit the state; the slots of the two plans were
+ * bound in expand, where shapes need them. */
 static int place_step(ir_prog *p, dsl_diag *d) {
   const dsl_schedule *s = p->sched;
-  int64_t v = p->tokens;
-  if (s->step_prefill.text && parse_int(&s->step_prefill, 1, p->max_seq, &v, d)) return -1;
-  p->prefill = (int)v;
-  v = 1;
-  if (s->step_decode.text && parse_int(&s->step_decode, 1, 1, &v, d)) return -1;
-  p->decode = (int)v;
+  int64_t v = 0;
+  if (s->step_prompt.text && parse_int(&s->step_prompt, 1, p->max_seq, &v, d)) return -1;
+  p->prompt = (int)v;
   return 0;
 }
 

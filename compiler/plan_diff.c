@@ -1236,7 +1236,7 @@ static int print_report(FILE *out, const pd_plan *a, const pd_plan *b, pd_report
   return PLAN_DIFF_IDENTICAL;
 }
 
-int plan_diff(const char *a_path, const char *b_path, FILE *out, FILE *err) {
+static int diff_one(const char *a_path, const char *b_path, FILE *out, FILE *err) {
   pd_plan a, b;
   int rc = PLAN_DIFF_ERROR;
   memset(&b, 0, sizeof b);
@@ -1264,4 +1264,25 @@ int plan_diff(const char *a_path, const char *b_path, FILE *out, FILE *err) {
   plan_free_parsed(&a);
   plan_free_parsed(&b);
   return rc;
+}
+
+/* A bundle folder with a decode plan (its decode/plan.ds4p). */
+static int has_decode_plan(const char *path) {
+  struct stat sb;
+  char sub[4200];
+  if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
+  snprintf(sub, sizeof sub, "%s/decode/plan.ds4p", path);
+  return stat(sub, &sb) == 0;
+}
+
+int plan_diff(const char *a_path, const char *b_path, FILE *out, FILE *err) {
+  int rc = diff_one(a_path, b_path, out, err);
+  if (rc == PLAN_DIFF_ERROR || !has_decode_plan(a_path) || !has_decode_plan(b_path)) return rc;
+  /* Two bundles: their decode plans too, the worse result of the two. */
+  char a_sub[4200], b_sub[4200];
+  snprintf(a_sub, sizeof a_sub, "%s/decode", a_path);
+  snprintf(b_sub, sizeof b_sub, "%s/decode", b_path);
+  fprintf(out, "\ndecode plans: %s and %s\n", a_sub, b_sub);
+  int drc = diff_one(a_sub, b_sub, out, err);
+  return drc > rc ? drc : rc;
 }

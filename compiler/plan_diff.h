@@ -17,7 +17,9 @@ enum plan_diff_result {
 /* Compares plans a and b, each a bundle folder (its plan.ds4p), a binary
  * plan.ds4p or a canonical plan text, and writes the report to out, or an
  * error naming the input and, for a text, the line to err (then nothing is
- * written to out). Returns a plan_diff_result. */
+ * written to out). Two bundle folders that both have a decode plan get its
+ * report too, after a line naming the two decode/ folders. Returns a
+ * plan_diff_result, the worse of the two plans'. */
 int plan_diff(const char *a, const char *b, FILE *out, FILE *err);
 
 #endif

@@ -59,8 +59,10 @@ int plan_text_write(const plan *pl, FILE *f) {
   qsort_r(edges, pl->nedges, sizeof *edges, cmp_edge, (void *)pl);
   fprintf(f, "# ds4 plan %d.%d: model %s, schedule %s\n", PLAN_VERSION_MAJOR, PLAN_VERSION_MINOR,
           S(pl, pl->info.model), S(pl, pl->info.schedule));
-  fprintf(f, "step tokens %u max_seq %u prefill %u decode %u weight_seed %" PRIu64 " flags %s\n", pl->info.tokens,
-          pl->info.max_seq, pl->info.prefill, pl->info.decode, pl->info.weight_seed,
+  /* The decode flag is the plan's shape; the other flags are listed. */
+  fprintf(f, "step shape %s tokens %u max_seq %u prompt %u decode %u weight_seed %" PRIu64 " flags %s\n",
+          pl->info.flags & PLAN_FLAG_DECODE ? "decode" : "prefill", pl->info.tokens, pl->info.max_seq,
+          pl->info.prompt, pl->info.decode, pl->info.weight_seed,
           pl->info.flags & PLAN_FLAG_GRID_WAIT ? "grid_wait" : "none");
   fprintf(f, "\n[params]\n");
   for (uint32_t i = 0; i < pl->nparams; i++) fprintf(f, "%s = %" PRId64 "\n", S(pl, pl->params[i].name), pl->params[i].value);

@@ -166,8 +166,9 @@ typedef struct dsl_schedule {
   int npriority;
   dsl_kv *copies; /* policy keys, validated by the compiler's copies pass */
   int ncopies;
-  dsl_str step_prefill; /* prompt tokens replayed as prefill chunks */
-  dsl_str step_decode;  /* decode tokens per step (1) */
+  dsl_str step_prefill; /* token slots of the prefill plan; text NULL: the model's `tokens` */
+  dsl_str step_decode;  /* token slots of the decode plan (1) */
+  dsl_str step_prompt;  /* tokens of the seeded default prompt */
   dsl_hot_experts *hot_experts; /* optional: NULL when absent */
 } dsl_schedule;
 

@@ -13,7 +13,7 @@ static const char *const sched_keys[] = {"schedule", "model", "devices", "stream
 static const char *const device_keys[] = {"name", "backend", "arch", "ordinal", "threads", "memory",
                                           "bandwidth", "flops", "launch", NULL};
 static const char *const stream_keys[] = {"name", "device", NULL};
-static const char *const step_keys[] = {"prefill", "decode", NULL};
+static const char *const step_keys[] = {"prefill", "decode", "prompt", NULL};
 static const char *const hot_keys[] = {"stats", "device", "budget", "cold", NULL};
 static const char *const backends[] = {"cpu", "hip", "cuda", NULL};
 
@@ -231,13 +231,15 @@ static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
   dy_node *step = dy_need(root, "step", "schedule", d);
   if (!step) return -1;
   if (step->kind != DY_MAP)
-    return dsl_error(d, step->pos, "'step' in schedule must be a mapping (prefill, decode), not a %s",
+    return dsl_error(d, step->pos, "'step' in schedule must be a mapping (prefill, decode, prompt), not a %s",
                      dy_kind_name(step));
   if (dy_check_keys(step, "step", step_keys, d)) return -1;
-  if (dy_take_req(step, "prefill", "step", &s->step_prefill, d)) return -1;
-  if (dy_check_int(&s->step_prefill, "prefill", 0, d)) return -1;
+  if (dy_take_opt(step, "prefill", "step", &s->step_prefill, d)) return -1;
+  if (s->step_prefill.text && dy_check_int(&s->step_prefill, "prefill", 1, d)) return -1;
   if (dy_take_req(step, "decode", "step", &s->step_decode, d)) return -1;
   if (dy_check_int(&s->step_decode, "decode", 1, d)) return -1;
+  if (dy_take_req(step, "prompt", "step", &s->step_prompt, d)) return -1;
+  if (dy_check_int(&s->step_prompt, "prompt", 0, d)) return -1;
   if ((v = dy_get(root, "hot_experts")) && load_hot_experts(v, s, d)) return -1;
   return 0;
 }
@@ -285,6 +287,7 @@ void dsl_schedule_free(dsl_schedule *s) {
   dsl_kvs_free(s->copies, s->ncopies);
   free(s->step_prefill.text);
   free(s->step_decode.text);
+  free(s->step_prompt.text);
   dsl_source_free(s->src);
   free(s);
 }

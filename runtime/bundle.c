@@ -288,6 +288,7 @@ static void unregister_host_arenas(rt_bundle *b, rt_dev *v) {
 
 static void bundle_free(rt_bundle *b) {
   if (!b) return;
+  bundle_free(b->decode); /* first: it borrows from b */
   const plan *p = &b->p;
   rt_watchdog_stop(b->watchdog);
   if (b->sub_ready) {
@@ -308,7 +309,7 @@ static void bundle_free(rt_bundle *b) {
       rt_status_free(v->be->stream_sync(b->streams[v->streams[i]]));
     v->be->graph_destroy(b->graph);
   }
-  if (b->streams) {
+  if (b->streams && !b->parent) {
     for (uint32_t s = 0; s < p->nstreams; s++) {
       if (!b->streams[s]) continue;
       const rt_backend *be = b->devs[p->streams[s].device].be;
@@ -329,9 +330,11 @@ static void bundle_free(rt_bundle *b) {
       rt_dev *v = &b->devs[d];
       if (v->dev) {
         if (v->launch_bufs) v->be->mem_free(v->dev, v->launch_bufs);
-        if (v->arena) v->be->mem_free(v->dev, v->arena);
         if (v->step_block) v->be->mem_free(v->dev, v->step_block);
-        v->be->device_close(v->dev);
+        if (!b->parent) { /* the device and its arena are the parent's */
+          if (v->arena) v->be->mem_free(v->dev, v->arena);
+          v->be->device_close(v->dev);
+        }
       }
       free(v->cmds);
       free(v->streams);
@@ -339,7 +342,7 @@ static void bundle_free(rt_bundle *b) {
     }
   }
   free(b->devs);
-  free(b->streams);
+  if (!b->parent) free(b->streams);
   free(b->events);
   free(b->event_dev);
   free(b->kernels);
@@ -350,7 +353,7 @@ static void bundle_free(rt_bundle *b) {
   for (uint32_t t = 0; b->bound && t < p->ntensors; t++) free(b->bound[t].parts);
   free(b->bound);
   st_close(b->ckpt);
-  if (b->sync_ready) rt_sync_destroy(&b->sync);
+  if (b->sync_ready) rt_sync_destroy(&b->sync_own);
   if (b->plan_loaded) plan_free(&b->p);
   free(b->dir);
   free(b);
@@ -359,6 +362,8 @@ static void bundle_free(rt_bundle *b) {
 void rt_bundle_close(rt_bundle *b) { bundle_free(b); }
 
 const plan *rt_bundle_plan(const rt_bundle *b) { return &b->p; }
+
+rt_bundle *rt_bundle_decode(rt_bundle *b) { return b->decode ? b->decode : b; }
 
 static int codeobj_used(const rt_bundle *b, uint32_t codeobj) {
   for (uint32_t d = 0; d < b->p.ndevices; d++)
@@ -731,6 +736,7 @@ static rt_status fill_weights(rt_bundle *b) {
 
 rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, uint64_t count,
                            double *out) {
+  if (b->parent) return rt_weight_values(b->parent, tensor, first, count, out); /* its tensors */
   const plan *p = &b->p;
   if (tensor >= p->ntensors)
     return rt_status_make("rt_weight_values: tensor index %u out of range (%u tensors)", tensor,
@@ -759,6 +765,7 @@ rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, 
 }
 
 void rt_bundle_weights(const rt_bundle *b, rt_weights_info *out) {
+  if (b->parent) b = b->parent;
   uint32_t files = b->ckpt ? st_nfiles(b->ckpt) : 0;
   *out = (rt_weights_info){
       .path = b->ckpt ? st_path(b->ckpt) : NULL,
@@ -789,7 +796,7 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
         .name = plan_str(p, pd->name),
         .ordinal = pd->ordinal,
         .threads = opts && opts->threads > 0 ? (uint32_t)opts->threads : pd->threads,
-        .sync = &b->sync,
+        .sync = b->sync,
         .fail_launch = f ? f->fail_launch : 0,
         .watchdog_ms = opts ? opts->watchdog_ms : 0,
         .overlap_launches = (p->info.flags & PLAN_FLAG_GRID_WAIT) != 0,
@@ -844,22 +851,41 @@ static uint32_t resolved_count(const rt_bundle *b, const plan_command *c) {
   return b->trace_start && is_timed(c) ? 3 : 1;
 }
 
-static rt_status open_streams_events(rt_bundle *b) {
+/* Commands of bundle b's step on each stream, timestamps included, into
+ * per_stream where that is more. */
+static rt_status stream_room(const rt_bundle *b, uint32_t *per_stream) {
+  const plan *p = &b->p;
+  uint32_t *n = calloc(p->nstreams ? p->nstreams : 1, sizeof *n);
+  if (!n) return rt_status_make("out of memory");
+  for (uint32_t i = 0; i < p->ncommands; i++) n[p->commands[i].stream] += resolved_count(b, &p->commands[i]);
+  for (uint32_t i = 0; i < p->nstreams; i++)
+    if (n[i] > per_stream[i]) per_stream[i] = n[i];
+  free(n);
+  return NULL;
+}
+
+/* The streams, which both plans of a bundle replay on. */
+static rt_status open_streams(rt_bundle *b) {
   const plan *p = &b->p;
   uint32_t *per_stream = calloc(p->nstreams ? p->nstreams : 1, sizeof *per_stream);
   if (!per_stream) return rt_status_make("out of memory");
-  /* Room for a whole step, timestamps included: a submitter that waited for
-   * room could otherwise hold back a record its own stream waits on. */
-  for (uint32_t i = 0; i < p->ncommands; i++)
-    per_stream[p->commands[i].stream] += resolved_count(b, &p->commands[i]);
-  rt_status s = NULL;
+  /* Room for a whole step of either plan, timestamps included: a submitter
+   * that waited for room could otherwise hold back a record its own stream
+   * waits on. */
+  rt_status s = stream_room(b, per_stream);
+  if (!s && b->decode) s = stream_room(b->decode, per_stream);
   for (uint32_t i = 0; i < p->nstreams && !s; i++) {
     rt_dev *v = &b->devs[p->streams[i].device];
     s = v->be->stream_create(v->dev, per_stream[i], &b->streams[i]);
     if (s) s = rt_status_wrap(s, "stream %s", plan_str(p, p->streams[i].name));
   }
   free(per_stream);
-  if (s) return s;
+  return s;
+}
+
+static rt_status open_events(rt_bundle *b) {
+  const plan *p = &b->p;
+  rt_status s = NULL;
   /* An event lives on the device of the stream that records it. A stream
    * of another backend waits on its host_gen, which the owner keeps
    * current only for events created host_visible. */
@@ -1030,6 +1056,10 @@ static rt_status start_submitters(rt_bundle *b) {
   b->sub_ready = 1;
   for (uint32_t d = 1; d < p->ndevices; d++) {
     int rc = pthread_create(&b->devs[d].submitter, NULL, rt_submitter_main, &b->devs[d]);
+    /* EAGAIN: the system lacked the memory or the threads for another. */
+    if (rc == EAGAIN)
+      return rt_status_make("cannot allocate a thread (the submitter of device %s): %s", plan_str(p, p->devices[d].name),
+                            strerror(rc));
     if (rc) return rt_status_make("pthread_create (submitter of device %s): %s",
                                   plan_str(p, p->devices[d].name), strerror(rc));
     b->devs[d].submitter_started = 1;
@@ -1056,6 +1086,88 @@ static rt_status read_plan(rt_bundle *b, const char *dir) {
   return s;
 }
 
+static int same_str(const plan *a, uint32_t x, const plan *b, uint32_t y) {
+  return strcmp(plan_str(a, x), plan_str(b, y)) == 0;
+}
+
+/* A weight or state tensor of the decode plan q is tensor t of the
+ * prefill plan p, in the same bytes of the same device. */
+static int same_resident(const plan *p, const plan *q, uint32_t t) {
+  const plan_tensor *a = &p->tensors[t], *b = &q->tensors[t];
+  if (a->ndim != b->ndim || a->offset != b->offset || a->bytes != b->bytes || a->view_of != b->view_of)
+    return 0;
+  for (uint32_t d = 0; d < a->ndim; d++)
+    if (a->dim[d] != b->dim[d]) return 0;
+  return 1;
+}
+
+/* The decode plan q of a bundle whose prefill plan is p shares p's
+ * devices, streams, weights and state: the same step shapes of one
+ * schedule of one model. */
+static rt_status check_shared(const plan *p, const plan *q, const char *name) {
+  if (!(q->info.flags & PLAN_FLAG_DECODE))
+    return rt_status_make("%s: not a decode plan (its step shape is prefill)", name);
+  if (p->info.flags & PLAN_FLAG_DECODE)
+    return rt_status_make("%s: the bundle's own plan is a decode plan too", name);
+  if (!same_str(p, p->info.model, q, q->info.model) || !same_str(p, p->info.schedule, q, q->info.schedule) ||
+      p->info.max_seq != q->info.max_seq || p->info.weight_seed != q->info.weight_seed)
+    return rt_status_make("%s: model, schedule, max_seq or weight seed differ from the prefill plan's", name);
+  if (p->ndevices != q->ndevices || p->nstreams != q->nstreams || p->ntensors != q->ntensors)
+    return rt_status_make("%s: %u devices, %u streams and %u tensors where the prefill plan has %u, %u and %u",
+                          name, q->ndevices, q->nstreams, q->ntensors, p->ndevices, p->nstreams, p->ntensors);
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    const plan_device *a = &p->devices[d], *b = &q->devices[d];
+    if (!same_str(p, a->name, q, b->name) || a->backend != b->backend || !same_str(p, a->arch, q, b->arch) ||
+        a->ordinal != b->ordinal || a->threads != b->threads || a->arena_bytes != b->arena_bytes)
+      return rt_status_make("%s: device '%s' differs from the prefill plan's device %u", name,
+                            plan_str(q, b->name), d);
+  }
+  for (uint32_t i = 0; i < p->nstreams; i++)
+    if (!same_str(p, p->streams[i].name, q, q->streams[i].name) || p->streams[i].device != q->streams[i].device)
+      return rt_status_make("%s: stream %u differs from the prefill plan's", name, i);
+  for (uint32_t t = 0; t < p->ntensors; t++) {
+    const plan_tensor *a = &p->tensors[t], *b = &q->tensors[t];
+    /* An activation's name may hold its rows (a copy's part of one). */
+    int named = a->role != PLAN_ACTIVATION;
+    if ((named && !same_str(p, a->name, q, b->name)) || a->role != b->role || a->dtype != b->dtype ||
+        a->device != b->device)
+      return rt_status_make("%s: tensor %u (%s) is not the prefill plan's %s", name, t, plan_str(q, b->name),
+                            plan_str(p, a->name));
+    if ((a->role == PLAN_WEIGHT || a->role == PLAN_STATE) && !same_resident(p, q, t))
+      return rt_status_make("%s: %s '%s' is not where the prefill plan has it (the two plans share it)", name,
+                            plan_role_name(a->role), plan_str(p, a->name));
+  }
+  return NULL;
+}
+
+/* DIR/decode/plan.ds4p, when the bundle has one, read into b->decode and
+ * checked against b's plan. */
+static rt_status read_decode_plan(rt_bundle *b) {
+  char *dir = join_path(b->dir, "decode");
+  if (!dir) return rt_status_make("out of memory");
+  char *path = join_path(dir, "plan.ds4p");
+  if (!path) {
+    free(dir);
+    return rt_status_make("out of memory");
+  }
+  rt_status s = NULL;
+  if (access(path, F_OK) == 0) {
+    rt_bundle *c = calloc(1, sizeof *c);
+    if (!c) s = rt_status_make("out of memory");
+    else {
+      b->decode = c;
+      c->parent = b;
+      c->dir = dir;
+      dir = NULL;
+      s = read_plan(c, c->dir);
+      if (!s) s = check_shared(&b->p, &c->p, path);
+    }
+  }
+  free(dir);
+  free(path);
+  return s;
+}
+
 /* rt_options.graph: what the plan and the options must be for it. The
  * backend's own support is checked once the device is open. */
 static rt_status graph_check(const rt_bundle *b, const rt_options *opts) {
@@ -1074,21 +1186,12 @@ static rt_status graph_check(const rt_bundle *b, const rt_options *opts) {
   return NULL;
 }
 
-static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
-                             const rt_fault *fault) {
-  b->dir = strdup(dir);
-  if (!b->dir) return rt_status_make("out of memory");
-  RT_TRY(read_plan(b, dir));
+/* The arrays of b's own commands, events, kernels and tensors, and its
+ * trace slots. */
+static rt_status alloc_tables(rt_bundle *b, const rt_options *opts) {
   const plan *p = &b->p;
-  if (opts && opts->graph) RT_TRY(graph_check(b, opts));
-  b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
-  b->weights_cast = opts && opts->weights_cast;
-  RT_TRY(verify_codeobjs(b));
-  RT_TRY(bind_weights(b, opts ? opts->weights : NULL));
-  RT_TRY(rt_sync_init(&b->sync));
-  b->sync_ready = 1;
   uint32_t nd = p->ndevices, nev = p->info.nevents ? p->info.nevents : 1;
-  b->streams = calloc(p->nstreams ? p->nstreams : 1, sizeof *b->streams);
+  if (!b->parent) b->streams = calloc(p->nstreams ? p->nstreams : 1, sizeof *b->streams);
   b->events = calloc(nev, sizeof *b->events);
   b->event_dev = calloc(nev, sizeof *b->event_dev);
   b->kernels = calloc((size_t)(p->nkernels ? p->nkernels : 1) * nd, sizeof *b->kernels);
@@ -1101,6 +1204,62 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
     b->trace_end = calloc(p->ncommands ? p->ncommands : 1, sizeof *b->trace_end);
     if (!b->trace_start || !b->trace_end) return rt_status_make("out of memory");
   }
+  return NULL;
+}
+
+/* The decode bundle c on its parent's devices, arenas and streams: its own
+ * step block, events, commands, submitters and watchdog. */
+static rt_status decode_open(rt_bundle *c, const rt_options *opts) {
+  const rt_bundle *b = c->parent;
+  const plan *p = &c->p;
+  c->seed = b->seed;
+  c->sync = b->sync;
+  c->use_graph = b->use_graph;
+  c->streams = b->streams;
+  RT_TRY(verify_codeobjs(c));
+  RT_TRY(alloc_tables(c, opts));
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    rt_dev *v = &c->devs[d];
+    const rt_dev *pv = &b->devs[d];
+    v->owner = c;
+    v->index = d;
+    atomic_init(&v->submitting, 0);
+    atomic_init(&v->waiting_record, PLAN_NONE);
+    v->be = pv->be;
+    v->dev = pv->dev;
+    v->arena = pv->arena;
+    v->die_at = pv->die_at;
+    v->die_silently = pv->die_silently;
+    rt_status s = v->be->mem_alloc(v->dev, 4 * sizeof(int32_t), (void **)&v->step_block);
+    if (s) return rt_status_wrap(s, "device %s: the decode plan's step block", plan_str(p, p->devices[d].name));
+  }
+  for (uint32_t t = 0; t < p->ntensors; t++) {
+    const plan_tensor *pt = &p->tensors[t];
+    if (pt->device != PLAN_NONE) c->tensor_ptr[t] = (uint8_t *)c->devs[pt->device].arena + pt->offset;
+  }
+  RT_TRY(open_events(c));
+  RT_TRY(resolve_commands(c));
+  RT_TRY(start_submitters(c));
+  if (opts && opts->watchdog_ms) RT_TRY(rt_watchdog_start(c, opts->watchdog_ms, &c->watchdog));
+  return NULL;
+}
+
+static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
+                             const rt_fault *fault) {
+  b->dir = strdup(dir);
+  if (!b->dir) return rt_status_make("out of memory");
+  RT_TRY(read_plan(b, dir));
+  RT_TRY(read_decode_plan(b));
+  const plan *p = &b->p;
+  if (opts && opts->graph) RT_TRY(graph_check(b, opts));
+  b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
+  b->weights_cast = opts && opts->weights_cast;
+  RT_TRY(verify_codeobjs(b));
+  RT_TRY(bind_weights(b, opts ? opts->weights : NULL));
+  RT_TRY(rt_sync_init(&b->sync_own));
+  b->sync_ready = 1;
+  b->sync = &b->sync_own;
+  RT_TRY(alloc_tables(b, opts));
   RT_TRY(open_devices(b, opts, fault));
   if (opts && opts->graph) {
     if (!b->devs[0].be->graph_begin)
@@ -1111,10 +1270,12 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   }
   RT_TRY(register_host_arenas(b));
   RT_TRY(fill_weights(b));
-  RT_TRY(open_streams_events(b));
+  RT_TRY(open_streams(b));
+  RT_TRY(open_events(b));
   RT_TRY(resolve_commands(b));
   RT_TRY(start_submitters(b));
   if (opts && opts->watchdog_ms) RT_TRY(rt_watchdog_start(b, opts->watchdog_ms, &b->watchdog));
+  if (b->decode) RT_TRY(decode_open(b->decode, opts));
   return NULL;
 }
 

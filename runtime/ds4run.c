@@ -272,12 +272,12 @@ static void print_trace_human(const cli *c, const plan *p, const rt_trace_summar
          t->path_decode ? "decode" : "prefill", t->npath, t->npath ? t->path[0].start_us : 0.0,
          t->npath ? t->path[t->npath - 1].end_us : 0.0, t->path_span_us);
   for (uint32_t i = 0; i < t->npath; i++) {
-    const plan_command *pc = &p->commands[t->path[i].command];
+    const plan_command *pc = &t->path_plan->commands[t->path[i].command];
     char sn[512];
     stream_name(p, pc->stream, sn, sizeof sn);
     printf("critical:  %10.3f %10.3f us  %-6s %s %s\n", t->path[i].start_us, t->path[i].end_us,
            i == 0 ? "start" : t->path[i].via_wait ? "event" : "stream", sn,
-           plan_str(p, p->ops[pc->op].path));
+           plan_str(t->path_plan, t->path_plan->ops[pc->op].path));
   }
   for (uint32_t i = 0; i < t->ncosts; i++) {
     const rt_trace_costs *k = &t->costs[i];
@@ -319,11 +319,11 @@ static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary
   printf("], \"critical_path\": {\"step\": %d, \"decode\": %s, \"span_us\": %.3f, \"ops\": [",
          t->path_step, t->path_decode ? "true" : "false", t->path_span_us);
   for (uint32_t i = 0; i < t->npath; i++) {
-    const plan_command *pc = &p->commands[t->path[i].command];
+    const plan_command *pc = &t->path_plan->commands[t->path[i].command];
     char sn[512];
     stream_name(p, pc->stream, sn, sizeof sn);
     printf("%s{\"op\": ", i ? ", " : "");
-    rt_json_string(stdout, plan_str(p, p->ops[pc->op].path));
+    rt_json_string(stdout, plan_str(t->path_plan, t->path_plan->ops[pc->op].path));
     printf(", \"stream\": ");
     rt_json_string(stdout, sn);
     printf(", \"start_us\": %.3f, \"end_us\": %.3f, \"via\": %s}", t->path[i].start_us,
@@ -462,8 +462,8 @@ static rt_status dump_open(rt_bundle *b, const char *path, logits_dump **out) {
 }
 
 static rt_status dump_hook(logits_dump *d, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
-  int ntok = step[1];
-  RT_TRY(rt_tensor_read(b, d->tensor, d->rows, (size_t)d->tokens * d->vocab * sizeof *d->rows));
+  int ntok = step[1]; /* the live rows, of either plan's logits */
+  RT_TRY(rt_tensor_read(b, d->tensor, d->rows, (size_t)ntok * d->vocab * sizeof *d->rows));
   if (fwrite(d->rows, sizeof *d->rows, (size_t)ntok * d->vocab, d->f) != (size_t)ntok * d->vocab)
     return rt_status_make("--dump-logits: write failed: %s", strerror(errno));
   if (d->nids + ntok > d->cap) {
@@ -529,7 +529,8 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
   if (!s && h->stats) s = rt_routing_stats_write(h->stats, c->routing_stats);
   const rt_trace_summary *trace = NULL;
   if (!s && h->trace) s = rt_trace_writer_finish(h->trace, &trace);
-  if (!s && c->graph) s = rt_graph_stats(b, &c->graph_nodes, &c->graph_edges);
+  /* The graph of the last step's plan: the decode plan's after a decode step. */
+  if (!s && c->graph) s = rt_graph_stats(c->steps ? rt_bundle_decode(b) : b, &c->graph_nodes, &c->graph_edges);
   if (h->dump && !s && !c->json) { /* the ids a reference run must be fed */
     printf("logits:    %d rows x %u float32 written to %s; ids fed:", h->dump->nids, h->dump->vocab,
            c->dump_logits);

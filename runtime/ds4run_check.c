@@ -382,7 +382,12 @@ static int argmax_f32(const float *row, int n) {
 
 rt_status ds4run_check_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
   ds4run_check *c = ctx;
-  int pos = step[0], ntok = step[1], T = c->tokens, V = c->vocab;
+  /* The slots of the plan that ran the step: the prefill plan's (the
+   * buffers' size) or the decode plan's. */
+  int pos = step[0], ntok = step[1], T = (int)rt_bundle_plan(b)->info.tokens, V = c->vocab;
+  if (T > c->tokens)
+    return rt_status_make("ds4run --check: step %d ran on a plan of %d slots, more than the %d checked", step[2], T,
+                          c->tokens);
   if (ntok < 1 || ntok > T)
     return rt_status_make("ds4run --check: step %d has ntok = %d outside [1, %d]", step[2],
                           ntok, T);

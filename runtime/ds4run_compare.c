@@ -244,14 +244,17 @@ static rt_status run_hook(void *ctx, rt_bundle *b, const int32_t step[4], const 
     return rt_status_make("compare: the run took more than the %d steps expected", c->nsteps);
   int k = cur->nsteps++;
   int32_t *next = cur->next + (size_t)k * c->tokens;
-  RT_TRY(rt_tensor_read(b, r->x->p->info.next_tensor, next, c->tokens * sizeof *next));
+  /* b ran the step: the prefill plan's bundle or the decode plan's, the
+   * same tensors by index; only the live rows are its step's. */
+  const plan *bp = rt_bundle_plan(b);
+  RT_TRY(rt_tensor_read(b, bp->info.next_tensor, next, (size_t)step[1] * sizeof *next));
   for (uint32_t t = (uint32_t)step[1]; t < c->tokens; t++) next[t] = 0;
   memcpy(cur->blocks[k], step, sizeof cur->blocks[k]);
   rt_sha256_ctx sha;
   rt_sha256_init(&sha);
   for (uint32_t i = 0; i < c->nouts; i++) {
     uint32_t t = r->x->outs[i];
-    size_t n = (size_t)r->x->p->tensors[t].bytes;
+    size_t n = rt_live_bytes(bp, t, step[1]);
     RT_TRY(rt_tensor_read(b, t, c->buf, n));
     rt_sha256_update(&sha, c->buf, n);
   }

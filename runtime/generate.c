@@ -1,6 +1,7 @@
 /* generate.c - greedy generation on top of rt_replay_step: the prompt in
- * prefill chunks of the plan's token slots, then one-token decode steps,
- * with a SHA-256 over every output of every step as the exact oracle. */
+ * prefill chunks of the prefill plan's token slots, then one-token decode
+ * steps on the decode plan, with a SHA-256 over the live rows of every
+ * output of every step as the exact oracle. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +32,7 @@ rt_status rt_default_prompt(const plan *p, int32_t **out_ids, int *out_n) {
   int64_t vocab = plan_param_value(p, "vocab", -1);
   if (vocab <= 0 || vocab > INT32_MAX)
     return rt_status_make("the plan has no usable 'vocab' param for a default prompt");
-  uint32_t n = p->info.prefill ? p->info.prefill : 1;
+  uint32_t n = p->info.prompt ? p->info.prompt : 1;
   int32_t *ids = malloc(n * sizeof *ids);
   if (!ids) return rt_status_make("out of memory");
   for (uint32_t i = 0; i < n; i++) {
@@ -46,11 +47,11 @@ rt_status rt_default_prompt(const plan *p, int32_t **out_ids, int *out_n) {
 }
 
 typedef struct gen_state {
-  rt_bundle *b;
-  const plan *p;
+  rt_bundle *b;      /* the prefill plan's bundle */
+  rt_bundle *decode; /* the decode plan's (b when the bundle has one plan) */
   rt_step_hook hook;
   void *ctx;
-  uint32_t tokens;
+  uint32_t tokens; /* the prefill plan's slots, the most of either plan */
   int32_t *ids;  /* [tokens] fed to the step */
   int32_t *next; /* [tokens] read back */
   uint8_t *out;  /* scratch for hashing outputs */
@@ -60,27 +61,35 @@ typedef struct gen_state {
   rt_report *r;
 } gen_state;
 
-static rt_status run_step(gen_state *g, int32_t pos, int32_t ntok) {
-  const plan *p = g->p;
+size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok) {
+  const plan_tensor *pt = &p->tensors[t];
+  if (pt->ndim == 0 || pt->dim[0] != p->info.tokens) return (size_t)pt->bytes;
+  return (size_t)(pt->bytes / pt->dim[0] * (uint64_t)ntok);
+}
+
+/* One step on bundle b (the prefill or the decode plan's). */
+static rt_status run_step(gen_state *g, rt_bundle *b, int32_t pos, int32_t ntok) {
+  const plan *p = rt_bundle_plan(b);
+  uint32_t slots = p->info.tokens;
   int32_t step[4] = {pos, ntok, g->r->steps, 0};
-  for (uint32_t t = (uint32_t)ntok; t < g->tokens; t++) g->ids[t] = 0;
-  RT_TRY(rt_tensor_write(g->b, p->info.ids_tensor, g->ids, g->tokens * sizeof(int32_t)));
+  for (uint32_t t = (uint32_t)ntok; t < slots; t++) g->ids[t] = 0;
+  RT_TRY(rt_tensor_write(b, p->info.ids_tensor, g->ids, slots * sizeof(int32_t)));
   double t0 = now_seconds();
-  RT_TRY(rt_replay_step(g->b, step));
+  RT_TRY(rt_replay_step(b, step));
   double dt = now_seconds() - t0;
   g->times[g->ntimes++] = dt;
   g->r->seconds_total += dt;
   g->r->last_step_seconds = dt;
   g->r->steps++;
   g->r->tokens += ntok;
-  if (g->hook) RT_TRY(g->hook(g->ctx, g->b, step, g->ids));
+  if (g->hook) RT_TRY(g->hook(g->ctx, b, step, g->ids));
   for (uint32_t i = 0; i < p->ntensors; i++) {
     if (p->tensors[i].role != PLAN_OUTPUT) continue;
-    size_t n = (size_t)p->tensors[i].bytes;
-    RT_TRY(rt_tensor_read(g->b, i, g->out, n));
+    size_t n = rt_live_bytes(p, i, ntok);
+    RT_TRY(rt_tensor_read(b, i, g->out, n));
     rt_sha256_update(&g->sha, g->out, n);
   }
-  return rt_tensor_read(g->b, p->info.next_tensor, g->next, g->tokens * sizeof(int32_t));
+  return rt_tensor_read(b, p->info.next_tensor, g->next, (size_t)ntok * sizeof(int32_t));
 }
 
 static rt_status check_inputs(const plan *p, const int32_t *prompt, int nprompt, int ndecode) {
@@ -114,13 +123,13 @@ static rt_status generate(gen_state *g, const int32_t *prompt, int nprompt, int 
   for (int pos = 0; pos < nprompt; pos += (int)T) {
     int ntok = nprompt - pos < (int)T ? nprompt - pos : (int)T;
     memcpy(g->ids, prompt + pos, (size_t)ntok * sizeof(int32_t));
-    RT_TRY(run_step(g, pos, ntok));
+    RT_TRY(run_step(g, g->b, pos, ntok));
     last = g->next[ntok - 1];
   }
   r->generated[r->ngenerated++] = last;
   for (int i = 0; i < ndecode; i++) {
     g->ids[0] = last;
-    RT_TRY(run_step(g, nprompt + i, 1));
+    RT_TRY(run_step(g, g->decode, nprompt + i, 1));
     last = g->next[0];
     r->generated[r->ngenerated++] = last;
   }
@@ -132,7 +141,9 @@ rt_status rt_generate(rt_bundle *b, const int32_t *prompt, int nprompt, int ndec
   memset(out_report, 0, sizeof *out_report);
   const plan *p = rt_bundle_plan(b);
   RT_TRY(check_inputs(p, prompt, nprompt, ndecode));
-  gen_state g = {.b = b, .p = p, .hook = hook, .ctx = ctx, .tokens = p->info.tokens, .r = out_report};
+  RT_TRY(check_inputs(rt_bundle_plan(rt_bundle_decode(b)), prompt, 1, ndecode ? 1 : 0));
+  gen_state g = {.b = b, .decode = rt_bundle_decode(b), .hook = hook, .ctx = ctx, .tokens = p->info.tokens,
+                 .r = out_report};
   size_t outmax = 0;
   for (uint32_t i = 0; i < p->ntensors; i++)
     if (p->tensors[i].role == PLAN_OUTPUT && p->tensors[i].bytes > outmax) outmax = p->tensors[i].bytes;

@@ -50,7 +50,7 @@ typedef struct field_desc {
 static const field_desc info_fields[] = {
     FD(plan_info, model, F_U32),       FD(plan_info, schedule, F_U32),
     FD(plan_info, tokens, F_U32),      FD(plan_info, max_seq, F_U32),
-    FD(plan_info, prefill, F_U32),     FD(plan_info, decode, F_U32),
+    FD(plan_info, prompt, F_U32),     FD(plan_info, decode, F_U32),
     FD(plan_info, ids_tensor, F_U32),  FD(plan_info, next_tensor, F_U32),
     FD(plan_info, nevents, F_U32),     FD(plan_info, flags, F_U32),
     FD(plan_info, weight_seed, F_U64),

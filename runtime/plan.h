@@ -17,7 +17,7 @@
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
 #define PLAN_VERSION_MAJOR 3
-#define PLAN_VERSION_MINOR 2
+#define PLAN_VERSION_MINOR 3
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
 /* The largest plan file: plan_encode refuses to make a bigger one and
@@ -62,10 +62,10 @@ typedef struct plan_section {
 typedef struct plan_info {
   uint32_t model;          /* string: model name */
   uint32_t schedule;       /* string: schedule name */
-  uint32_t tokens;         /* token slots per step */
+  uint32_t tokens;         /* token slots of this plan's step */
   uint32_t max_seq;        /* positions the state holds */
-  uint32_t prefill;        /* prompt tokens of the schedule's step */
-  uint32_t decode;         /* tokens per decode step */
+  uint32_t prompt;         /* tokens of the seeded default prompt (the schedule's step) */
+  uint32_t decode;         /* token slots of the bundle's decode plan */
   uint32_t ids_tensor;     /* the i32 [tokens] input */
   uint32_t next_tensor;    /* the i32 [tokens] output (greedy next token) */
   uint32_t nevents;
@@ -78,7 +78,11 @@ typedef struct plan_info {
  * before the one before it ends (CUDA's programmatic stream
  * serialization): its blocks are scheduled while the earlier grid drains. */
 #define PLAN_FLAG_GRID_WAIT 1u
-#define PLAN_FLAGS_KNOWN PLAN_FLAG_GRID_WAIT
+/* The plan is its bundle's decode plan (DIR/decode/plan.ds4p, docs/PLAN.md):
+ * its step has `decode` slots where the prefill plan's has the prefill
+ * chunk's; the two share the weights and the state. Since 3.3. */
+#define PLAN_FLAG_DECODE 2u
+#define PLAN_FLAGS_KNOWN (PLAN_FLAG_GRID_WAIT | PLAN_FLAG_DECODE)
 
 typedef struct plan_param {
   uint32_t name; /* string */

@@ -12,7 +12,7 @@
 static void flush_device(rt_bundle *b, rt_dev *v) {
   for (uint32_t i = 0; i < v->nstreams; i++) {
     rt_status s = v->be->stream_flush(b->streams[v->streams[i]]);
-    if (s) rt_sync_poison(&b->sync, s);
+    if (s) rt_sync_poison(b->sync, s);
   }
 }
 
@@ -36,7 +36,7 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
     const rt_cmd *c = &v->cmds[i];
     /* Stop at the next command once any device failed: its executors skip
      * what is queued, so nothing more is worth enqueueing. */
-    if (rt_sync_poisoned(&b->sync)) break;
+    if (rt_sync_poisoned(b->sync)) break;
     switch (c->kind) {
     case PLAN_CMD_LAUNCH:
       s = be->launch(c->stream, c->kernel, c->grid, c->block, c->bufs, c->step);
@@ -48,7 +48,7 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
       s = be->event_record(c->stream, c->event, gen);
       if (!s && c->publish) {
         atomic_store_explicit(&b->enqueued[c->index], gen, memory_order_release);
-        rt_sync_notify(&b->sync);
+        rt_sync_notify(b->sync);
       }
       break;
     case PLAN_CMD_WAIT:
@@ -59,7 +59,7 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
           atomic_load_explicit(&b->enqueued[c->after], memory_order_acquire) < gen) {
         flush_device(b, v);
         atomic_store_explicit(&v->waiting_record, c->after, memory_order_relaxed);
-        int reached = rt_sync_wait(&b->sync, &b->enqueued[c->after], gen) == 0;
+        int reached = rt_sync_wait(b->sync, &b->enqueued[c->after], gen) == 0;
         atomic_store_explicit(&v->waiting_record, PLAN_NONE, memory_order_relaxed);
         if (!reached) break;
       }
@@ -70,10 +70,10 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
       break;
     }
   }
-  if (!s && i == n && n < v->ncmds && !v->die_silently && !rt_sync_poisoned(&b->sync))
+  if (!s && i == n && n < v->ncmds && !v->die_silently && !rt_sync_poisoned(b->sync))
     s = rt_status_make("device %s: submitter exited before its command %u of %u (injected fault)",
                        plan_str(&b->p, b->p.devices[device].name), n + 1, v->ncmds);
-  if (s) rt_sync_poison(&b->sync, s);
+  if (s) rt_sync_poison(b->sync, s);
   flush_device(b, v);
   atomic_store_explicit(&v->submitting, 0, memory_order_release);
 }
@@ -125,7 +125,7 @@ static void graph_step(rt_bundle *b, uint64_t gen) {
   if (!b->graph) {
     rt_stream **streams = malloc(v->nstreams * sizeof *streams);
     if (!streams) {
-      rt_sync_poison(&b->sync, rt_status_make("graph replay: out of memory"));
+      rt_sync_poison(b->sync, rt_status_make("graph replay: out of memory"));
       return;
     }
     for (uint32_t i = 0; i < v->nstreams; i++) streams[i] = b->streams[v->streams[i]];
@@ -137,17 +137,17 @@ static void graph_step(rt_bundle *b, uint64_t gen) {
     }
     free(streams);
     if (s) {
-      rt_sync_poison(&b->sync, rt_status_wrap(s, "graph replay: capturing the plan"));
+      rt_sync_poison(b->sync, rt_status_wrap(s, "graph replay: capturing the plan"));
       return;
     }
-    if (rt_sync_poisoned(&b->sync)) {
+    if (rt_sync_poisoned(b->sync)) {
       be->graph_destroy(g);
       return;
     }
     b->graph = g;
   }
   rt_status s = be->graph_launch(b->graph);
-  if (s) rt_sync_poison(&b->sync, s);
+  if (s) rt_sync_poison(b->sync, s);
 }
 
 /* CLOCK_MONOTONIC nanoseconds, the trace's clock. */
@@ -178,13 +178,13 @@ rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   if (b->trace_start) b->trace_host[1] = host_now_ns();
   for (uint32_t s = 0; s < p->nstreams; s++) {
     rt_status e = b->devs[p->streams[s].device].be->stream_sync(b->streams[s]);
-    if (e) rt_sync_poison(&b->sync, e);
+    if (e) rt_sync_poison(b->sync, e);
   }
   if (b->trace_start) b->trace_host[2] = host_now_ns();
   /* After the syncs, so that the watchdog's report of this step is in
    * before the error is taken, and none can come after. */
   if (b->watchdog) rt_watchdog_disarm(b->watchdog);
-  rt_status err = rt_sync_take(&b->sync);
+  rt_status err = rt_sync_take(b->sync);
   if (err) err = rt_status_wrap(err, "step %d (pos %d, %d tokens)", step[2], step[0], step[1]);
   b->trace_valid = err == NULL;
   return err;

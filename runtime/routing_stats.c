@@ -19,14 +19,17 @@ typedef struct route_stat {
   uint32_t experts;  /* E: the columns of its logits */
   uint64_t *counts;  /* [experts] */
   /* An activation shares its arena bytes with tensors written later in
-   * the step, so it gets bytes of its own while counting (own) and goes
-   * back to its arena bytes (home) at close. */
-  void *own, *home;
+   * the step, so it gets bytes of its own while counting (own, the prefill
+   * plan's size, which the decode plan's fits in) and goes back to its
+   * arena bytes in each plan (home) at close. */
+  void *own, *home[2];
   uint32_t nregistered; /* devices that registered own (host_register) */
 } route_stat;
 
 struct rt_routing_stats {
   rt_bundle *b;
+  rt_bundle *plans[2]; /* b and its decode plan's bundle, when it has one */
+  int nplans;
   route_stat *routes; /* in path order (see path_cmp) */
   uint32_t nroutes;
   int32_t *idx;       /* room for the largest idx tensor */
@@ -119,13 +122,14 @@ static rt_status point_tensor(rt_bundle *b, uint32_t t, void *base) {
 /* Bytes of its own for an activation idx tensor, reachable by every
  * device that reaches its arena (a cpu arena is registered with the GPU
  * devices, so the copy is too). */
-static rt_status give_own_bytes(rt_bundle *b, route_stat *r) {
+static rt_status give_own_bytes(rt_routing_stats *s, route_stat *r) {
+  rt_bundle *b = s->b;
   const plan *p = &b->p;
   const plan_tensor *t = &p->tensors[r->tensor];
   if (t->role != PLAN_ACTIVATION) return NULL; /* its bytes are its own already */
   rt_dev *home = &b->devs[t->device];
   RT_TRY(home->be->mem_alloc(home->dev, t->bytes, &r->own));
-  r->home = b->tensor_ptr[r->tensor];
+  for (int i = 0; i < s->nplans; i++) r->home[i] = s->plans[i]->tensor_ptr[r->tensor];
   if (p->devices[t->device].backend == PLAN_BACKEND_CPU)
     for (uint32_t d = 0; d < p->ndevices; d++) {
       rt_dev *v = &b->devs[d];
@@ -133,13 +137,15 @@ static rt_status give_own_bytes(rt_bundle *b, route_stat *r) {
       RT_TRY(v->be->host_register(v->dev, r->own, t->bytes));
       r->nregistered++;
     }
-  return point_tensor(b, r->tensor, r->own);
+  for (int i = 0; i < s->nplans; i++) RT_TRY(point_tensor(s->plans[i], r->tensor, r->own));
+  return NULL;
 }
 
-static void release_own_bytes(rt_bundle *b, route_stat *r) {
+static void release_own_bytes(rt_routing_stats *s, route_stat *r) {
   if (!r->own) return;
+  rt_bundle *b = s->b;
   const plan *p = &b->p;
-  rt_status_free(point_tensor(b, r->tensor, r->home));
+  for (int i = 0; i < s->nplans; i++) rt_status_free(point_tensor(s->plans[i], r->tensor, r->home[i]));
   uint32_t n = 0;
   for (uint32_t d = 0; d < p->ndevices && n < r->nregistered; d++) {
     rt_dev *v = &b->devs[d];
@@ -155,7 +161,7 @@ static void release_own_bytes(rt_bundle *b, route_stat *r) {
 void rt_routing_stats_close(rt_routing_stats *s) {
   if (!s) return;
   for (uint32_t i = 0; i < s->nroutes; i++) {
-    release_own_bytes(s->b, &s->routes[i]);
+    release_own_bytes(s, &s->routes[i]);
     free(s->routes[i].counts);
   }
   free(s->routes);
@@ -189,8 +195,11 @@ rt_status rt_routing_stats_open(rt_bundle *b, rt_routing_stats **out_stats) {
   rt_routing_stats *s = calloc(1, sizeof *s);
   if (!s) return rt_status_make("out of memory");
   s->b = b;
+  s->plans[0] = b;
+  s->plans[1] = rt_bundle_decode(b);
+  s->nplans = s->plans[1] == b ? 1 : 2;
   rt_status err = find_routes(s);
-  for (uint32_t i = 0; i < s->nroutes && !err; i++) err = give_own_bytes(b, &s->routes[i]);
+  for (uint32_t i = 0; i < s->nroutes && !err; i++) err = give_own_bytes(s, &s->routes[i]);
   if (err) {
     rt_routing_stats_close(s);
     return rt_status_wrap(err, "routing statistics of %s", b->dir);
@@ -202,11 +211,13 @@ rt_status rt_routing_stats_open(rt_bundle *b, rt_routing_stats **out_stats) {
 rt_status rt_routing_stats_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
   (void)ids;
   rt_routing_stats *s = ctx;
-  if (b != s->b) return rt_status_make("rt_routing_stats_hook: a step of %s, but counting %s", b->dir, s->b->dir);
+  /* Either plan of the bundle: the same tensors by index. */
+  if (b != s->b && b != rt_bundle_decode(s->b))
+    return rt_status_make("rt_routing_stats_hook: a step of %s, but counting %s", b->dir, s->b->dir);
   for (uint32_t i = 0; i < s->nroutes; i++) {
     route_stat *r = &s->routes[i];
-    RT_TRY(rt_tensor_read(b, r->tensor, s->idx, (size_t)r->rows * r->k * sizeof *s->idx));
     uint32_t live = step[1] < 0 ? 0 : (uint32_t)step[1] < r->rows ? (uint32_t)step[1] : r->rows;
+    RT_TRY(rt_tensor_read(b, r->tensor, s->idx, (size_t)live * r->k * sizeof *s->idx));
     for (uint32_t e = 0; e < live * r->k; e++)
       if (s->idx[e] >= 0 && (uint32_t)s->idx[e] < r->experts) r->counts[s->idx[e]]++;
   }

@@ -32,10 +32,16 @@ typedef struct rt_bundle rt_bundle;
 /* Read DIR/plan.ds4p, validate it, check every code object's SHA-256, bind
  * weights to opts->weights' tensors (docs/RUNTIME.md, Weights), load the
  * code objects, open the devices, allocate arenas, fill weights from the
- * checkpoint or the seeded generator and zero the state. */
+ * checkpoint or the seeded generator and zero the state. With
+ * DIR/decode/plan.ds4p (what ds4c compiles), the bundle holds that decode
+ * plan too, checked to share the devices, streams, weights and state. */
 rt_status rt_bundle_open(const char *dir, const rt_options *opts, rt_bundle **out_bundle);
-void rt_bundle_close(rt_bundle *b);
+void rt_bundle_close(rt_bundle *b); /* closes its decode plan too */
 const plan *rt_bundle_plan(const rt_bundle *b);
+/* The bundle of the decode plan of b, to replay decode steps with: the
+ * same tensors by index, in the same arenas; b itself when b has none.
+ * Owned by b. */
+rt_bundle *rt_bundle_decode(rt_bundle *b);
 
 /* Tensors by stable path; host copies in and out (any backend) of resident
  * tensors (a weight source on no device is refused). */
@@ -94,11 +100,18 @@ rt_status rt_trace_last_host(const rt_bundle *b, uint64_t out_ns[3]);
 rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,
                              const uint64_t **out_end);
 
-/* Greedy generation: the prompt as prefill chunks of `tokens` slots, then
- * `ndecode` decode steps, each fed the previous step's last next token.
- * After every step `hook` (optional) sees the step block and the ids fed;
- * a hook error stops the run. The report accumulates the SHA-256 over the
- * raw bytes of every output tensor (plan order) of every step. */
+/* Greedy generation: the prompt as prefill chunks of the prefill plan's
+ * `tokens` slots, then `ndecode` decode steps on the decode plan
+ * (rt_bundle_decode), each fed the previous step's last next token. After
+ * every step `hook` (optional) sees the bundle that ran it, the step block
+ * and the ids fed; a hook error stops the run. The report accumulates the
+ * SHA-256 over the raw bytes of every output tensor (plan order) of every
+ * step, of an output whose leading dim is the step's slots only the live
+ * tokens' rows: the same bytes whichever plan ran the step. */
+/* The bytes of tensor t of plan p that a step of ntok live tokens wrote:
+ * its first ntok rows when its leading dim is the plan's slots, else all
+ * of it; the same bytes whichever plan of a bundle ran the step. */
+size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok);
 typedef rt_status (*rt_step_hook)(void *ctx, rt_bundle *b, const int32_t step[4],
                                   const int32_t *ids);
 typedef struct rt_report {
@@ -113,7 +126,7 @@ typedef struct rt_report {
 rt_status rt_generate(rt_bundle *b, const int32_t *prompt, int nprompt, int ndecode,
                       rt_step_hook hook, void *ctx, rt_report *out_report);
 
-/* The default prompt of a plan: info.prefill tokens from the seeded
+/* The default prompt of a plan: info.prompt tokens from the seeded
  * generator, each < vocab. Caller frees. */
 rt_status rt_default_prompt(const plan *p, int32_t **out_ids, int *out_n);
 

@@ -91,8 +91,17 @@ struct rt_bundle {
   uint32_t nbound, ngenerated; /* weights that are not views, each way */
   int weights_cast;            /* rt_options.weights_cast */
   uint32_t ncast;              /* bound weights rounded into the plan's dtype */
-  rt_sync sync;
+  rt_sync *sync;     /* &sync_own, or the parent's: every device's poison point */
+  rt_sync sync_own;
   int sync_ready;
+
+  /* A bundle of two plans (docs/RUNTIME.md, "Plans per step shape"): the
+   * bundle opened is the prefill plan's and holds the decode plan's as
+   * `decode`, whose `parent` it is. The decode bundle borrows the parent's
+   * devices, arenas (so the weights and the state), streams, weight
+   * bindings and poison point, and has its own commands, events, kernels,
+   * submitters, trace and graph. Both NULL in a bundle of one plan. */
+  struct rt_bundle *parent, *decode;
 
   rt_dev *devs;          /* [p.ndevices] */
   rt_stream **streams;   /* [p.nstreams] */

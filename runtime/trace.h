@@ -84,6 +84,7 @@ typedef struct rt_trace_summary {
   uint32_t ncopies;
   int path_step;            /* the step of the critical path: the last one */
   int path_decode;          /* whether it was a decode step */
+  const plan *path_plan;    /* the plan that ran it, whose commands path and costs index */
   double path_span_us;      /* that step's span_ns */
   const rt_trace_path_op *path; /* first op to last */
   uint32_t npath;

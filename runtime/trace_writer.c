@@ -64,20 +64,28 @@ typedef struct copy_group {
   size_t n, cap;
 } copy_group;
 
-struct rt_trace_writer {
+/* One plan of the bundle (the prefill plan's, the decode plan's) and its
+ * structure, indexed by command: for a launch or copy, the previous launch
+ * or copy on its stream; for a WAIT, the last launch or copy before the
+ * RECORD it waits for, on the recording stream (the producer), and the
+ * next launch or copy on its own stream (the consumer); for a copy, its
+ * group. PLAN_NONE where there is none. */
+typedef struct tw_view {
   rt_bundle *b;
   const plan *p;
+  rt_overlap *ov;
+  uint32_t *stream_prev, *producer, *consumer, *group;
+} tw_view;
+
+struct rt_trace_writer {
+  tw_view views[2];
+  int nviews;
+  const tw_view *v; /* the view of the latest step */
+  const plan *p;    /* its plan */
   char *path, *tmp, *bundle_name;
   FILE *f;
   int32_t decode_from;
-  rt_overlap *ov;
-  /* The plan's structure, indexed by command: for a launch or copy, the
-   * previous launch or copy on its stream; for a WAIT, the last launch or
-   * copy before the RECORD it waits for, on the recording stream (the
-   * producer), and the next launch or copy on its own stream (the
-   * consumer); for a copy, its group. PLAN_NONE where there is none. */
-  uint32_t *stream_prev, *producer, *consumer, *group;
-  copy_group *groups;
+  copy_group *groups; /* of both plans: the same streams and devices */
   uint32_t ngroups;
   uint64_t t0; /* the first step's first start: the file's time 0 */
   uint64_t *busy_ns; /* [ndevices] summed */
@@ -115,29 +123,29 @@ static const char *backend_name(uint32_t backend) {
   return backend < 3 ? names[backend] : "?";
 }
 
-static rt_status find_structure(rt_trace_writer *w) {
-  const plan *p = w->p;
+static rt_status find_structure(rt_trace_writer *w, tw_view *v) {
+  const plan *p = v->p;
   uint32_t nc = p->ncommands, ns = p->nstreams;
   uint32_t *last = malloc((ns ? ns : 1) * sizeof *last);
   if (!last) return rt_status_make("out of memory");
   for (uint32_t s = 0; s < ns; s++) last[s] = PLAN_NONE;
   for (uint32_t i = 0; i < nc; i++) {
     const plan_command *c = &p->commands[i];
-    w->stream_prev[i] = w->producer[i] = w->consumer[i] = w->group[i] = PLAN_NONE;
+    v->stream_prev[i] = v->producer[i] = v->consumer[i] = v->group[i] = PLAN_NONE;
     if (timed(c)) {
-      w->stream_prev[i] = last[c->stream];
+      v->stream_prev[i] = last[c->stream];
       last[c->stream] = i;
     } else if (c->kind == PLAN_CMD_RECORD) {
-      w->producer[i] = last[c->stream]; /* read by the WAITs of this record */
+      v->producer[i] = last[c->stream]; /* read by the WAITs of this record */
     } else if (c->kind == PLAN_CMD_WAIT) {
-      w->producer[i] = w->producer[c->b];
+      v->producer[i] = v->producer[c->b];
     }
   }
   for (uint32_t s = 0; s < ns; s++) last[s] = PLAN_NONE;
   for (uint32_t i = nc; i-- > 0;) {
     const plan_command *c = &p->commands[i];
     if (timed(c)) last[c->stream] = i;
-    else if (c->kind == PLAN_CMD_WAIT) w->consumer[i] = last[c->stream];
+    else if (c->kind == PLAN_CMD_WAIT) v->consumer[i] = last[c->stream];
   }
   free(last);
   for (uint32_t i = 0; i < nc; i++) {
@@ -153,7 +161,7 @@ static rt_status find_structure(rt_trace_writer *w) {
       w->groups[g] = (copy_group){.out = {.stream = c->stream, .from = from, .to = to}};
       w->ngroups++;
     }
-    w->group[i] = g;
+    v->group[i] = g;
   }
   return NULL;
 }
@@ -207,13 +215,16 @@ void rt_trace_writer_close(rt_trace_writer *w) {
     fclose(w->f);
     remove(w->tmp);
   }
-  rt_overlap_close(w->ov);
+  for (int i = 0; i < w->nviews; i++) {
+    tw_view *v = &w->views[i];
+    rt_overlap_close(v->ov);
+    free(v->stream_prev);
+    free(v->producer);
+    free(v->consumer);
+    free(v->group);
+  }
   for (uint32_t g = 0; g < w->ngroups; g++) free(w->groups[g].dur_us);
   free(w->groups);
-  free(w->stream_prev);
-  free(w->producer);
-  free(w->consumer);
-  free(w->group);
   free(w->busy_ns);
   free(w->last_start);
   free(w->last_end);
@@ -233,34 +244,46 @@ rt_status rt_trace_writer_open(rt_bundle *b, const char *path, const char *bundl
   if (!b->trace_start)
     return rt_status_make("%s: cannot trace bundle %s: it was opened without tracing "
                           "(set rt_options.trace)", path, b->dir);
-  const plan *p = &b->p;
   rt_trace_writer *w = calloc(1, sizeof *w);
   if (!w) return rt_status_make("out of memory");
-  size_t nc = p->ncommands ? p->ncommands : 1, nd = p->ndevices ? p->ndevices : 1;
-  w->b = b;
-  w->p = p;
+  rt_bundle *d = rt_bundle_decode(b);
+  w->views[0].b = b;
+  w->views[1].b = d;
+  w->nviews = d == b ? 1 : 2;
+  size_t nc = 1, ncs = 0, nd = b->p.ndevices ? b->p.ndevices : 1;
+  rt_status s = NULL;
+  for (int i = 0; i < w->nviews; i++) {
+    tw_view *v = &w->views[i];
+    v->p = &v->b->p;
+    size_t n = v->p->ncommands ? v->p->ncommands : 1;
+    if (n > nc) nc = n;
+    ncs += n;
+    v->stream_prev = malloc(n * sizeof *v->stream_prev);
+    v->producer = malloc(n * sizeof *v->producer);
+    v->consumer = malloc(n * sizeof *v->consumer);
+    v->group = malloc(n * sizeof *v->group);
+    if (!v->stream_prev || !v->producer || !v->consumer || !v->group) s = rt_status_make("out of memory");
+  }
+  w->v = &w->views[0];
+  w->p = w->v->p;
   w->decode_from = decode_from;
   w->path = strdup(path);
   w->bundle_name = strdup(bundle_name);
   w->tmp = malloc(strlen(path) + 32);
-  w->stream_prev = malloc(nc * sizeof *w->stream_prev);
-  w->producer = malloc(nc * sizeof *w->producer);
-  w->consumer = malloc(nc * sizeof *w->consumer);
-  w->group = malloc(nc * sizeof *w->group);
-  w->groups = calloc(nc, sizeof *w->groups);
+  w->groups = calloc(ncs, sizeof *w->groups);
   w->busy_ns = calloc(nd, sizeof *w->busy_ns);
   w->busy_us = calloc(nd, sizeof *w->busy_us);
   w->last_start = calloc(nc, sizeof *w->last_start);
   w->last_end = calloc(nc, sizeof *w->last_end);
   w->path_ops = calloc(nc, sizeof *w->path_ops);
   w->kind_costs = calloc(nc, sizeof *w->kind_costs);
-  rt_status s = NULL;
-  if (!w->path || !w->bundle_name || !w->tmp || !w->stream_prev || !w->producer || !w->consumer ||
-      !w->group || !w->groups || !w->busy_ns || !w->busy_us || !w->last_start || !w->last_end ||
-      !w->path_ops || !w->kind_costs)
+  if (!w->path || !w->bundle_name || !w->tmp || !w->groups || !w->busy_ns || !w->busy_us || !w->last_start ||
+      !w->last_end || !w->path_ops || !w->kind_costs)
     s = rt_status_make("out of memory");
-  if (!s) s = rt_overlap_open(p, &w->ov);
-  if (!s) s = find_structure(w);
+  for (int i = 0; i < w->nviews && !s; i++) {
+    s = rt_overlap_open(w->views[i].p, &w->views[i].ov);
+    if (!s) s = find_structure(w, &w->views[i]);
+  }
   if (!s) {
     w->copies = calloc(w->ngroups ? w->ngroups : 1, sizeof *w->copies);
     if (!w->copies) s = rt_status_make("out of memory");
@@ -317,7 +340,7 @@ static void put_span(rt_trace_writer *w, uint32_t i, const uint64_t *start, cons
  * viewer binds the flow's start) to the consumer's start. */
 static void put_flow(rt_trace_writer *w, uint32_t wait, const uint64_t *start, const uint64_t *end) {
   const plan *p = w->p;
-  uint32_t from = w->producer[wait], to = w->consumer[wait];
+  uint32_t from = w->v->producer[wait], to = w->v->consumer[wait];
   FILE *f = w->f;
   uint64_t at = end[from] > start[from] ? end[from] - 1 : start[from];
   uint32_t event = p->commands[wait].a;
@@ -336,13 +359,20 @@ static void put_flow(rt_trace_writer *w, uint32_t wait, const uint64_t *start, c
 rt_status rt_trace_writer_hook(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
   (void)ids;
   rt_trace_writer *w = ctx;
+  /* The plan that ran the step: the prefill or the decode plan. */
+  const tw_view *v = NULL;
+  for (int i = 0; i < w->nviews && !v; i++)
+    if (w->views[i].b == b) v = &w->views[i];
+  if (!v) return rt_status_make("%s: a step of %s, which this trace does not follow", w->path, b->dir);
+  w->v = v;
+  w->p = v->p;
   const plan *p = w->p;
   const uint64_t *start, *end;
   uint64_t host[3];
   RT_TRY(rt_trace_last_step(b, &start, &end));
   RT_TRY(rt_trace_last_host(b, host));
   rt_step_busy sb;
-  rt_overlap_step(w->ov, start, end, &sb);
+  rt_overlap_step(v->ov, start, end, &sb);
   /* The file's time 0: the first step's start on the host, before any of
    * its device work (which its enqueueing precedes). */
   if (w->steps == 0) w->t0 = host[0] < sb.first_ns ? host[0] : sb.first_ns;
@@ -362,13 +392,13 @@ rt_status rt_trace_writer_hook(void *ctx, rt_bundle *b, const int32_t step[4], c
     if (!timed(&p->commands[i])) continue;
     put_span(w, i, start, end, step[2]);
     w->spans++;
-    if (w->group[i] != PLAN_NONE) {
+    if (v->group[i] != PLAN_NONE) {
       uint64_t dur = end[i] > start[i] ? end[i] - start[i] : 0;
-      RT_TRY(add_duration(&w->groups[w->group[i]], 1e-3 * (double)dur));
+      RT_TRY(add_duration(&w->groups[v->group[i]], 1e-3 * (double)dur));
     }
   }
   for (uint32_t i = 0; i < p->ncommands; i++)
-    if (p->commands[i].kind == PLAN_CMD_WAIT && w->producer[i] != PLAN_NONE && w->consumer[i] != PLAN_NONE)
+    if (p->commands[i].kind == PLAN_CMD_WAIT && v->producer[i] != PLAN_NONE && v->consumer[i] != PLAN_NONE)
       put_flow(w, i, start, end);
   if (ferror(w->f)) return rt_status_make("%s: cannot write %s: %s", w->path, w->tmp, strerror(errno));
   memcpy(w->last_start, start, p->ncommands * sizeof *start);
@@ -400,11 +430,11 @@ static void critical_path(rt_trace_writer *w) {
     w->path_ops[n++] = (rt_trace_path_op){.command = c,
                                           .start_us = 1e-3 * (double)(int64_t)(start[c] - w->last_first_ns),
                                           .end_us = 1e-3 * (double)(int64_t)(end[c] - w->last_first_ns)};
-    uint32_t best = w->stream_prev[c], lo = best == PLAN_NONE ? 0 : best + 1;
+    uint32_t best = w->v->stream_prev[c], lo = best == PLAN_NONE ? 0 : best + 1;
     int best_via = 0;
     for (uint32_t j = c; j-- > lo;) {
       const plan_command *q = &p->commands[j];
-      uint32_t from = w->producer[j];
+      uint32_t from = w->v->producer[j];
       if (q->kind != PLAN_CMD_WAIT || q->stream != p->commands[c].stream || from == PLAN_NONE) continue;
       if (best == PLAN_NONE || end[from] > end[best]) {
         best = from;
@@ -501,6 +531,7 @@ rt_status rt_trace_writer_finish(rt_trace_writer *w, const rt_trace_summary **ou
   sum->ncopies = w->ngroups;
   sum->path_step = w->last_step;
   sum->path_decode = w->last_decode;
+  sum->path_plan = w->p;
   sum->path_span_us = 1e-3 * (double)w->last_span_ns;
   sum->host_step_us = 1e-3 * (double)w->host_ns[0];
   sum->host_submit_us = 1e-3 * (double)w->host_ns[1];

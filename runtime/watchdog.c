@@ -214,7 +214,7 @@ static void *watchdog_main(void *arg) {
       } else if (now - since >= w->bound_ns) {
         /* Under mu, so that disarm, which takes it, returns only once the
          * report is in or can no longer come. */
-        rt_sync_poison(&w->b->sync, report(w));
+        rt_sync_poison(w->b->sync, report(w));
         w->fired = 1;
       }
     }

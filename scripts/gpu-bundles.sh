@@ -42,7 +42,7 @@ streams:
   - {name: main, device: cpu0}
 owners:
   - "* -> cpu0.main"
-step: {prefill: 4, decode: 1}
+step: {prompt: 4, decode: 1}
 YAML
   $ds4c compile "$m" "$out/schedules/$name-1dev.yaml" -o "$out/ops-$(basename "$m" .yaml)" --target host,sm_90 >/dev/null
 done

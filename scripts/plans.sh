@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The committed review artefacts: out/<model>--<schedule>.plan.txt, the
-# canonical plan text of every shipped pair. A shipped pair is a model of
+# The committed review artefacts: out/<model>--<schedule>.plan.txt and
+# out/<model>--<schedule>.decode.plan.txt, the canonical texts of the
+# prefill and the decode plan of every shipped pair. A shipped pair is a model of
 # models/ and a schedule of schedules/ whose `model:` is that model or one
 # it extends. With no option, compiles every pair and writes its text;
 # with --check, compiles every pair into a scratch folder and fails (exit 1)
@@ -55,24 +56,30 @@ for model in "$root"/models/*.yaml; do
     want=$(top_value model "$sched")
     case "$names" in *" $want "*) ;; *) continue ;; esac
     sname=$(basename "$sched" .yaml)
-    text="out/$mname--$sname.plan.txt"
-    shipped[$text]=1
     if ! log=$("$ds4c" compile "$model" "$sched" -o "$scratch/bundle" 2>&1); then
       echo "plans.sh: error: compiling ${model#"$root"/} with ${sched#"$root"/} failed:" >&2
       echo "$log" >&2
       exit 2
     fi
-    if [ "$check" -eq 0 ]; then
-      cp "$scratch/bundle/plan.txt" "$root/$text"
-      echo "wrote $text"
-    elif [ ! -f "$root/$text" ]; then
-      echo "$text: missing"
-      status=1
-    elif ! cmp -s "$scratch/bundle/plan.txt" "$root/$text"; then
-      line=$({ cmp "$scratch/bundle/plan.txt" "$root/$text" 2>&1 || true; } | sed -n 's/.*line \([0-9]*\).*/\1/p')
-      echo "$text: stale (first difference at line ${line:-?})"
-      status=1
-    fi
+    for plan in prefill decode; do
+      if [ "$plan" = prefill ]; then
+        text="out/$mname--$sname.plan.txt" made="$scratch/bundle/plan.txt"
+      else
+        text="out/$mname--$sname.decode.plan.txt" made="$scratch/bundle/decode/plan.txt"
+      fi
+      shipped[$text]=1
+      if [ "$check" -eq 0 ]; then
+        cp "$made" "$root/$text"
+        echo "wrote $text"
+      elif [ ! -f "$root/$text" ]; then
+        echo "$text: missing"
+        status=1
+      elif ! cmp -s "$made" "$root/$text"; then
+        line=$({ cmp "$made" "$root/$text" 2>&1 || true; } | sed -n 's/.*line \([0-9]*\).*/\1/p')
+        echo "$text: stale (first difference at line ${line:-?})"
+        status=1
+      fi
+    done
   done
 done
 for text in "$root"/out/*.plan.txt; do

@@ -128,7 +128,7 @@ int sched_gen_random(char *buf, size_t cap, int seed, int kind) {
   int np = rng_int(0, 3), first = rng_int(0, NGLOBS - 1);
   if (np) emit(g, "priority:\n"); /* distinct keys: a mapping has no duplicates */
   for (int i = 0; i < np; i++) emit(g, "  \"%s\": %d\n", op_globs[(first + 7 * i) % NGLOBS], rng_int(-3, 3));
-  emit(g, "step: {prefill: 10, decode: 1}\n");
+  emit(g, "step: {prompt: 10, decode: 1}\n");
   return g->overflow ? -1 : 0;
 }
 

@@ -369,6 +369,140 @@ START_TEST(shared_layer_name_numbers_globally) {
 }
 END_TEST
 
+/* ---- plans per step shape ---- */
+
+static void compile_pair(const char *model, const char *sched, const char *out) {
+  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+}
+
+static void read_plan_at(const char *dir, const char *sub, plan *p) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s%s/plan.ds4p", dir, sub);
+  rt_status st = plan_read(path, p);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+}
+
+/* A bundle's prefill and decode plans: the same ops (kind, stream) and
+ * dependency edges, placement and devices; shapes and grids for their own
+ * slots; every weight and state tensor at the same offset; both verified
+ * (ds4c_compile ran verify on each). */
+static void assert_plans_differ_in_shapes_only(const char *model, const char *sched, uint32_t prefill) {
+  char tmpl[] = "/tmp/ds4-shapes-XXXXXX", out[600];
+  tu_tmpdir_make(tmpl);
+  snprintf(out, sizeof out, "%s/b", tmpl);
+  compile_pair(model, sched, out);
+  plan p, q;
+  read_plan_at(out, "", &p);
+  read_plan_at(out, "/decode", &q);
+  ck_assert_uint_eq(p.info.tokens, prefill);
+  ck_assert_uint_eq(q.info.tokens, 1);
+  ck_assert_uint_eq(p.info.flags & PLAN_FLAG_DECODE, 0);
+  ck_assert_uint_eq(q.info.flags & PLAN_FLAG_DECODE, PLAN_FLAG_DECODE);
+  ck_assert_uint_eq(p.info.prompt, q.info.prompt);
+  ck_assert_uint_eq(p.ndevices, q.ndevices);
+  for (uint32_t d = 0; d < p.ndevices; d++) {
+    ck_assert_str_eq(plan_str(&p, p.devices[d].name), plan_str(&q, q.devices[d].name));
+    ck_assert_uint_eq(p.devices[d].arena_bytes, q.devices[d].arena_bytes);
+  }
+  ck_assert_uint_eq(p.nops, q.nops);
+  int smaller = 0;
+  for (uint32_t i = 0; i < p.nops; i++) {
+    const plan_op *a = &p.ops[i], *b = &q.ops[i];
+    ck_assert_uint_eq(a->stream, b->stream);
+    ck_assert_uint_eq(a->kernel == PLAN_NONE, b->kernel == PLAN_NONE);
+    if (a->kernel == PLAN_NONE) continue;
+    const plan_kernel *ka = &p.kernels[a->kernel], *kb = &q.kernels[b->kernel];
+    ck_assert_str_eq(plan_str(&p, ka->kind), plan_str(&q, kb->kind));
+    ck_assert_str_eq(plan_str(&p, a->path), plan_str(&q, b->path));
+    ck_assert_msg(kb->grid <= ka->grid, "%s: decode grid %u above prefill's %u", plan_str(&p, a->path), kb->grid,
+                  ka->grid);
+    smaller += kb->grid < ka->grid;
+  }
+  ck_assert_int_gt(smaller, 0);
+  ck_assert_uint_eq(p.nedges, q.nedges);
+  for (uint32_t e = 0; e < p.nedges; e++) {
+    int found = 0;
+    for (uint32_t f = 0; f < q.nedges && !found; f++)
+      found = p.edges[e].from == q.edges[f].from && p.edges[e].to == q.edges[f].to &&
+              p.edges[e].hazard == q.edges[f].hazard;
+    ck_assert_msg(found, "edge %u (%s -> %s) missing from the decode plan", e, plan_str(&p, p.ops[p.edges[e].from].path),
+                  plan_str(&p, p.ops[p.edges[e].to].path));
+  }
+  ck_assert_uint_eq(p.ntensors, q.ntensors);
+  for (uint32_t t = 0; t < p.ntensors; t++) {
+    const plan_tensor *a = &p.tensors[t], *b = &q.tensors[t];
+    ck_assert_uint_eq(a->role, b->role);
+    ck_assert_uint_eq(a->device, b->device);
+    if (a->role != PLAN_WEIGHT && a->role != PLAN_STATE) continue;
+    ck_assert_str_eq(plan_str(&p, a->name), plan_str(&q, b->name));
+    ck_assert_msg(a->offset == b->offset && a->bytes == b->bytes, "%s moved", plan_str(&p, a->name));
+  }
+  plan_free(&p);
+  plan_free(&q);
+  tu_tmpdir_remove(tmpl);
+}
+
+START_TEST(decode_plan_differs_in_shapes_and_grids_only) {
+  assert_plans_differ_in_shapes_only("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", 4);
+  assert_plans_differ_in_shapes_only("models/ds4-flash-mini.yaml", "tests/cases/compile/mini-cpu-prefill8.sched.yaml", 8);
+}
+END_TEST
+
+/* The schedule's step: prefill overrides the model's tokens, the state is
+ * sized from it in both plans, and what it refuses it names. */
+START_TEST(step_shapes_from_the_schedule) {
+  const char *sched_fmt = "schedule: s\nmodel: tiny-moe\ndevices:\n"
+                          "  - {name: cpu0, backend: cpu, arch: host, ordinal: 0, threads: 1,\n"
+                          "     bandwidth: 1.0e10, flops: 1.0e11, launch: 1.0e-6}\n"
+                          "streams:\n  - {name: main, device: cpu0}\nowners:\n  - \"* -> cpu0.main\"\n"
+                          "step: {%s}\n";
+  char tmpl[] = "/tmp/ds4-step-XXXXXX", path[600], text[1024];
+  tu_tmpdir_make(tmpl);
+  snprintf(path, sizeof path, "%s/s.yaml", tmpl);
+  snprintf(text, sizeof text, sched_fmt, "prefill: 3, decode: 1, prompt: 10");
+  tu_write_text(path, text);
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = path};
+  ir_prog *p, *q;
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  o.decode_plan = 1;
+  ck_assert_msg(ds4c_build(&o, &q, &d) == 0, "%s", d.msg);
+  ck_assert_int_eq(p->tokens, 3);
+  ck_assert_int_eq(q->tokens, 1);
+  ck_assert_int_eq(p->prompt, 10);
+  int ring = ir_find_tensor(p, "layers.0.k_cache"), x = ir_find_tensor(p, "embed.x");
+  ck_assert_int_ge(x, 0);
+  ck_assert_int_eq(p->tensors[x].dim[0], 3);
+  ck_assert_int_eq(q->tensors[x].dim[0], 1);
+  if (ring >= 0) ck_assert_int_eq(p->tensors[ring].bytes, q->tensors[ring].bytes);
+  for (int t = 0; t < p->ntensors; t++)
+    if (p->tensors[t].role == PLAN_STATE) ck_assert_int_eq(p->tensors[t].bytes, q->tensors[t].bytes);
+  ds4c_prog_free(p);
+  ds4c_prog_free(q);
+
+  static const struct {
+    const char *step, *want;
+  } bad[] = {
+      {"prefill: 3, decode: 2, prompt: 10",
+       "step: decode slots must be 1 (a bundle decodes one sequence, a token a step), found '2'"},
+      {"prefill: 70000, decode: 1, prompt: 10", "step: prefill slots must be from 1 to 65536, found '70000'"},
+      {"prefill: 3, decode: 1", "missing required key 'prompt'"},
+      {"prefill: 0, decode: 1, prompt: 10", "prefill"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(text, sizeof text, sched_fmt, bad[i].step);
+    tu_write_text(path, text);
+    o.decode_plan = 0;
+    dsl_diag e = {0};
+    ck_assert_int_ne(ds4c_build(&o, &p, &e), 0);
+    ck_assert_msg(strstr(e.msg, bad[i].want) && strstr(e.msg, path), "step {%s}: %s", bad[i].step, e.msg);
+  }
+  tu_tmpdir_remove(tmpl);
+}
+END_TEST
+
 /* ---- the kernel cache ---- */
 
 /* Lines of the log that the DS4_CC wrapper of cache_fixture writes, other
@@ -402,7 +536,7 @@ static void compile_cached(const char *out, const char *cache) {
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
 }
 
-/* The one entry of the cache folder, in path. */
+/* The entries of the cache folder; the last one read, in path. */
 static int cache_entry(const char *cache, char *path, size_t n) {
   DIR *dir = opendir(cache);
   if (!dir) return 0;
@@ -417,7 +551,8 @@ static int cache_entry(const char *cache, char *path, size_t n) {
   return count;
 }
 
-/* A second compile takes the host code object from the cache, with every
+/* A compile builds two host code objects, the prefill plan's and the
+ * decode plan's. A second compile takes both from the cache, with every
  * byte of the bundle the same; a build without the cache agrees with it;
  * an entry whose bytes were changed or cut short is never used but built
  * and stored anew; another compiler (here: another path to it) misses. */
@@ -434,14 +569,15 @@ START_TEST(kernel_cache_hits_and_repairs) {
 
   snprintf(ref, sizeof ref, "%s/first", tmpl);
   compile_cached(ref, cache);
-  ck_assert_int_eq(builds(log), 1);
-  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 1);
+  ck_assert_int_eq(builds(log), 2);
+  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 2);
 
   snprintf(out, sizeof out, "%s/second", tmpl);
   compile_cached(out, cache);
-  ck_assert_int_eq(builds(log), 1); /* from the cache */
-  static const char *const files[] = {"kernels/host.so", "plan.ds4p", "plan.txt"};
-  for (int i = 0; i < 3; i++) {
+  ck_assert_int_eq(builds(log), 2); /* from the cache */
+  static const char *const files[] = {"kernels/host.so",        "plan.ds4p",        "plan.txt",
+                                      "decode/kernels/host.so", "decode/plan.ds4p", "decode/plan.txt"};
+  for (int i = 0; i < 6; i++) {
     snprintf(path, sizeof path, "%s/%s", ref, files[i]);
     snprintf(other, sizeof other, "%s/%s", out, files[i]);
     assert_same_file(path, other);
@@ -449,12 +585,14 @@ START_TEST(kernel_cache_hits_and_repairs) {
 
   snprintf(out, sizeof out, "%s/uncached", tmpl);
   compile_cached(out, NULL);
-  ck_assert_int_eq(builds(log), 2);
-  snprintf(path, sizeof path, "%s/kernels/host.so", ref);
-  snprintf(other, sizeof other, "%s/kernels/host.so", out);
-  assert_same_file(path, other);
+  ck_assert_int_eq(builds(log), 4);
+  for (int i = 0; i < 6; i += 3) {
+    snprintf(path, sizeof path, "%s/%s", ref, files[i]);
+    snprintf(other, sizeof other, "%s/%s", out, files[i]);
+    assert_same_file(path, other);
+  }
 
-  /* Corrupt the entry: its last byte flipped, then cut in half. */
+  /* Corrupt one entry: its last byte flipped, then cut in half. */
   for (int damage = 0; damage < 2; damage++) {
     size_t n;
     char *bytes = tu_slurp(entry, &n);
@@ -463,18 +601,21 @@ START_TEST(kernel_cache_hits_and_repairs) {
     free(bytes);
     snprintf(out, sizeof out, "%s/repaired%d", tmpl, damage);
     compile_cached(out, cache);
-    ck_assert_int_eq(builds(log), 3 + damage); /* rebuilt, not used */
-    snprintf(other, sizeof other, "%s/kernels/host.so", out);
-    assert_same_file(path, other);
+    ck_assert_int_eq(builds(log), 5 + damage); /* rebuilt, not used */
+    for (int i = 0; i < 6; i += 3) {
+      snprintf(path, sizeof path, "%s/%s", ref, files[i]);
+      snprintf(other, sizeof other, "%s/%s", out, files[i]);
+      assert_same_file(path, other);
+    }
     compile_cached(out, cache);
-    ck_assert_int_eq(builds(log), 3 + damage); /* the entry was written anew */
+    ck_assert_int_eq(builds(log), 5 + damage); /* the entry was written anew */
   }
 
   snprintf(path, sizeof path, "%s/cc2.sh", tmpl);
   ck_assert_int_eq(setenv("DS4_CC", path, 1), 0);
   compile_cached(out, cache);
-  ck_assert_int_eq(builds(log), 5);
-  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 2);
+  ck_assert_int_eq(builds(log), 8);
+  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 4);
   unsetenv("DS4_CC");
 
   tu_tmpdir_remove(tmpl);
@@ -504,7 +645,7 @@ START_TEST(ds4c_finds_its_cache) {
     ck_assert_msg(system(cmd) == 0, "%s", cmd);
     if (*cases[i].cache) {
       snprintf(where, sizeof where, "%s/%s", tmpl, cases[i].cache);
-      ck_assert_msg(cache_entry(where, entry, sizeof entry) == 1, "no entry in %s after %s", where, cmd);
+      ck_assert_msg(cache_entry(where, entry, sizeof entry) == 2, "not the two entries in %s after %s", where, cmd);
     } else {
       snprintf(where, sizeof where, "%s/n", tmpl);
       ck_assert_msg(access(where, F_OK) != 0, "%s made %s", cmd, where);
@@ -514,9 +655,10 @@ START_TEST(ds4c_finds_its_cache) {
 }
 END_TEST
 
-/* ds4c compile's report: the plan's commands and arenas, then the
- * launches of the decoder layers (tiny-moe under tiny-hotcold: 21 in each
- * of its 2 layers, the embedding and the head's 4 outside). */
+/* ds4c compile's report: each plan's commands, the arenas, then the
+ * decode plan's launches in the decoder layers (tiny-moe under
+ * tiny-hotcold: 21 in each of its 2 layers, the embedding and the head's 4
+ * outside). */
 START_TEST(ds4c_reports_layer_launches) {
   char tmpl[] = "/tmp/ds4-report-XXXXXX", cmd[2048], *out = NULL;
   tu_tmpdir_make(tmpl);
@@ -525,10 +667,11 @@ START_TEST(ds4c_reports_layer_launches) {
   ck_assert_int_eq(tu_capture(cmd, &out, NULL), 0);
   char want[1024];
   snprintf(want, sizeof want,
-           "ds4c: %s/b: 46 launches, 6 copies, 10 records, 10 waits on 3 streams; arenas: hot 623040 bytes, cold "
-           "101440 bytes\n"
-           "ds4c: %s/b: 42 launches in 2 decoder layers, at most 21 in one (layers.0); 4 outside them\n",
-           tmpl, tmpl);
+           "ds4c: %s/b: prefill plan, 4 slots: 46 launches, 6 copies, 10 records, 10 waits on 3 streams\n"
+           "ds4c: %s/b: decode plan, 1 slot: 46 launches, 6 copies, 10 records, 10 waits on 3 streams\n"
+           "ds4c: %s/b: arenas: hot 623040 bytes, cold 101440 bytes\n"
+           "ds4c: %s/b: decode plan: 42 launches in 2 decoder layers, at most 21 in one (layers.0); 4 outside them\n",
+           tmpl, tmpl, tmpl, tmpl);
   ck_assert_str_eq(out, want);
   free(out);
   /* A usage error is one line that points at --help. */
@@ -585,7 +728,7 @@ static char *compile_on_h200(const char *dir, const char *memory, int want_rc) {
            "  - {name: gpu0, backend: cuda, arch: sm_90, ordinal: 0, bandwidth: 4.8e12, flops: 1.0e15, "
            "launch: 4.0e-6%s}\n"
            "streams:\n  - {name: main, device: gpu0}\nowners:\n  - \"* -> gpu0.main\"\n"
-           "step: {prefill: 2, decode: 1}\n",
+           "step: {prompt: 2, decode: 1}\n",
            memory);
   snprintf(path, sizeof path, "%s/h200.sched.yaml", dir);
   tu_write_text(path, text);
@@ -654,6 +797,8 @@ int main(void) {
   tcase_add_test(tc, ds4c_reports_layer_launches);
   tcase_add_test(tc, ds4c_warns_idle_device_and_oversized_arena);
   tcase_add_test(tc, cpu_retargets_every_device);
+  tcase_add_test(tc, decode_plan_differs_in_shapes_and_grids_only);
+  tcase_add_test(tc, step_shapes_from_the_schedule);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -135,7 +135,7 @@ START_TEST(every_schedule_gives_the_same_bits) {
              "  - {name: copy, device: cold}\n"
              "owners:\n  - \"layers.*.ffn.experts[0:4] -> hot.main\"\n  - \"layers.*.ffn.experts -> cold.main\"\n"
              "  - \"* -> hot.main\"\n"
-             "copies: {stream: copy}\nstep: {prefill: 10, decode: 1}\n");
+             "copies: {stream: copy}\nstep: {prompt: 10, decode: 1}\n");
   char two[700], cold2[700];
   const char *scheds[][2] = {
       {"schedules/ds4-flash-cpu.yaml", "cpu"},

@@ -249,7 +249,8 @@ START_TEST(test_tiny_1dev_loads) {
   ck_assert_int_eq(s->nsubmit_first, 0);
   ck_assert_int_eq(s->npriority, 0);
   ck_assert_int_eq(s->ncopies, 0);
-  ck_assert_str_eq(s->step_prefill.text, "10");
+  ck_assert_str_eq(s->step_prompt.text, "10");
+  ck_assert_ptr_null(s->step_prefill.text);
   ck_assert_str_eq(s->step_decode.text, "1");
   dsl_schedule_free(s);
 }
@@ -274,7 +275,7 @@ START_TEST(test_schedule_optional_parts) {
       "submit_first: [layers.*.ffn.experts]\n"
       "priority: {\"layers.*.attn.*\": -2, head.*: 3}\n"
       "copies: {stream: copy, batch: true}\n"
-      "step: {prefill: 0, decode: 1}\n";
+      "step: {prompt: 0, decode: 1}\n";
   dsl_diag d = {0};
   dsl_schedule *s;
   ck_assert_msg(dsl_schedule_parse("two.yaml", text, strlen(text), &s, &d) == 0, "%s", d.msg);
@@ -304,7 +305,7 @@ START_TEST(test_schedule_optional_parts) {
   ck_assert_int_eq(s->ncopies, 2);
   ck_assert_str_eq(s->copies[1].key.text, "batch");
   ck_assert_str_eq(s->copies[1].value.text, "true");
-  ck_assert_str_eq(s->step_prefill.text, "0");
+  ck_assert_str_eq(s->step_prompt.text, "0");
   dsl_schedule_free(s);
 }
 END_TEST

@@ -193,6 +193,76 @@ START_TEST(schedules_agree_bit_for_bit) {
 }
 END_TEST
 
+/* The outputs sha256 line of a ds4run run. */
+static const char *sha_line(const char *out) {
+  const char *l = strstr(out, "outputs sha256: ");
+  ck_assert_msg(l != NULL, "%s", out);
+  return l;
+}
+
+/* Prefill on the prefill plan then decode on the decode plan gives the
+ * bits of the same bundle without its decode plan (every step on the
+ * prefill plan), on one device and on two, and passes the check. */
+START_TEST(decode_plan_gives_the_prefill_plans_bits) {
+  static const char *const names[] = {"tiny-1dev", "tiny-hotcold"};
+  for (int i = 0; i < 2; i++) {
+    char dir[700], one[800], cmd[4096], a[8192], b[8192], args[900];
+    compile_schedule(names[i], dir, sizeof dir);
+    snprintf(one, sizeof one, "%s-one-plan", dir);
+    snprintf(cmd, sizeof cmd, "cp -r %s %s && rm -r %s/decode", dir, one, one);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "%s --steps 12 --check", dir);
+    ck_assert_msg(tu_ds4run(args, a, sizeof a) == 0 && strstr(a, "PASS"), "%s", a);
+    snprintf(args, sizeof args, "%s --steps 12 --check", one);
+    ck_assert_msg(tu_ds4run(args, b, sizeof b) == 0 && strstr(b, "PASS"), "%s", b);
+    ck_assert_str_eq(sha_line(a), sha_line(b));
+  }
+}
+END_TEST
+
+/* A decode plan that cannot share the prefill plan's devices, weights and
+ * state is refused at open, naming it and what differs. */
+START_TEST(mismatched_decode_plan_is_refused) {
+  char hot[700], one[700], path[800], cmd[4096], out[8192], args[800];
+  compile_schedule("tiny-hotcold", hot, sizeof hot);
+  compile_schedule("tiny-streams", one, sizeof one);
+  /* two state tensors of one size trade places in the decode plan */
+  snprintf(path, sizeof path, "%s/decode/plan.ds4p", hot);
+  plan q;
+  ck_assert_ptr_null(plan_read(path, &q));
+  uint32_t k = PLAN_NONE, v = PLAN_NONE;
+  for (uint32_t t = 0; t < q.ntensors; t++) {
+    if (!strcmp(plan_str(&q, q.tensors[t].name), "layers.0.k_cache")) k = t;
+    if (!strcmp(plan_str(&q, q.tensors[t].name), "layers.0.v_cache")) v = t;
+  }
+  ck_assert(k != PLAN_NONE && v != PLAN_NONE && q.tensors[k].bytes == q.tensors[v].bytes);
+  uint64_t off = q.tensors[k].offset;
+  q.tensors[k].offset = q.tensors[v].offset;
+  q.tensors[v].offset = off;
+  ck_assert_ptr_null(plan_write(&q, path));
+  plan_free(&q);
+  snprintf(args, sizeof args, "%s --steps 1", hot);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "ds4run: error: ") &&
+                    strstr(out, "decode/plan.ds4p: state 'layers.0.k_cache' is not where the prefill plan has it "
+                                "(the two plans share it)"),
+                "%s", out);
+  /* another schedule's decode plan */
+  snprintf(cmd, sizeof cmd, "rm -r %s/decode && cp -r %s/decode %s/decode", hot, one, hot);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "decode/plan.ds4p: model, schedule, max_seq or weight seed differ from the prefill plan's"),
+                "%s", out);
+  /* a prefill plan where the decode plan goes */
+  snprintf(cmd, sizeof cmd, "rm -r %s/decode && mkdir %s/decode && cp -r %s/plan.ds4p %s/kernels %s/decode/", one, one,
+           one, one, one);
+  ck_assert_int_eq(system(cmd), 0);
+  snprintf(args, sizeof args, "%s --steps 1", one);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "decode/plan.ds4p: not a decode plan (its step shape is prefill)"), "%s", out);
+}
+END_TEST
+
 static uint16_t bf16_bits(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);
@@ -347,6 +417,8 @@ int main(void) {
   tcase_add_test(tc, wrong_kernel_fails_the_check);
   tcase_add_test(tc, damaged_code_object_is_refused);
   tcase_add_test(tc, schedules_agree_bit_for_bit);
+  tcase_add_test(tc, decode_plan_gives_the_prefill_plans_bits);
+  tcase_add_test(tc, mismatched_decode_plan_is_refused);
   tcase_add_test(tc, checkpoint_weights);
   tcase_add_test(tc, damaged_plan_is_refused);
   tcase_add_test(tc, fault_in_a_two_device_replay);

@@ -148,6 +148,12 @@ START_TEST(compiled_bundle_path_is_a_chain) {
   snprintf(args, sizeof args, "%s --json", bundle);
   char *json;
   ck_assert_int_eq(ds4c_explain(args, &json), 0);
+  /* The decode plan's report is the member "decode", after the prefill
+   * plan's members: the prefill plan's path is before it. */
+  char *decode = strstr(json, ",\n  \"decode\": {\n");
+  ck_assert_msg(decode != NULL, "%s", json);
+  *decode = 0;
+  decode += strlen(",\n  \"decode\": ");
   json_op *ops = calloc(p.nops, sizeof *ops);
   int n = json_path(json, ops, (int)p.nops);
   ck_assert_int_eq(n, (int)r.npath);
@@ -181,6 +187,22 @@ START_TEST(compiled_bundle_path_is_a_chain) {
   ck_assert_int_gt(copies, 0);
   ck_assert_ptr_nonnull(strstr(json, "\"path_share\": 1,\n"));
   ck_assert_double_eq_tol(json_num(json, "\n  \"path_ns\": "), makespan, 1e-9 * makespan);
+  /* The decode plan's: its own simulation, a chain from 0 to its end. */
+  plan q;
+  snprintf(path, sizeof path, "%s/decode/plan.ds4p", bundle);
+  st = plan_read(path, &q);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  expl_result rq;
+  st = expl_simulate(path, &q, &rq);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  ck_assert(json_num(decode, "\"makespan_ns\": ") == rq.makespan);
+  ck_assert(rq.makespan < r.makespan); /* one slot's work, not four's */
+  n = json_path(decode, ops, (int)q.nops);
+  ck_assert_int_eq(n, (int)rq.npath);
+  for (int k = 0; k + 1 < n; k++) ck_assert(ops[k].start == ops[k + 1].finish);
+  ck_assert(ops[0].finish == rq.makespan && ops[n - 1].start == 0);
+  expl_result_free(&rq);
+  plan_free(&q);
   free(ops);
   free(json);
 
@@ -325,7 +347,7 @@ static void hand_build(hand *h) {
   plan *p = &h->p;
   hand_str(h, "");
   p->info = (plan_info){.model = hand_str(h, "hand"), .schedule = hand_str(h, "two-devices"), .tokens = 4,
-                        .max_seq = 4, .prefill = 4, .decode = 1, .ids_tensor = 0, .next_tensor = 1,
+                        .max_seq = 4, .prompt = 4, .decode = 1, .ids_tensor = 0, .next_tensor = 1,
                         .nevents = 4};
   uint32_t host = hand_str(h, "host"), main_ = hand_str(h, "main");
   h->devices[0] = (plan_device){.name = hand_str(h, "d0"), .backend = PLAN_BACKEND_CPU, .arch = host, .threads = 1,

@@ -1756,7 +1756,7 @@ static void infer_write(const char *name, const char *from, const char *to, ds4c
         "     bandwidth: 1.0e10, flops: 1.0e10, launch: 1.0e-6}\n"
         "streams:\n  - {name: main, device: cpu0}\n"
         "owners:\n  - \"* -> cpu0.main\"\n"
-        "step: {prefill: 2, decode: 1}\n",
+        "step: {prompt: 2, decode: 1}\n",
         f);
   ck_assert_int_eq(fclose(f), 0);
   *o = (ds4c_options){.model_path = model, .sched_path = sched, .out_dir = out};

@@ -167,7 +167,7 @@ static void fixture_build(fixture *f) {
   p->info.schedule = str_add(s, "tiny-2dev");
   p->info.tokens = 4;
   p->info.max_seq = 16;
-  p->info.prefill = 4;
+  p->info.prompt = 4;
   p->info.decode = 1;
   p->info.ids_tensor = 0;
   p->info.next_tensor = 4;
@@ -281,7 +281,7 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   ck_assert_mem_eq(x->strings, y->strings, x->strings_len);
   {
     const plan_info *a = &x->info, *b = &y->info;
-    EQ(model); EQ(schedule); EQ(tokens); EQ(max_seq); EQ(prefill); EQ(decode);
+    EQ(model); EQ(schedule); EQ(tokens); EQ(max_seq); EQ(prompt); EQ(decode);
     EQ(ids_tensor); EQ(next_tensor); EQ(nevents); EQ(flags); EQ(weight_seed);
   }
   ck_assert_uint_eq(x->nparams, y->nparams);
@@ -505,8 +505,8 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
-  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.2 */
-  ck_assert_uint_eq(rd32(b + 8) >> 16, 2);
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.3 */
+  ck_assert_uint_eq(rd32(b + 8) >> 16, 3);
   memcpy(m, b, len);
   m[8] = 2; /* a 2.x plan: kernels named a code object, with no block */
   m[10] = 0;
@@ -764,7 +764,7 @@ START_TEST(bad_fields) {
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 9, "info: ids_tensor index 9 out of range");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 24, 1, "info: ids_tensor 1 has dtype f32, not i32");
   expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 28, 2, "info: next_tensor 2 has dtype f32, not i32");
-  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 36, 6, "plan.ds4p: info: unknown flags 0x6 (this runtime knows 0x1)");
+  expect_field_fail(PLAN_SEC_INFO, R_INFO, 0, 36, 2 | 8, "plan.ds4p: info: unknown flags 0x8 (this runtime knows 0x3)");
 
   /* A shape whose byte count overflows 64 bits. */
   size_t len;

@@ -222,11 +222,15 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   const char *sha = strstr(out, "outputs sha256: "), *tr = strstr(out, "\ntrace:     ");
   ck_assert_msg(sha && tr && sha < tr, "%s", out);
 
-  plan p;
+  /* the prefill plan's steps 0-2, then the decode plan's */
+  plan p, q;
   char ppath[800];
   snprintf(ppath, sizeof ppath, "%s/plan.ds4p", b);
   ck_assert_ptr_null(plan_read(ppath, &p));
   ck_assert_uint_eq(p.ndevices, 2);
+  snprintf(ppath, sizeof ppath, "%s/decode/plan.ds4p", b);
+  ck_assert_ptr_null(plan_read(ppath, &q));
+  ck_assert_uint_eq(q.info.tokens, 1);
 
   size_t len;
   char *text = tu_slurp(tpath, &len), err[256];
@@ -290,13 +294,14 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
       ck_assert_str_eq(str_of(json_get(json_get(e, "args"), "name")), want);
     } else if (!strcmp(ph, "X")) {
       uint32_t op;
-      ck_assert_msg(is_op_path(&p, name, &op), "span '%s' is not an op of the plan", name);
-      ck_assert_str_eq(str_of(json_get(e, "cat")), p.ops[op].kernel == PLAN_NONE ? "copy" : "launch");
-      ck_assert_int_eq(tid, p.ops[op].stream);
-      ck_assert_int_eq(pid, p.streams[p.ops[op].stream].device);
       const json_value *a = json_get(e, "args");
-      if (p.ops[op].kernel != PLAN_NONE)
-        ck_assert_str_eq(str_of(json_get(a, "kernel")), plan_str(&p, p.kernels[p.ops[op].kernel].symbol));
+      const plan *sp = int_of(json_get(a, "step")) < 3 ? &p : &q;
+      ck_assert_msg(is_op_path(sp, name, &op), "span '%s' is not an op of the plan", name);
+      ck_assert_str_eq(str_of(json_get(e, "cat")), sp->ops[op].kernel == PLAN_NONE ? "copy" : "launch");
+      ck_assert_int_eq(tid, sp->ops[op].stream);
+      ck_assert_int_eq(pid, sp->streams[sp->ops[op].stream].device);
+      if (sp->ops[op].kernel != PLAN_NONE)
+        ck_assert_str_eq(str_of(json_get(a, "kernel")), plan_str(sp, sp->kernels[sp->ops[op].kernel].symbol));
       int64_t ts = ns_of(json_get(e, "ts")), dur = ns_of(json_get(e, "dur"));
       ck_assert(ts >= 0 && dur >= 0);
       spans[nspans++] = (xspan){ts, ts + dur, int_of(json_get(a, "step")), (uint32_t)pid, op};
@@ -395,37 +400,37 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   ck_assert_str_eq(field(out, "critical:  step", " to ", buf, sizeof buf), want);
 
   /* predicted against measured, the last step by device and op kind: the
-   * plan's costs and the file's spans of step 5, summed in plan order */
+   * decode plan's costs and the file's spans of step 5, summed in plan order */
   int lines = 0;
-  for (uint32_t d = 0; d < p.ndevices; d++)
-    for (uint32_t i = 0; i < p.ncommands; i++) {
-      const plan_command *c = &p.commands[i];
-      if ((c->kind != PLAN_CMD_LAUNCH && c->kind != PLAN_CMD_COPY) || p.streams[c->stream].device != d) continue;
-      uint32_t k = p.ops[c->op].kernel;
-      const char *kind = k == PLAN_NONE ? "copy" : plan_str(&p, p.kernels[k].kind);
+  for (uint32_t d = 0; d < q.ndevices; d++)
+    for (uint32_t i = 0; i < q.ncommands; i++) {
+      const plan_command *c = &q.commands[i];
+      if ((c->kind != PLAN_CMD_LAUNCH && c->kind != PLAN_CMD_COPY) || q.streams[c->stream].device != d) continue;
+      uint32_t k = q.ops[c->op].kernel;
+      const char *kind = k == PLAN_NONE ? "copy" : plan_str(&q, q.kernels[k].kind);
       int seen = 0;
       for (uint32_t j = 0; j < i && !seen; j++) {
-        const plan_command *e = &p.commands[j];
-        uint32_t ek = e->op == PLAN_NONE ? PLAN_NONE : p.ops[e->op].kernel;
-        seen = (e->kind == PLAN_CMD_LAUNCH || e->kind == PLAN_CMD_COPY) && p.streams[e->stream].device == d &&
-               !strcmp(ek == PLAN_NONE ? "copy" : plan_str(&p, p.kernels[ek].kind), kind);
+        const plan_command *e = &q.commands[j];
+        uint32_t ek = e->op == PLAN_NONE ? PLAN_NONE : q.ops[e->op].kernel;
+        seen = (e->kind == PLAN_CMD_LAUNCH || e->kind == PLAN_CMD_COPY) && q.streams[e->stream].device == d &&
+               !strcmp(ek == PLAN_NONE ? "copy" : plan_str(&q, q.kernels[ek].kind), kind);
       }
       if (seen) continue;
       uint32_t n = 0;
       double predicted = 0, measured = 0;
-      for (uint32_t j = i; j < p.ncommands; j++) {
-        const plan_command *e = &p.commands[j];
-        if ((e->kind != PLAN_CMD_LAUNCH && e->kind != PLAN_CMD_COPY) || p.streams[e->stream].device != d) continue;
-        uint32_t ek = p.ops[e->op].kernel;
-        if (strcmp(ek == PLAN_NONE ? "copy" : plan_str(&p, p.kernels[ek].kind), kind)) continue;
+      for (uint32_t j = i; j < q.ncommands; j++) {
+        const plan_command *e = &q.commands[j];
+        if ((e->kind != PLAN_CMD_LAUNCH && e->kind != PLAN_CMD_COPY) || q.streams[e->stream].device != d) continue;
+        uint32_t ek = q.ops[e->op].kernel;
+        if (strcmp(ek == PLAN_NONE ? "copy" : plan_str(&q, q.kernels[ek].kind), kind)) continue;
         n++;
-        predicted += 1e-3 * p.costs[e->op];
+        predicted += 1e-3 * q.costs[e->op];
         for (size_t s = 0; s < nspans; s++)
           if (spans[s].step == 5 && spans[s].op == e->op) measured += 1e-3 * (double)(spans[s].end - spans[s].start);
       }
       char line[512];
       snprintf(line, sizeof line, "\npredicted: step 5, device %s %s: %u op%s, predicted %.3f us, measured %.3f us",
-               plan_str(&p, p.devices[d].name), kind, n, n == 1 ? "" : "s", predicted, measured);
+               plan_str(&q, q.devices[d].name), kind, n, n == 1 ? "" : "s", predicted, measured);
       ck_assert_msg(strstr(out, line), "no '%s' in:\n%s", line + 1, out);
       lines++;
     }
@@ -439,6 +444,7 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
   json_free(root);
   free(text);
   plan_free(&p);
+  plan_free(&q);
 }
 END_TEST
 

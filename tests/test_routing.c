@@ -82,11 +82,12 @@ static void fixture(void) {
   tu_tmpdir_make(tmpdir);
   compile("models/tiny-moe.yaml", "schedules/tiny-1dev.yaml", tmp("1dev"));
   compile("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", tmp("hotcold"));
-  /* The independent read-back: sel as a state owns its bytes, so a step
-   * hook can read it with rt_tensor_read alone. */
+  /* The independent read-back: sel as an output owns its bytes, so a step
+   * hook can read it with rt_tensor_read alone (in either plan, whose
+   * outputs have the plan's slots). */
   static const char *const state_sel[] = {
       "{name: sel,     shape: [tokens, top_k],           dtype: i32, role: activation}",
-      "{name: sel,     shape: [tokens, top_k],           dtype: i32, role: state}", NULL};
+      "{name: sel,     shape: [tokens, top_k],           dtype: i32, role: output}", NULL};
   edited_model("models/tiny-moe.yaml", tmp("state-sel.yaml"), state_sel);
   compile(tmp("state-sel.yaml"), "schedules/tiny-1dev.yaml", tmp("state-sel"));
   /* Layer 1's experts half the size of layer 0's, for the greedy budget. */
@@ -148,7 +149,7 @@ static rt_status count_sel(void *ctx, rt_bundle *b, const int32_t step[4], const
   readback *r = ctx;
   for (int l = 0; l < LAYERS; l++) {
     int32_t sel[4 * TOP_K];
-    RT_TRY(rt_tensor_read(b, r->sel[l], sel, sizeof sel));
+    RT_TRY(rt_tensor_read(b, r->sel[l], sel, (size_t)step[1] * TOP_K * sizeof *sel));
     for (int t = 0; t < step[1]; t++)
       for (int j = 0; j < TOP_K; j++) r->counts[l][sel[t * TOP_K + j]]++;
   }
@@ -235,7 +236,7 @@ static const char sched_head[] =
     "  - {name: main, device: cold}\n"
     "  - {name: copy, device: cold}\n"
     "copies: {stream: copy, batch: false}\n"
-    "step: {prefill: 10, decode: 1}\n"
+    "step: {prompt: 10, decode: 1}\n"
     "owners:\n";
 
 /* A schedule whose hot_experts block starts at line 14: stats at 15:10,
@@ -505,7 +506,7 @@ START_TEST(moe_ops_without_their_router_counts_are_refused) {
                                "flops: 1.0e10, launch: 1.0e-6}]\n"
                                "streams: [{name: main, device: cpu0}]\n"
                                "owners: [\"* -> cpu0.main\"]\n"
-                               "step: {prefill: 2, decode: 1}\n"
+                               "step: {prompt: 2, decode: 1}\n"
                                "hot_experts: {stats: case-stats.yaml, device: cpu0, budget: 0, cold: cpu0}\n");
   char got[2048], want[1200];
   compile_error(tmp("six.yaml"), tmp("case.yaml"), got, sizeof got);

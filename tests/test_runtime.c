@@ -105,7 +105,7 @@ static void tb_init(tb *b) {
   p->info.schedule = tb_str(b, "test-schedule");
   p->info.tokens = 4;
   p->info.max_seq = 64;
-  p->info.prefill = 10;
+  p->info.prompt = 10;
   p->info.decode = 1;
   p->info.weight_seed = 1234;
   snprintf(b->dir, sizeof b->dir, "/tmp/ds4-rt-test-XXXXXX");
@@ -1126,9 +1126,10 @@ START_TEST(generate_chunks) {
       next[t] = live ? want_id + 1 : -1;
       shown[t] = ss.step[i][t];
     }
-    /* The outputs in plan order: next, then seen. */
-    rt_sha256_update(&c, next, sizeof next);
-    rt_sha256_update(&c, shown, sizeof shown);
+    /* The outputs in plan order, next then seen, each [tokens]: the live
+     * slots' values only. */
+    rt_sha256_update(&c, next, (size_t)want_step[i][1] * sizeof *next);
+    rt_sha256_update(&c, shown, (size_t)want_step[i][1] * sizeof *shown);
   }
   uint8_t want[32];
   rt_sha256_final(&c, want);

@@ -991,7 +991,7 @@ static void mini_begin(mini *m) {
   p->info.schedule = mini_str(m, "mini");
   p->info.tokens = 4;
   p->info.max_seq = 8;
-  p->info.prefill = 4;
+  p->info.prompt = 4;
   p->info.decode = 1;
   p->info.weight_seed = 1234;
   for (uint32_t d = 0; d < 2; d++) {

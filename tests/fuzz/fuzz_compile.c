@@ -27,7 +27,7 @@ static const char schedule[] =
     "  - {name: main, device: cpu0}\n"
     "owners:\n"
     "  - \"* -> cpu0.main\"\n"
-    "step: {prefill: 2, decode: 1}\n";
+    "step: {prompt: 2, decode: 1}\n";
 
 static char sched_path[8192];
 
