@@ -163,6 +163,8 @@ void ir_prog_free(ir_prog *p) {
     ir_xfree(p->ops[i].expert_row);
   }
   ir_xfree(p->ops);
+  for (int i = 0; i < p->nfreqs; i++) ir_xfree(p->freqs[i]);
+  ir_xfree(p->freqs);
   ir_xfree(p->edges);
   for (int i = 0; i < p->ndevices; i++) {
     ir_xfree(p->devices[i].name);

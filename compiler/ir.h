@@ -92,6 +92,9 @@ typedef struct ir_op {
   int *expert_row; /* moe_experts: each expert's row in its weights, -1 when
                       another launch owns it; NULL: all, row = expert */
   int nexperts;
+  int freq; /* moe ops: 1 + the index in the prog's freqs of the chance a
+               token chooses each expert (from the schedule's routing
+               statistics); 0: none, choices assumed even (order.c) */
   int64_t iattr[IR_MAXATTR]; /* by the kind's attr table, see opkinds.h */
   double fattr[IR_MAXATTR];
   int device, stream; /* place */
@@ -168,6 +171,7 @@ typedef struct ir_prog {
    * tokens (expand binds them from the schedule's step). */
   int tokens, max_seq, state_tokens, prefill, decode, prompt;
   int decode_plan; /* this is the bundle's decode plan (ds4c_build's shape) */
+  double **freqs; int nfreqs; /* ir_op.freq's tables, each [experts] */
   int ids_tensor, next_tensor;
   uint64_t weight_seed;
   int max_ops; /* expand's bound: IR_MAX_OPS, or less (ds4c_options) */

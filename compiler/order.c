@@ -110,18 +110,39 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
   }
 }
 
+/* 1 - (1 - f)^T: the chance that one of T tokens, each choosing with
+ * chance f, reads an expert. */
+static double read_chance(double f, int64_t T) {
+  double unread = 1;
+  for (int64_t t = 0; t < T; t++) unread *= 1 - f;
+  return 1 - unread;
+}
+
 /* The expected share of a moe op's expert weights one step reads: the T
  * slots each choose k of the E experts the router picks from (all of them,
- * though the op may own only some); with choices spread evenly, an expert
- * is read in a step with probability 1 - (1 - k/E)^T. A decode step of
+ * though the op may own only some). With the schedule's routing statistics
+ * (hot_experts' stats), expert e is chosen by a token with chance f_e =
+ * its count over the tokens counted, and the share is the mean of
+ * read_chance(f_e) over the experts the op owns (each has the same bytes);
+ * without, choices are taken as even, f_e = k/E. A decode step of
  * DeepSeek-V4-Flash reads 6 of 256 experts, not all of them. */
 static double expert_read_share(const ir_prog *p, const ir_op *op) {
   const ir_tensor *idx = &p->tensors[op->in[1]];
   double k = (double)idx->dim[1], E = op->expert_row ? (double)op->nexperts : operand_rows(p, op, 2);
-  if (E <= 0 || k >= E) return 1;
-  double unread = 1;
-  for (int64_t t = 0; t < idx->dim[0]; t++) unread *= 1 - k / E;
-  return 1 - unread;
+  if (E <= 0) return 1;
+  if (op->freq > 0) {
+    const double *f = p->freqs[op->freq - 1];
+    double sum = 0;
+    int owned = 0;
+    for (int e = 0; e < (int)E; e++) {
+      if (op->expert_row && op->expert_row[e] < 0) continue;
+      sum += read_chance(f[e] < 1 ? f[e] : 1, idx->dim[0]);
+      owned++;
+    }
+    return owned ? sum / owned : 0;
+  }
+  if (k >= E) return 1;
+  return read_chance(k / E, idx->dim[0]);
 }
 
 /* Bytes an operand moves: its range, except where a kind touches less of

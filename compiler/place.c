@@ -323,6 +323,20 @@ static int find_hot_ops(const ir_prog *p, const dsl_routing_stats *st, hot_ops *
   return 0;
 }
 
+/* Each moe_experts op's chance that a token chooses expert e, count_e
+ * over the tokens counted, for the cost model (order.c): the op and the
+ * parts a split makes of it share the table. */
+static void add_expert_freqs(ir_prog *p, const dsl_routing_stats *st, const hot_ops *o) {
+  p->freqs = ir_xrealloc(p->freqs, (size_t)(p->nfreqs + o->n + 1) * sizeof *p->freqs);
+  for (int k = 0; k < o->n; k++) {
+    int E = o->first[k + 1] - o->first[k];
+    double *f = ir_xrealloc(NULL, (size_t)(E ? E : 1) * sizeof *f);
+    for (int e = 0; e < E; e++) f[e] = st->tokens > 0 ? (double)o->counts[k][e] / (double)st->tokens : 0.0;
+    p->freqs[p->nfreqs++] = f;
+    p->ops[o->moe[k]].freq = p->nfreqs;
+  }
+}
+
 /* One expert of one moe_experts op, a candidate for the hot device. */
 typedef struct hot_cand {
   int64_t count, bytes;
@@ -401,6 +415,7 @@ static int hot_expert_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *
   ir_mem_hold(drop_stats, st); /* not tracked; freed if memory runs out below */
   if (!rc) rc = check_stats(p, st, d);
   if (!rc) rc = find_hot_ops(p, st, &o, d);
+  if (!rc) add_expert_freqs(p, st, &o);
   if (!rc) {
     uint8_t *hot = ir_xrealloc(NULL, (size_t)o.first[o.n] + 1);
     memset(hot, 0, (size_t)o.first[o.n] + 1);
