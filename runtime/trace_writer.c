@@ -199,14 +199,15 @@ static void put_metadata(rt_trace_writer *w) {
 }
 
 /* One span of the host track: the step, or its submit or wait part. */
-static void put_host_span(rt_trace_writer *w, const char *name, uint64_t from, uint64_t to, int32_t step) {
+static void put_host_span(rt_trace_writer *w, const char *name, uint64_t from, uint64_t to, int32_t step,
+                          const char *shape) {
   FILE *f = w->f;
   fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"host\",\"ph\":\"X\",\"pid\":%u,\"tid\":0,\"ts\":", name,
           w->p->ndevices);
   put_us(f, (int64_t)(from - w->t0));
   fputs(",\"dur\":", f);
   put_us(f, (int64_t)(to > from ? to - from : 0));
-  fprintf(f, ",\"args\":{\"step\":%d}}", (int)step);
+  fprintf(f, ",\"args\":{\"step\":%d,\"plan\":\"%s\"}}", (int)step, shape);
 }
 
 void rt_trace_writer_close(rt_trace_writer *w) {
@@ -378,9 +379,11 @@ rt_status rt_trace_writer_hook(void *ctx, rt_bundle *b, const int32_t step[4], c
   if (w->steps == 0) w->t0 = host[0] < sb.first_ns ? host[0] : sb.first_ns;
   char name[32];
   snprintf(name, sizeof name, "step %d", (int)step[2]);
-  put_host_span(w, name, host[0], host[2], step[2]);
-  put_host_span(w, "submit", host[0], host[1], step[2]);
-  put_host_span(w, "wait", host[1], host[2], step[2]);
+  /* The step shape of the plan that ran it. */
+  const char *shape = p->info.flags & PLAN_FLAG_DECODE ? "decode" : "prefill";
+  put_host_span(w, name, host[0], host[2], step[2], shape);
+  put_host_span(w, "submit", host[0], host[1], step[2], shape);
+  put_host_span(w, "wait", host[1], host[2], step[2], shape);
   w->host_ns[0] += host[2] - host[0];
   w->host_ns[1] += host[1] - host[0];
   w->host_ns[2] += host[2] - host[1];

@@ -277,6 +277,8 @@ START_TEST(trace_is_chrome_json_and_its_metrics_hold) {
         snprintf(want, sizeof want, "step %lld", st);
         ck_assert_str_eq(name, want);
       }
+      /* steps 0-2 the prompt's chunks on the prefill plan, then decode */
+      ck_assert_str_eq(str_of(json_get(json_get(e, "args"), "plan")), st < 3 ? "prefill" : "decode");
       slot[st][0] = ts;
       slot[st][1] = ts + dur;
     } else if (!strcmp(ph, "M") && !strcmp(name, "process_name")) {
