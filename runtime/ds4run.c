@@ -25,9 +25,10 @@ static const char usage_text[] =
     "              [--seed S] [--threads N] [--json]\n"
     "       ds4run --help\n"
     "\n"
-    "Replays BUNDLE's plan: prefills the prompt (default: the plan's seeded\n"
-    "prompt) in chunks of the plan's token slots, then runs N greedy decode\n"
-    "steps (default 8).\n"
+    "Replays BUNDLE's plans: prefills the prompt (default: the plan's seeded\n"
+    "prompt) in chunks of the prefill plan's token slots, then runs N greedy\n"
+    "decode steps (default 8) on the decode plan (BUNDLE/decode; a bundle of\n"
+    "one plan decodes on it).\n"
     "\n"
     "  --steps N       decode steps after the prefill\n"
     "  --check         compare every step with the float64 reference\n"
@@ -342,7 +343,8 @@ static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary
   printf("]}");
 }
 
-static void print_human(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
+/* dp: the bundle's decode plan, NULL when its one plan decodes too. */
+static void print_human(const cli *c, const plan *p, const plan *dp, const rt_weights_info *w, const rt_report *r,
                         int nprefill, int nprompt, const ds4run_check_result *chk,
                         const rt_routing_stats *stats, const rt_trace_summary *trace) {
   printf("bundle:    %s\n", c->bundle);
@@ -357,8 +359,11 @@ static void print_human(const cli *c, const plan *p, const rt_weights_info *w, c
     printf(", arena %llu bytes)\n", (unsigned long long)pd->arena_bytes);
   }
   print_weights_human(w);
-  printf("steps:     %d prefill (%d prompt tokens, %u slots) + %d decode = %d\n", nprefill, nprompt,
-         p->info.tokens, r->steps - nprefill, r->steps);
+  printf("steps:     %d prefill (%d prompt tokens, %u slots) + %d decode", nprefill, nprompt, p->info.tokens,
+         r->steps - nprefill);
+  if (dp) printf(" (decode plan, %u slot%s)", dp->info.tokens, dp->info.tokens == 1 ? "" : "s");
+  else printf(" (on the prefill plan)");
+  printf(" = %d\n", r->steps);
   printf("tokens:    %d processed\n", r->tokens);
   printf("time:      %.3f ms per step (median), %.3f ms total\n", r->seconds_median * 1e3,
          r->seconds_total * 1e3);
@@ -382,7 +387,7 @@ static void print_human(const cli *c, const plan *p, const rt_weights_info *w, c
   if (trace) print_trace_human(c, p, trace);
 }
 
-static void print_json(const cli *c, const plan *p, const rt_weights_info *w, const rt_report *r,
+static void print_json(const cli *c, const plan *p, const plan *dp, const rt_weights_info *w, const rt_report *r,
                        int nprefill, int nprompt, const ds4run_check_result *chk,
                        const rt_routing_stats *stats, const rt_trace_summary *trace) {
   printf("{\"bundle\": ");
@@ -405,6 +410,7 @@ static void print_json(const cli *c, const plan *p, const rt_weights_info *w, co
   print_weights_json(w);
   printf(", \"prompt_tokens\": %d, \"slots\": %u, \"prefill_steps\": %d, \"decode_steps\": %d",
          nprompt, p->info.tokens, nprefill, r->steps - nprefill);
+  printf(", \"decode_plan\": %s, \"decode_slots\": %u", dp ? "true" : "false", (dp ? dp : p)->info.tokens);
   printf(", \"steps\": %d, \"tokens\": %d, \"seconds_median\": %.9g, \"seconds_total\": %.9g",
          r->steps, r->tokens, r->seconds_median, r->seconds_total);
   printf(", \"generated\": [");
@@ -523,7 +529,7 @@ static rt_status check_writable(const char *path) {
 }
 
 static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
-  const plan *p = rt_bundle_plan(b);
+  const plan *p = rt_bundle_plan(b), *dp = rt_bundle_decode(b) != b ? rt_bundle_plan(rt_bundle_decode(b)) : NULL;
   rt_report r;
   rt_status s = rt_generate(b, c->prompt, c->nprompt, c->steps, after_step, h, &r);
   if (!s && h->stats) s = rt_routing_stats_write(h->stats, c->routing_stats);
@@ -552,9 +558,9 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
   rt_weights_info w;
   rt_bundle_weights(b, &w);
   if (c->json)
-    print_json(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
+    print_json(c, p, dp, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
   else
-    print_human(c, p, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
+    print_human(c, p, dp, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
   fflush(stdout);
   free(r.generated);
   return h->chk && !res.passed ? EXIT_CHECK : 0;

@@ -216,6 +216,8 @@ START_TEST(decode_plan_gives_the_prefill_plans_bits) {
     snprintf(args, sizeof args, "%s --steps 12 --check", one);
     ck_assert_msg(tu_ds4run(args, b, sizeof b) == 0 && strstr(b, "PASS"), "%s", b);
     ck_assert_str_eq(sha_line(a), sha_line(b));
+    ck_assert_msg(strstr(a, "+ 12 decode (decode plan, 1 slot) = "), "%s", a);
+    ck_assert_msg(strstr(b, "+ 12 decode (on the prefill plan) = "), "%s", b);
   }
 }
 END_TEST

@@ -1752,7 +1752,8 @@ START_TEST(cli) {
   snprintf(cmd, sizeof cmd, "%s %s --steps 3", exe, b.dir);
   ck_assert_int_eq(run_capture(cmd, out, sizeof out), 0);
   ck_assert_msg(strstr(out, want) != NULL, "output:\n%s", out);
-  ck_assert_ptr_nonnull(strstr(out, "3 prefill (10 prompt tokens, 4 slots) + 3 decode"));
+  /* a bundle of one plan: decode steps on it too */
+  ck_assert_ptr_nonnull(strstr(out, "3 prefill (10 prompt tokens, 4 slots) + 3 decode (on the prefill plan) = 6\n"));
 
   snprintf(cmd, sizeof cmd, "%s %s --steps 1 --prompt 1,2,3 --json", exe, b.dir);
   ck_assert_int_eq(run_capture(cmd, out, sizeof out), 0);
