@@ -25,8 +25,9 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: overlap BUNDLE_A BUNDLE_B [--steps N] [--warmup W]\n"
-             "  Replays the default prompt then decode steps on both bundles, alternating\n"
-             "  them in blocks (A B B A ...); W warm-up then N measured decode steps each\n"
+             "  Replays the default prompt then decode steps (on each bundle's decode plan)\n"
+             "  on both bundles, alternating them in blocks (A B B A ...); W warm-up then N\n"
+             "  measured decode steps each\n"
              "  (defaults N=200, W=20). The bundles must give identical outputs.\n");
 }
 
@@ -43,12 +44,12 @@ static int cmp_double(const void *a, const void *b) {
 
 typedef struct bench {
   const char *label, *dir;
-  rt_bundle *b;
-  const plan *p;
-  uint32_t tokens;
+  rt_bundle *b, *d; /* the prefill plan's bundle and the decode plan's */
+  const plan *p, *dp;
+  uint32_t tokens;  /* the prefill plan's slots, the most of either */
   int32_t *ids, *next;   /* [tokens] */
   uint8_t *out;          /* one output tensor, for hashing */
-  rt_sha256_ctx sha;     /* every output tensor after every step */
+  rt_sha256_ctx sha;     /* every output tensor's live rows after every step */
   uint8_t sha_final[32];
   int32_t *generated;    /* next token of every sequence's prefill and decode steps */
   int ngenerated;
@@ -57,16 +58,16 @@ typedef struct bench {
   double *step_us;       /* [steps] wall time of rt_replay_step */
   double *busy_us;       /* [ndevices][steps] union of each device's spans */
   double both_ns, any_ns; /* pooled over measured steps (see trace_step) */
-  rt_overlap *ov;        /* busy time and overlap of a step (runtime/trace_stats.c) */
+  rt_overlap *ov;        /* busy time and overlap of a decode step (runtime/trace_stats.c) */
 } bench;
 
-/* The trace of the last step: per device, the union of its launch and copy
- * spans (busy time); over the devices, the time at least two are busy at
- * once (both_ns) and the time any is (any_ns). */
+/* The trace of the last decode step: per device, the union of its launch
+ * and copy spans (busy time); over the devices, the time at least two are
+ * busy at once (both_ns) and the time any is (any_ns). */
 static rt_status trace_step(bench *x, int m, int nmeasured) {
-  const plan *p = x->p;
+  const plan *p = x->dp;
   const uint64_t *start, *end;
-  RT_TRY(rt_trace_last_step(x->b, &start, &end));
+  RT_TRY(rt_trace_last_step(x->d, &start, &end));
   rt_step_busy sb;
   rt_overlap_step(x->ov, start, end, &sb);
   for (uint32_t d = 0; d < p->ndevices; d++)
@@ -76,26 +77,29 @@ static rt_status trace_step(bench *x, int m, int nmeasured) {
   return NULL;
 }
 
-/* After every step: hash the outputs, read the next tokens. */
-static rt_status after_step(bench *x) {
-  const plan *p = x->p;
+/* After every step on bundle b: hash the outputs' live rows, read the
+ * next tokens. */
+static rt_status after_step(bench *x, rt_bundle *b, int32_t ntok) {
+  const plan *p = rt_bundle_plan(b);
   for (uint32_t i = 0; i < p->ntensors; i++) {
     if (p->tensors[i].role != PLAN_OUTPUT) continue;
-    size_t n = (size_t)p->tensors[i].bytes;
-    RT_TRY(rt_tensor_read(x->b, i, x->out, n));
+    size_t n = rt_live_bytes(p, i, ntok);
+    RT_TRY(rt_tensor_read(b, i, x->out, n));
     rt_sha256_update(&x->sha, x->out, n);
   }
-  return rt_tensor_read(x->b, p->info.next_tensor, x->next, x->tokens * sizeof(int32_t));
+  return rt_tensor_read(b, p->info.next_tensor, x->next, (size_t)ntok * sizeof(int32_t));
 }
 
-/* Write the step's ids: ntok live ones, zeros after them. */
-static rt_status feed(bench *x, int32_t ntok) {
-  for (uint32_t t = (uint32_t)ntok; t < x->tokens; t++) x->ids[t] = 0;
-  return rt_tensor_write(x->b, x->p->info.ids_tensor, x->ids, x->tokens * sizeof(int32_t));
+/* Write a step's ids on bundle b: ntok live ones, zeros after them. */
+static rt_status feed(bench *x, rt_bundle *b, int32_t ntok) {
+  const plan *p = rt_bundle_plan(b);
+  for (uint32_t t = (uint32_t)ntok; t < p->info.tokens; t++) x->ids[t] = 0;
+  return rt_tensor_write(b, p->info.ids_tensor, x->ids, p->info.tokens * sizeof(int32_t));
 }
 
-/* One block: the prompt as prefill chunks, then ndecode decode steps fed
- * their predecessor's token, from position 0 (the state of an earlier block
+/* One block: the prompt as prefill chunks on the prefill plan, then
+ * ndecode decode steps on the decode plan fed their predecessor's token,
+ * from position 0 (the state of an earlier block
  * is overwritten before it is read). Only rt_replay_step is timed; the
  * first `warmup` decode steps of the run are not measured. */
 static rt_status run_block(bench *x, const int32_t *prompt, int nprompt, int ndecode, int warmup,
@@ -104,19 +108,19 @@ static rt_status run_block(bench *x, const int32_t *prompt, int nprompt, int nde
   for (int pos = 0; pos < nprompt; pos += (int)x->tokens) {
     int ntok = nprompt - pos < (int)x->tokens ? nprompt - pos : (int)x->tokens;
     memcpy(x->ids, prompt + pos, (size_t)ntok * sizeof(int32_t));
-    RT_TRY(feed(x, ntok));
+    RT_TRY(feed(x, x->b, ntok));
     int32_t step[4] = {pos, ntok, index++, 0};
     RT_TRY(rt_replay_step(x->b, step));
-    RT_TRY(after_step(x));
+    RT_TRY(after_step(x, x->b, ntok));
     last = x->next[ntok - 1];
   }
   x->generated[x->ngenerated++] = last;
   for (int i = 0; i < ndecode; i++) {
     x->ids[0] = last;
-    RT_TRY(feed(x, 1));
+    RT_TRY(feed(x, x->d, 1));
     int32_t step[4] = {nprompt + i, 1, index++, 0};
     double t0 = now_us();
-    rt_status s = rt_replay_step(x->b, step);
+    rt_status s = rt_replay_step(x->d, step);
     double dt = now_us() - t0;
     if (s) return s;
     if (x->decoded++ >= warmup) {
@@ -124,7 +128,7 @@ static rt_status run_block(bench *x, const int32_t *prompt, int nprompt, int nde
       RT_TRY(trace_step(x, x->measured, nmeasured));
       x->measured++;
     }
-    RT_TRY(after_step(x));
+    RT_TRY(after_step(x, x->d, 1));
     last = x->next[0];
     x->generated[x->ngenerated++] = last;
   }
@@ -138,6 +142,8 @@ static rt_status bench_open(bench *x, const char *label, const char *dir, int nm
   rt_status s = rt_bundle_open(dir, &o, &x->b);
   if (s) return rt_status_wrap(s, "opening %s %s", label, dir);
   const plan *p = x->p = rt_bundle_plan(x->b);
+  x->d = rt_bundle_decode(x->b);
+  x->dp = rt_bundle_plan(x->d);
   x->tokens = p->info.tokens;
   if (x->tokens == 0 || p->info.ids_tensor >= p->ntensors || p->info.next_tensor >= p->ntensors)
     return rt_status_make("%s %s: the plan has no token slots or no ids/next tensors", label, dir);
@@ -152,7 +158,7 @@ static rt_status bench_open(bench *x, const char *label, const char *dir, int nm
   x->busy_us = malloc((size_t)nmeasured * p->ndevices * sizeof *x->busy_us);
   if (!x->ids || !x->next || !x->out || !x->step_us || !x->busy_us)
     return rt_status_make("out of memory");
-  RT_TRY(rt_overlap_open(p, &x->ov));
+  RT_TRY(rt_overlap_open(x->dp, &x->ov));
   rt_sha256_init(&x->sha);
   return NULL;
 }
@@ -169,7 +175,7 @@ static void bench_close(bench *x) {
 }
 
 static void report(bench *x, int n) {
-  const plan *p = x->p;
+  const plan *p = x->dp; /* the decode steps' */
   uint32_t launches = 0, copies = 0;
   for (uint32_t i = 0; i < p->ncommands; i++) {
     launches += p->commands[i].kind == PLAN_CMD_LAUNCH;
