@@ -58,6 +58,8 @@ enum ir_opkind {
   IR_OP_HC_SUMS,
   IR_OP_HC_PRE_SUMS,
   IR_OP_HC_HEAD_SUMS,
+  /* two matmuls of one x in one launch on a GPU (lower.c), likewise */
+  IR_OP_MATMUL_PAIR,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };

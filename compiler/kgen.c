@@ -192,6 +192,11 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           {{"sums", 'f', "TJ"}, {"X", 'f', "TND"}, {"base", 'f', "N"}, {"scale", 'f', "s"},
                            {"h", 'f', "TD"}},
                           2, {{"eps", 1}, {"hc_eps", 1}}},
+  /* two matmuls of one x (lower.c): w1 [N, K] and w2 [M, K] of one dtype */
+  [IR_OP_MATMUL_PAIR] = {"matmul_pair", 3, 2,
+                         {{"x", 'f', "TK"}, {"w1", 'w', "NK", "W1_BF16"}, {"w2", 'w', "MK", "W2_BF16"},
+                          {"y1", 'f', "TN"}, {"y2", 'f', "TM"}},
+                         0, {{0}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -778,6 +783,28 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "NTILES", ntiles);
     s->grid = (uint64_t)ntiles;
     s->grid_text = "tile of output columns, every token slot";
+    break;
+  }
+  case IR_OP_MATMUL_PAIR: {
+    /* Each part tiled as matmul tiles it, both with the same tile (two
+     * columns a warp only when both parts are wide): the bits depend on
+     * neither (matmul.hip). */
+    if (kgen_tensor(c, 1)->dtype != kgen_tensor(c, 2)->dtype)
+      return kgen_err(c->d, op->pos, "matmul_pair: w1 (%s) and w2 (%s) must have one dtype", kgen_tensor(c, 1)->path,
+                      kgen_tensor(c, 2)->path);
+    int64_t narrow = v['N'] < v['M'] ? v['N'] : v['M'];
+    int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1, tile = KGEN_MATMUL_TILE * rows;
+    int64_t nt1 = (v['N'] + tile - 1) / tile, nt2 = (v['M'] + tile - 1) / tile;
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "K", v['K']);
+    kgen_def_int(s, "N1", v['N']);
+    kgen_def_int(s, "N2", v['M']);
+    kgen_def_int(s, "TILE", tile);
+    kgen_def_int(s, "ROWS", rows);
+    kgen_def_int(s, "NTILES1", nt1);
+    kgen_def_int(s, "NTILES2", nt2);
+    s->grid = (uint64_t)(nt1 + nt2);
+    s->grid_text = "tile of either part's output columns, every token slot";
     break;
   }
   case IR_OP_ROPE:

@@ -82,6 +82,8 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_HC_SUMS] = {256, 0, 0},
   [IR_OP_HC_PRE_SUMS] = {256, 0, 0},
   [IR_OP_HC_HEAD_SUMS] = {256, 0, 0},
+  /* matmul_pair (lower.c): as matmul */
+  [IR_OP_MATMUL_PAIR] = {256, 32, 1u << 1 | 1u << 2, 2},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -108,6 +110,7 @@ static int64_t kgen_gpu_x_row(const kgen_spec *s)
 {
   switch (s->op->kind) {
   case IR_OP_MATMUL:
+  case IR_OP_MATMUL_PAIR:
     return kgen_spec_int(s, "K");
   case IR_OP_MOE_UP:
     return kgen_spec_int(s, "H");
@@ -147,7 +150,7 @@ static int kgen_gpu_stage_x(const kgen_spec *s)
 static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
 {
   int kind = s->op->kind;
-  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL) && kgen_gpu_stage_x(s))
+  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MATMUL_PAIR) && kgen_gpu_stage_x(s))
     return 3;
   return g->min_blocks ? g->min_blocks : 1;
 }
@@ -175,6 +178,7 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return nt * 4; /* red */
   case IR_OP_MATMUL:
   case IR_OP_GROUP_MATMUL:
+  case IR_OP_MATMUL_PAIR:
   case IR_OP_MOE_UP:
   case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
     int64_t k = kgen_gpu_x_row(s);

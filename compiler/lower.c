@@ -21,7 +21,19 @@
  * outputs keep their bits (docs/OPS.md). A cpu device keeps the ops whole:
  * its thread pool has few workers to spread over, and its plans stay as
  * they were. The two ops are named <op>.up and <op>.down, or <op>.sums and
- * <op>.mix; an ordering hint that names the op names both (order.c). */
+ * <op>.mix; an ordering hint that names the op names both (order.c).
+ *
+ * Then two matmuls on one GPU stream that read the same x become one
+ * launch, matmul_pair (x, w1, w2 -> y1, y2), in the first one's place,
+ * named <first>+<the second's last name>: each part is tiled and summed as
+ * its matmul is, so the bits stay, and a decode step launches one small
+ * GEMV where it launched two (q_a and kv, q_b and the indexer's q, the
+ * shared expert's gate and up). The compiler fuses only where it is safe
+ * by construction: the same x rows and weight dtype, whole weights and
+ * outputs, and no op between the two in program order that writes x or
+ * touches the second's output or the first's (so running the second early
+ * changes no value any op reads); and not an op that an ordering hint
+ * names, so every hint keeps meaning what it says. */
 #include <stdio.h>
 #include <string.h>
 
@@ -145,11 +157,96 @@ static int lowered_count(const ir_prog *p, const ir_op *op) {
   return (kind == IR_OP_MOE_EXPERTS || kind == IR_OP_HC_PRE || kind == IR_OP_HC_HEAD) && on_gpu(p, op) ? 2 : 1;
 }
 
+/* Whether op k writes tensor t, or touches it at all (any). */
+static int op_uses(const ir_op *op, int t, int any) {
+  for (int i = 0; i < op->nout; i++)
+    if (op->out[i] == t) return 1;
+  for (int i = 0; any && i < op->nin; i++)
+    if (op->in[i] == t) return 1;
+  return 0;
+}
+
+/* A matmul whose weight and output are whole tensors, on a GPU. */
+static int fusable_matmul(const ir_prog *p, const ir_op *op) {
+  return op->kind == IR_OP_MATMUL && on_gpu(p, op) && !op->in_nrows[1] && !op->in_row0[1] && !op->out_nrows[0] &&
+         !op->out_row0[0];
+}
+
+/* Whether a glob of a schedule hint list names path. */
+static int named(const dsl_str *globs, int n, const char *path) {
+  for (int i = 0; i < n; i++)
+    if (ir_glob_match(globs[i].text, path)) return 1;
+  return 0;
+}
+
+static int hinted(const ir_prog *p, const ir_op *op) {
+  const dsl_schedule *s = p->sched;
+  if (!s) return 0;
+  if (named(s->early_resolve, s->nearly_resolve, op->path) || named(s->submit_first, s->nsubmit_first, op->path))
+    return 1;
+  for (int i = 0; i < s->npriority; i++)
+    if (ir_glob_match(s->priority[i].key.text, op->path)) return 1;
+  return 0;
+}
+
+/* ops[j] joins ops[i] (i < j) as its matmul_pair: see the header. */
+static int pairs_with(const ir_prog *p, const ir_op *ops, int i, int j) {
+  const ir_op *a = &ops[i], *b = &ops[j];
+  if (!fusable_matmul(p, a) || !fusable_matmul(p, b) || a->stream != b->stream || a->in[0] != b->in[0] ||
+      a->in_row0[0] != b->in_row0[0] || a->in_nrows[0] != b->in_nrows[0] ||
+      p->tensors[a->in[1]].dtype != p->tensors[b->in[1]].dtype || a->out[0] == b->out[0] || hinted(p, a) ||
+      hinted(p, b))
+    return 0;
+  for (int k = i + 1; k < j; k++)
+    if (op_uses(&ops[k], a->in[0], 0) || op_uses(&ops[k], b->out[0], 1) || op_uses(&ops[k], a->out[0], 0)) return 0;
+  return 1;
+}
+
+/* <a>+<b's last name>, taking neither path. */
+static char *pair_path(const char *a, const char *b) {
+  const char *last = strrchr(b, '.');
+  last = last ? last + 1 : b;
+  size_t n = strlen(a) + strlen(last) + 2;
+  char *s = ir_xrealloc(NULL, n);
+  snprintf(s, n, "%s+%s", a, last);
+  return s;
+}
+
+/* Fuses each matmul with the next one it pairs with; drops the second. */
+static void fuse_matmul_pairs(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    ir_op *a = &p->ops[i];
+    if (a->kind == IR_OP_MATMUL)
+      for (int j = i + 1; j < p->nops; j++) {
+        if (p->ops[j].kind != IR_OP_MATMUL || p->ops[j].in[0] != a->in[0]) continue;
+        if (!pairs_with(p, p->ops, i, j)) break;
+        ir_op *b = &p->ops[j];
+        char *path = pair_path(a->path, b->path);
+        ir_xfree(a->path);
+        a->path = path;
+        a->kind = IR_OP_MATMUL_PAIR;
+        a->nin = 3;
+        a->in[2] = b->in[1];
+        a->in_pos[2] = b->in_pos[1];
+        a->nout = 2;
+        a->out[1] = b->out[0];
+        a->out_pos[1] = b->out_pos[0];
+        ir_xfree(b->path);
+        memmove(b, b + 1, (size_t)(p->nops - j - 1) * sizeof *b);
+        p->nops--;
+        break;
+      }
+  }
+}
+
 int pass_lower(ir_prog *p, dsl_diag *d) {
   (void)d;
   int n = 0;
   for (int i = 0; i < p->nops; i++) n += lowered_count(p, &p->ops[i]) - 1;
-  if (!n) return 0;
+  if (!n) {
+    fuse_matmul_pairs(p);
+    return 0;
+  }
   int cap = p->nops + n, k = 0;
   ir_op *ops = ir_xrealloc(NULL, (size_t)cap * sizeof *ops);
   for (int i = 0; i < p->nops; i++) {
@@ -165,5 +262,6 @@ int pass_lower(ir_prog *p, dsl_diag *d) {
   p->ops = ops;
   p->nops = k;
   p->capops = cap;
+  fuse_matmul_pairs(p);
   return 0;
 }

@@ -52,6 +52,8 @@ static const char *const in_hc_sums[] = {"X", "fn"};
 static const char *const out_sums[] = {"sums"};
 static const char *const in_hc_from_sums[] = {"sums", "X", "base", "scale"};
 static const char *const out_a[] = {"a"};
+static const char *const in_mm_pair[] = {"x", "w1", "w2"};
+static const char *const out_y_pair[] = {"y1", "y2"};
 
 const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_EMBED] = {"embed", 2, 1, in_embed, out_x, {{0}}, 0, 0},
@@ -129,6 +131,9 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                             {"iters", IR_ATTR_INT, 0, 20}}, 3, 0, 1},
     [IR_OP_HC_HEAD_SUMS] = {"hc_head_sums", 4, 1, in_hc_from_sums, out_h,
                             {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6}}, 2, 0, 1},
+    /* two matmuls that read the same x, fused for a GPU (lower.c): one
+     * launch whose first blocks are the first's and the rest the second's */
+    [IR_OP_MATMUL_PAIR] = {"matmul_pair", 3, 2, in_mm_pair, out_y_pair, {{0}}, 0, 0, 1},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 

@@ -54,6 +54,8 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
   const ir_tensor *in0 = &p->tensors[op->in[0]], *out0 = &p->tensors[op->out[0]];
   switch (op->kind) {
     case IR_OP_MATMUL: return 2.0 * elems(out0) * (double)in0->dim[1];
+    case IR_OP_MATMUL_PAIR:
+      return 2.0 * (elems(out0) + elems(&p->tensors[op->out[1]])) * (double)in0->dim[1];
     case IR_OP_MOE_EXPERTS: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[2]].dim[1];
     /* moe_experts lowered (lower.c): act [T, k, F] is two dots of H per
      * element, slots [T, k, H] one of F. */
@@ -211,7 +213,7 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
  * lowered op (lower.c) the op they came from, so that a hint naming it
  * orders both. */
 static const char *hint_path(const ir_op *op, char *buf, size_t n) {
-  if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY) return op->path;
+  if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY || op->kind == IR_OP_MATMUL_PAIR) return op->path;
   snprintf(buf, n, "%s", op->path);
   char *dot = strrchr(buf, '.');
   if (dot) *dot = 0;

@@ -687,7 +687,8 @@ END_TEST
 /* --cpu: every device of tiny-gpu-cpu (a cuda device and a cpu one) on
  * the cpu backend, arch host, no memory bound, with the schedule's device
  * names, streams and owners; the ops, their streams and the order are the
- * GPU plan's except that the cpu keeps a moe_experts whole (no lower). */
+ * GPU plan's except that the cpu keeps a moe_experts whole and two
+ * matmuls of one x apart (no lower). */
 START_TEST(cpu_retargets_every_device) {
   ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-gpu-cpu.yaml", .cpu = 1};
   ir_prog *cpu, *gpu = build("models/tiny-moe.yaml", "schedules/tiny-gpu-cpu.yaml");
@@ -703,12 +704,17 @@ START_TEST(cpu_retargets_every_device) {
   }
   ck_assert_int_eq(cpu->nstreams, gpu->nstreams);
   for (int i = 0; i < cpu->nstreams; i++) ck_assert_str_eq(cpu->streams[i].name, gpu->streams[i].name);
-  int lowered = 0;
-  for (int i = 0; i < gpu->nops; i++) lowered += gpu->ops[i].kind == IR_OP_MOE_UP;
+  int lowered = 0, pairs = 0;
+  for (int i = 0; i < gpu->nops; i++) {
+    lowered += gpu->ops[i].kind == IR_OP_MOE_UP;
+    pairs += gpu->ops[i].kind == IR_OP_MATMUL_PAIR;
+  }
   ck_assert_int_gt(lowered, 0);
-  ck_assert_int_eq(cpu->nops, gpu->nops - lowered);
+  ck_assert_int_gt(pairs, 0);
+  ck_assert_int_eq(cpu->nops, gpu->nops - lowered + pairs);
   for (int i = 0; i < cpu->nops; i++) {
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_UP);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MATMUL_PAIR);
     for (int j = 0; j < gpu->nops; j++)
       if (strcmp(cpu->ops[i].path, gpu->ops[j].path) == 0)
         ck_assert_str_eq(cpu->streams[cpu->ops[i].stream].name, gpu->streams[gpu->ops[j].stream].name);

@@ -177,16 +177,15 @@ START_TEST(decode_early_differs_in_order_only) {
   s = plan_read(path, &b);
   ck_assert_msg(!s, "%s", rt_status_msg(s));
   assert_order_only(&a, &b);
-  /* the indexer query's rope is resolved early: its consumer, the scores,
-   * is staged right behind it, ahead of the query's head norm */
+  /* the key's rope is resolved early: its consumer, the window write, is
+   * staged right behind it, ahead of the indexer query's rope and the
+   * query's head norm, which come between them without the hint */
   for (int l = 2; l <= 4; l += 2) {
-    char rope[96], scores[96], norm[96];
-    snprintf(rope, sizeof rope, "layers.%d.attn.csa.indexer.q_rope", l);
-    snprintf(scores, sizeof scores, "layers.%d.attn.csa.indexer.scores", l);
-    snprintf(norm, sizeof norm, "layers.%d.attn.q_head_norm", l);
-    ck_assert_int_lt(plan_command_of(&a, norm), plan_command_of(&a, scores));
-    ck_assert_int_lt(plan_command_of(&b, scores), plan_command_of(&b, norm));
-    ck_assert_int_lt(plan_command_of(&b, rope), plan_command_of(&b, scores));
+    char rope[96], write[96];
+    snprintf(rope, sizeof rope, "layers.%d.attn.csa.kv_rope", l);
+    snprintf(write, sizeof write, "layers.%d.attn.csa.kv_write", l);
+    ck_assert_int_gt(plan_command_of(&a, write), plan_command_of(&a, rope) + 1);
+    ck_assert_int_eq(plan_command_of(&b, write), plan_command_of(&b, rope) + 1);
   }
   plan_free(&a);
   plan_free(&b);

@@ -3775,8 +3775,8 @@ END_TEST
  * heads wider than a block, a split expert op, an ffn in two chunks,
  * moe_experts as lowered for a GPU), as one program for
  * emit_kernels_build. */
-#define MP_MAXT 192
-#define MP_MAXOPS 48
+#define MP_MAXT 224
+#define MP_MAXOPS 56
 
 typedef struct mprog {
   ir_tensor tensors[MP_MAXT];
@@ -3853,6 +3853,21 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)128);
   kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8224, (int64_t)64);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8224);
+  mp_take(m, &k);
+  /* two matmuls of one x as lowered for a GPU (lower.c), narrow and wide */
+  kt_init(&k, IR_OP_MATMUL_PAIR);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)150, (int64_t)64);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)40, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)40);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_MATMUL_PAIR);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8200, (int64_t)64);
+  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8192, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8192);
   mp_take(m, &k);
   /* moe_experts lowered for a GPU (lower.c): moe_up, and moe_down with its
    * activation row staged */
@@ -4750,6 +4765,75 @@ static void moe_lowered_case(int *rows, uint32_t wt, double limit)
   }
 }
 
+/* Two matmuls of one x as lowered for a GPU (lower.c): matmul_pair's y1
+ * and y2 bit for bit the two matmuls' outputs, on the GPU (its kernels on
+ * host threads) and on the host, each part's columns N1 and N2 tiled alone
+ * (N1 not a tile's multiple), wide (two columns a warp, x staged) and not. */
+static void matmul_pair_case(int64_t K, int64_t N1, int64_t N2, uint32_t wt)
+{
+  enum { T = 4 };
+  kt pair, m1, m2;
+  kt_init(&pair, IR_OP_MATMUL_PAIR);
+  kt_init(&m1, IR_OP_MATMUL);
+  kt_init(&m2, IR_OP_MATMUL);
+  kt_add(&pair, 0, PLAN_F32, 2, (int64_t)T, K);
+  kt_add(&pair, 0, wt, 2, N1, K);
+  kt_add(&pair, 0, wt, 2, N2, K);
+  kt_add(&pair, 1, PLAN_F32, 2, (int64_t)T, N1);
+  kt_add(&pair, 1, PLAN_F32, 2, (int64_t)T, N2);
+  kt_add(&m1, 0, PLAN_F32, 2, (int64_t)T, K);
+  kt_add(&m1, 0, wt, 2, N1, K);
+  kt_add(&m1, 1, PLAN_F32, 2, (int64_t)T, N1);
+  kt_add(&m2, 0, PLAN_F32, 2, (int64_t)T, K);
+  kt_add(&m2, 0, wt, 2, N2, K);
+  kt_add(&m2, 1, PLAN_F32, 2, (int64_t)T, N2);
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kp = {.op = pair}, k1 = {.op = m1}, k2 = {.op = m2};
+    kp.op.prog.tensors = kp.op.tensors;
+    k1.op.prog.tensors = k1.op.tensors;
+    k2.op.prog.tensors = k2.op.tensors;
+    chain_build(&kp, gpu);
+    chain_build(&k1, gpu);
+    chain_build(&k2, gpu);
+    bufs bp, b1, b2;
+    bufs_alloc(&bp, &pair);
+    bufs_alloc(&b1, &m1);
+    bufs_alloc(&b2, &m2);
+    for (int s = 0; s < 2; s++) {
+      int pos = g_gpu_steps[s][0], ntok = g_gpu_steps[s][1];
+      ffn_fill(&pair, &bp, NULL, 1);
+      memcpy(b1.b[0], bp.b[0], (size_t)pair.tensors[0].bytes);
+      memcpy(b2.b[0], bp.b[0], (size_t)pair.tensors[0].bytes);
+      memcpy(b1.b[1], bp.b[1], (size_t)pair.tensors[1].bytes);
+      memcpy(b2.b[1], bp.b[2], (size_t)pair.tensors[2].bytes);
+      fill_garbage(b1.b[2], kt_elems(&m1, 2));
+      fill_garbage(b2.b[2], kt_elems(&m2, 2));
+      chain_run(&kp, &bp, pos, ntok);
+      chain_run(&k1, &b1, pos, ntok);
+      chain_run(&k2, &b2, pos, ntok);
+      ck_assert_msg(memcmp(bp.b[3], b1.b[2], (size_t)m1.tensors[2].bytes) == 0 &&
+                        memcmp(bp.b[4], b2.b[2], (size_t)m2.tensors[2].bytes) == 0,
+                    "%s: matmul_pair differs from its two matmuls (K %lld, N %lld and %lld; pos %d, ntok %d)",
+                    gpu ? "GPU" : "host", (long long)K, (long long)N1, (long long)N2, pos, ntok);
+    }
+    bufs_free(&bp);
+    bufs_free(&b1);
+    bufs_free(&b2);
+    chain_unbuild(&kp);
+    chain_unbuild(&k1);
+    chain_unbuild(&k2);
+  }
+}
+
+START_TEST(test_gpu_matmul_pair)
+{
+  matmul_pair_case(64, 20, 8, PLAN_F32);
+  matmul_pair_case(72, 24, 40, PLAN_BF16);
+  matmul_pair_case(64, 8200, 8192, PLAN_BF16); /* both wide: two columns a warp, x staged */
+  emu_stop();
+}
+END_TEST
+
 START_TEST(test_gpu_moe_lowered)
 {
   static int split[5] = {1, -1, -1, 2, 0}; /* experts 4, 0, 3 in rows 0, 1, 2 */
@@ -5324,6 +5408,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_sink_attention);
   tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);
+  tcase_add_test(gpu, test_gpu_matmul_pair);
   suite_add_tcase(s, gpu);
   return s;
 }

@@ -170,3 +170,23 @@ DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64
     out[j] = acc;
   }
 }
+
+/* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
+ * [ncol,nk], f32 or bf16), every one of nt slots: k ascending from +0, a
+ * dead slot's +0 (matmul.c, matmul_pair.c; lower-case names, as a kernel's
+ * defines come before this file). */
+DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t bf16, float *y, int64_t nt, int64_t nk,
+                              int64_t ncol, int64_t n0, int64_t n1, int64_t ntok)
+{
+  for (int64_t t = 0; t < nt; t++) {
+    const float *xr = x + t * nk;
+    float *yr = y + t * ncol;
+    for (int64_t n = n0; n < n1; n++) {
+      float acc = 0.0f;
+      if (t < ntok) /* dead slots: +0 */
+        for (int64_t k = 0; k < nk; k++)
+          acc += xr[k] * ds4h_weight(w, n * nk + k, bf16);
+      yr[n] = acc;
+    }
+  }
+}

@@ -1,0 +1,77 @@
+/* matmul_pair GPU kernel template: two matmuls of one x in one launch
+ * (lower.c), y1[t,n] = sum_k x[t,k] * w1[n,k] and y2[t,m] = sum_k x[t,k] *
+ * w2[m,k] (w1 [N1,K] and w2 [N2,K] of one dtype, f32 or bf16). kgen_gpu
+ * puts in front the defines T, K, N1, N2, TILE, ROWS, NTILES1, NTILES2,
+ * W1_BF16, W2_BF16, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
+ * NTHREADS / LANES), KERNEL_NAME and W1_T, W2_T.
+ * Grid: NTILES1 tiles of y1's columns, then NTILES2 of y2's; a block works
+ * as matmul.hip's block of its part does (the same groups, dot products,
+ * lane sums and dead-slot zeros), so each output has the bits of that
+ * matmul alone: they depend on K, LANES and the weight's dtype only. The
+ * body is matmul.hip's with its part's N, weight and output chosen per
+ * block at run time. */
+
+DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
+{
+  ds4_grid_wait();
+  constexpr int64_t WARPS = NTHREADS / LANES;
+  static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
+  static_assert(W1_BF16 == W2_BF16 && sizeof(W1_T) == sizeof(W2_T), "one weight dtype");
+  static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4), "W1_T is the weights' dtype");
+#if X_SHARED
+  DS4_SHARED __attribute__((aligned(16))) float xs[K];
+#endif
+  const float *x = (const float *)bufs[0];
+  uint32_t block = ds4_block();
+  int tid = ds4_thread(), lane = tid % LANES;
+  if (block >= GRID)
+    return;
+  /* The block's part: its weight, output and column count. */
+  bool second = block >= NTILES1;
+  const W1_T *w = (const W1_T *)bufs[second ? 2 : 1];
+  float *y = (float *)bufs[second ? 4 : 3];
+  int64_t N = second ? N2 : N1;
+  uint32_t tile = second ? block - NTILES1 : block;
+  int64_t ntok = step[1] < T ? step[1] : T;
+  int64_t n0 = (int64_t)tile * TILE + tid / LANES;
+  /* A group past its part's last column computes nothing but, with
+   * X_SHARED, still takes part in the barriers. */
+  bool live = n0 < N;
+  int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
+  for (int64_t t = 0; t < ntok; t++) {
+#if X_SHARED
+    if (t > 0)
+      ds4_barrier(); /* the last slot's row read by every group */
+    ds4_stage_row<NTHREADS, K>(xs, x + t * K);
+    ds4_barrier();
+    const float *xr = xs;
+    constexpr ds4_xspace XS = DS4_X_SHARED;
+#else
+    const float *xr = x + t * K;
+    constexpr ds4_xspace XS = ROWS == 1 ? DS4_X_AHEAD : DS4_X_GLOBAL;
+#endif
+    if (live) {
+      float acc[ROWS];
+      if constexpr (ROWS == 1) {
+        acc[0] = ds4_lane_dot<LANES, K, W1_T, XS>(xr, w + n0 * K, lane, zero);
+      } else {
+        const W1_T *wr[ROWS];
+#pragma unroll
+        for (int q = 0; q < ROWS; q++)
+          wr[q] = w + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1) * K;
+        ds4_lane_dot_rows<LANES, K, W1_T, XS, ROWS, 4>(xr, wr, lane, zero, acc);
+      }
+#pragma unroll
+      for (int q = 0; q < ROWS; q++) {
+        float a = ds4_lane_sum<LANES>(acc[q]);
+        if (lane == 0 && n0 + WARPS * q < N)
+          y[t * N + n0 + WARPS * q] = a;
+      }
+    }
+  }
+  if (live && lane == 0)
+    for (int64_t t = ntok; t < T; t++)
+      for (int q = 0; q < ROWS; q++)
+        if (n0 + WARPS * q < N)
+          y[t * N + n0 + WARPS * q] = 0.0f;
+}
