@@ -51,9 +51,10 @@ rt_status gpu_upload(gpu *g, void *dst, const void *src, size_t bytes);
  * or unreadable file is an error naming it. Caller frees. */
 rt_status bench_read_file(const char *path, void **out_bytes, size_t *out_len);
 
-/* Device buffers recorded for release. */
+/* Device buffers recorded for release (gpu_bench's quantized expert
+ * GEMVs rotate over up to about a hundred weight sets). */
 typedef struct owned {
-  void *ptr[64];
+  void *ptr[256];
   int n;
 } owned;
 rt_status gpu_alloc(gpu *g, owned *o, size_t bytes, void **out_ptr);

@@ -3,7 +3,8 @@
  *
  *   ds4_bench BUNDLE... [--steps N] [--warmup W] [--ordinal N]
  *
- * Every BUNDLE is a compile of one model (ds4-flash-slice with each shipped
+ * Every BUNDLE is a compile of a DeepSeek-V4-Flash model (ds4-flash-slice,
+ * in the release's dtypes, or ds4-flash-slice-bf16, with each shipped
  * schedule, say). For each: the default prompt as prefill, then W warm-up
  * and N timed decode steps, each fed its predecessor's token; a step's time
  * is the wall time of writing its token, rt_replay_step and reading the next
@@ -13,16 +14,23 @@
  *
  * The floor of a decode step is the weight bytes it must read over the
  * device-to-device copy bandwidth measured first (bench_gpu.c): every weight
- * a launch reads, whole, except the embedding and hash tables (one row per
- * token) and the routed experts (top_k of E experts per token). State
- * (window ring, entries) is left out: it is small at these positions.
+ * a launch of the decode plan reads, whole, except the embedding and hash
+ * tables (one row per token) and the routed experts (top_k of E experts per
+ * token). A weight's bytes are the plan's (plan_arg.bytes), so a quantized
+ * one counts its codes and scales (plan_tensor_bytes), never elements times
+ * an element size. State (window ring, entries) is left out: it is small at
+ * these positions. A row gives the floor's bytes by dtype.
  *
- * The bundles must generate the same tokens (every schedule of one model
- * gives the same bits on one backend); the table says whether they did and
- * the exit status is 1 when they did not.
+ * The bundles of the same weights (a model under several schedules, or a
+ * build before and after a change) must generate the same tokens (every
+ * schedule of one model gives the same bits on one backend); the table says
+ * whether they did and the exit status is 1 when they did not. Bundles of
+ * other weights (ds4-flash-slice and ds4-flash-slice-bf16, say) are timed
+ * side by side but not compared.
  *
  * Then, for the first bundle: the plan's decode kernels launched alone
- * against the same work in cuBLAS (bench/ds4_kernels.c); the decode step
+ * against the same work in cuBLAS, and the routed experts' GEMVs alone
+ * against copy bandwidth (bench/ds4_kernels.c); the decode step
  * at positions 128, 1024 and the last the plan holds (the state grows
  * with the context); and, as a table of its own, the last decode step by
  * op kind from a trace (time, weight bytes, share of copy bandwidth). */
@@ -46,7 +54,10 @@ typedef struct opts {
 } opts;
 
 /* Rows of the weight a launch reads, as a share of the tensor it names: the
- * weight's whole bytes times reads/rows. */
+ * weight's whole bytes times reads/rows. Exact for a stack of quantized
+ * matrices (every matrix has the same stride); for a 2-D quantized table it
+ * would round its scale rows, but the tables read a row at a time (embed,
+ * hash_route) are bf16 and i32. */
 static uint64_t share(uint64_t bytes, uint64_t reads, uint64_t rows) {
   if (rows == 0 || reads >= rows) return bytes;
   return (uint64_t)((double)bytes * (double)reads / (double)rows);
@@ -59,7 +70,8 @@ static uint64_t weight_rows(const plan *p, const plan_tensor *t) {
   return src->ndim ? src->dim[0] : 1;
 }
 
-uint64_t ds4_weight_bytes(const plan *p, uint32_t c) {
+/* ds4_weight_bytes, also added to by_dtype[dtype] when given. */
+static uint64_t weight_bytes(const plan *p, uint32_t c, uint64_t by_dtype[PLAN_NDTYPE]) {
   const plan_command *cmd = &p->commands[c];
   if (cmd->kind != PLAN_CMD_LAUNCH) return 0;
   const char *kind = plan_str(p, p->kernels[cmd->a].kind);
@@ -71,31 +83,51 @@ uint64_t ds4_weight_bytes(const plan *p, uint32_t c) {
   for (uint32_t i = 0; i < cmd->nargs; i++) {
     const plan_tensor *t = &p->tensors[args[i].tensor];
     if (t->role != PLAN_WEIGHT) continue;
+    uint64_t b;
     if (!strcmp(kind, "embed") || !strcmp(kind, "hash_route")) {
-      total += share(args[i].bytes, 1, t->dim[0]);
+      b = share(args[i].bytes, 1, t->dim[0]);
     } else if (experts) {
       /* a part holding E_p of E experts reads k/E of the whole: over the
        * parts, k experts' bytes */
-      total += share(args[i].bytes, k, weight_rows(p, t));
+      b = share(args[i].bytes, k, weight_rows(p, t));
     } else {
-      total += args[i].bytes;
+      b = args[i].bytes;
     }
+    total += b;
+    if (by_dtype && t->dtype < PLAN_NDTYPE) by_dtype[t->dtype] += b;
   }
   return total;
 }
 
-/* Weight bytes one decode token must read (see the header). */
-static uint64_t floor_bytes(const plan *p) {
+uint64_t ds4_weight_bytes(const plan *p, uint32_t c) { return weight_bytes(p, c, NULL); }
+
+/* Weight bytes one decode token must read (see the header), and by dtype
+ * when by_dtype is given. */
+static uint64_t floor_bytes(const plan *p, uint64_t by_dtype[PLAN_NDTYPE]) {
   uint64_t total = 0;
-  for (uint32_t c = 0; c < p->ncommands; c++) total += ds4_weight_bytes(p, c);
+  for (uint32_t c = 0; c < p->ncommands; c++) total += weight_bytes(p, c, by_dtype);
   return total;
+}
+
+/* Which weights a plan holds, for the parity check: the bytes of its
+ * weights (their dtypes show in them) and the seed of their generator
+ * (the values are the seed's and the tensor's name's, whatever the model's
+ * name). */
+static uint64_t weights_key(const plan *p) {
+  uint64_t key = p->info.weight_seed * 0x9e3779b97f4a7c15ull;
+  for (uint32_t i = 0; i < p->ntensors; i++)
+    if (p->tensors[i].role == PLAN_WEIGHT && p->tensors[i].view_of == PLAN_NONE) key += p->tensors[i].bytes;
+  return key;
 }
 
 typedef struct result {
   double q[3];          /* median, p10, p90 in microseconds */
-  uint64_t bytes;
-  uint32_t launches;
+  uint64_t bytes;       /* the floor's */
+  uint64_t by_dtype[PLAN_NDTYPE];
+  uint64_t weights;     /* weights_key */
+  uint32_t launches;    /* the decode plan's */
   int32_t *tokens;      /* the tokens the timed steps generated */
+  int ok;               /* the run went through */
   char model[64], schedule[64];
   int graph;            /* replayed as graph launches */
   int graphable;        /* one GPU device: graph replay can run it */
@@ -107,12 +139,15 @@ static rt_status run_bundle(const char *dir, const opts *o, int graph, result *r
   rt_options ro = {.graph = graph};
   RT_TRY(rt_bundle_open(dir, &ro, &bd));
   const plan *p = rt_bundle_plan(bd);
+  /* The floor and the launches are the decode plan's: what a timed step runs. */
+  const plan *dp = rt_bundle_plan(rt_bundle_decode(bd));
   r->graph = graph;
   r->graphable = p->ndevices == 1 && p->devices[0].backend != PLAN_BACKEND_CPU;
   snprintf(r->model, sizeof r->model, "%s", plan_str(p, p->info.model));
   snprintf(r->schedule, sizeof r->schedule, "%s", plan_str(p, p->info.schedule));
-  r->bytes = floor_bytes(p);
-  for (uint32_t c = 0; c < p->ncommands; c++) r->launches += p->commands[c].kind == PLAN_CMD_LAUNCH;
+  r->bytes = floor_bytes(dp, r->by_dtype);
+  r->weights = weights_key(p);
+  for (uint32_t c = 0; c < dp->ncommands; c++) r->launches += dp->commands[c].kind == PLAN_CMD_LAUNCH;
   int32_t *prompt = NULL;
   int nprompt = 0;
   rt_status s = rt_default_prompt(p, &prompt, &nprompt);
@@ -188,7 +223,7 @@ static void positions_rows(const char *dir, const opts *o, double copy_bps, tabl
   if (!s && !(ids && next && us)) s = rt_status_make("out of memory");
   int room = (int)p->info.max_seq - o->warmup - o->steps;
   int want[3] = {128, 1024, room};
-  double bytes = (double)floor_bytes(p);
+  double bytes = (double)floor_bytes(rt_bundle_plan(rt_bundle_decode(bd)), NULL);
   for (int w = 0; w < 3 && !s; w++) {
     if (want[w] <= at || want[w] > room) continue;
     s = feed_range(bd, p, prompt, nprompt, at, want[w], ids, next, &index, &last);
@@ -292,11 +327,12 @@ static void op_rows(const char *dir, const opts *o, double copy_bps, table *t) {
 
 static int usage(FILE *f, int rc) {
   fprintf(f, "usage: ds4_bench BUNDLE... [--steps N] [--warmup W] [--ordinal N]\n"
-             "  Decode step time of each bundle (one model, several schedules) on one NVIDIA GPU,\n"
-             "  under stream and graph replay, and the floor: the weight bytes a step must read\n"
-             "  over the measured copy bandwidth. For the first bundle also: its GEMVs and one\n"
-             "  layer's MoE against cuBLAS, the step at positions 128, 1024 and the last, and the\n"
-             "  step by op kind.\n"
+             "  Decode step time of each bundle (a model under several schedules, or builds) on\n"
+             "  one NVIDIA GPU, under stream and graph replay, and the floor: the weight bytes a\n"
+             "  step must read over the measured copy bandwidth. Bundles of the same weights must\n"
+             "  generate the same tokens. For the first bundle also: its GEMVs and one layer's\n"
+             "  MoE against cuBLAS, the layer's routed experts' GEMVs against copy bandwidth, the\n"
+             "  step at positions 128, 1024 and the last, and the step by op kind.\n"
              "  Defaults: --steps 50 --warmup 5 --ordinal 0.\n");
   return rc;
 }
@@ -370,7 +406,7 @@ int main(int argc, char **argv) {
   gpu_close(&g);
 
   result r[2 * MAX_BUNDLES] = {0};
-  int parity = 1, ran = 0, nr = 0;
+  int parity = 1, compared = 0, nr = 0;
   for (int b = 0; b < o.nbundles; b++) {
     for (int graph = 0; graph < 2; graph++) {
       if (graph && (nr == 0 || r[nr - 1].graph || !r[nr - 1].graphable)) break;
@@ -380,6 +416,20 @@ int main(int argc, char **argv) {
         add_error(&t, o.bundles[b], s);
         continue;
       }
+      r[i].ok = 1;
+      if (!graph) {
+        /* what the floor reads, by dtype: a quantized slice's floor is its
+         * codes and scales, not elements times 2 */
+        char what[96], value[200] = "";
+        size_t at = 0;
+        for (uint32_t d = 0; d < PLAN_NDTYPE; d++)
+          if (r[i].by_dtype[d] && at < sizeof value)
+            at += (size_t)snprintf(value + at, sizeof value - at, "%s%s %.1f MiB", at ? ", " : "",
+                                   plan_dtype_name(d), (double)r[i].by_dtype[d] / 1048576.0);
+        snprintf(what, sizeof what, "%s floor by dtype", r[i].model);
+        add_row(&t, what, "the weight bytes of the floor (the plan's bytes of each weight a decode launch reads)",
+                "%s", value);
+      }
       double floor_us = (double)r[i].bytes / copy_bps * 1e6;
       char what[96], how[240];
       snprintf(what, sizeof what, "%s decode step, %s", r[i].schedule, graph ? "graph" : "streams");
@@ -387,15 +437,19 @@ int main(int argc, char **argv) {
                r[i].model, r[i].launches, o.steps, o.warmup, (double)r[i].bytes / 1048576.0);
       add_row(&t, what, how, "%.1f us (p10 %.1f, p90 %.1f); floor %.1f us; %.2fx floor", r[i].q[0], r[i].q[1],
               r[i].q[2], floor_us, r[i].q[0] / floor_us);
-      if (ran && (strcmp(r[i].model, r[0].model) != 0 ||
-                  memcmp(r[i].tokens, r[0].tokens, (size_t)o.steps * sizeof *r[i].tokens) != 0))
-        parity = 0;
-      ran++;
+      /* against the first run of the same weights */
+      int j = 0;
+      while (j < i && !(r[j].ok && r[j].weights == r[i].weights)) j++;
+      if (j < i) {
+        compared++;
+        if (memcmp(r[i].tokens, r[j].tokens, (size_t)o.steps * sizeof *r[i].tokens) != 0) parity = 0;
+      }
     }
   }
-  if (ran > 1) {
-    add_row(&t, "parity", "the timed steps' generated tokens, every run against the first",
-            "%s", parity ? "identical" : "DIFFER");
+  if (compared) {
+    add_row(&t, "parity", "the timed steps' generated tokens, every run against the first of the same weights "
+            "(their bytes and seed)", "%s (%d run%s compared)", parity ? "identical" : "DIFFER", compared,
+            compared == 1 ? "" : "s");
     if (!parity) t.failed = 1;
   }
   positions_rows(o.bundles[0], &o, copy_bps, &t);

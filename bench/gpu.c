@@ -1,18 +1,21 @@
 /* gpu.c - gpu_bench: one NVIDIA GPU's figures for ds4run, as one table:
  * the device and driver; the device-to-device copy bandwidth; the expert
- * GEMV (the bundle's own bf16 matmul kernels) as achieved bandwidth and
- * its share of the copy's; the host cost of a replayed launch against a
- * plain loop of the same cuLaunchKernel calls; a tiny-moe decode step.
- * Device times come from events, host times from CLOCK_MONOTONIC; all
- * after warm-ups, as medians.
+ * GEMV (the bundle's own matmul kernels, on a bf16, f8e4m3 or mxfp4
+ * weight) as achieved bandwidth and its share of the copy's; the host cost
+ * of a replayed launch against a plain loop of the same cuLaunchKernel
+ * calls; a tiny-moe decode step. Device times come from events, host times
+ * from CLOCK_MONOTONIC; all after warm-ups, as medians.
  *
- *   gpu_bench BUNDLE_DIR [--ordinal N]
+ *   gpu_bench BUNDLE_DIR [--ordinal N] [--gemv NAME]
  *
  * BUNDLE_DIR is what scripts/gpu-bundles.sh makes (out/gpu); it reads
- * expert-gemv/ and tiny-h200/ there. Raw driver calls (copies, events, the
- * GEMV and plain launch loops) go through the cuda backend's driver table
- * (runtime/backends/gpu/gpu_api.h); bundles through the runtime's API. A
- * section that fails says why in its row; the exit status is then 1. */
+ * expert-gemv/ (or NAME/: bench/models/expert-gemv.yaml compiled with its
+ * weights in another dtype, say) and tiny-h200/ there. A weight's bytes
+ * are the plan's (plan_tensor_bytes: a quantized one's codes and scales).
+ * Raw driver calls (copies, events, the GEMV and plain launch loops) go
+ * through the cuda backend's driver table (runtime/backends/gpu/gpu_api.h);
+ * bundles through the runtime's API. A section that fails says why in its
+ * row; the exit status is then 1. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -32,6 +35,9 @@
 #define GEMV_WARMUP 3
 #define GEMV_BATCHES 20
 #define GEMV_L2_MULTIPLE 4 /* rotate over at least this many L2s of weights */
+/* Weight sets at most: an mxfp4 expert (2048 x 4096, 4.25 MiB) takes about
+ * 50 to span four L2s of 50-60 MiB; each set is two buffers of owned's. */
+#define GEMV_MAX_SETS 96
 /* A memset of this many bytes runs ahead of each timed batch, so that the
  * host has enqueued the whole batch before the GPU reaches it: the batch
  * then runs back to back, not at the pace of its launches' submission. */
@@ -87,8 +93,10 @@ typedef struct gemv_kernel {
   const char *symbol;
   gpu_function f;
   uint32_t grid, block;
-  uint64_t k, n;    /* x [1,k] f32, w [n,k] bf16, y [1,n] f32 */
-  uint64_t wbytes;
+  uint64_t k, n;    /* x [1,k] f32, w [n,k] (dtype), y [1,n] f32 */
+  uint32_t dtype;   /* bf16, f8e4m3 or mxfp4 */
+  plan_quant q;     /* the layout of a quantized w */
+  uint64_t wbytes;  /* plan_tensor_bytes of w */
   int overlap;      /* launched as the runtime would: the plan's PLAN_FLAG_GRID_WAIT */
 } gemv_kernel;
 
@@ -101,7 +109,7 @@ typedef struct gemv_bench {
   void *x, *u, *y, *step, *blocker;
   void **w[2];         /* [sets] device weights of each kernel */
   void *ptrs;          /* device: per kernel and set, the launch's bufs */
-  uint16_t *w0[2];     /* host copy of set 0 of each kernel's weights */
+  uint8_t *w0[2];      /* host copy of set 0 of each kernel's weights */
   float *x_host;
   uint64_t rotation;   /* launches so far: where the rotation is */
 } gemv_bench;
@@ -115,25 +123,62 @@ static rt_status gemv_kernels_find(const plan *p, gemv_kernel *out) {
     if (found == 1 && strcmp(symbol, out[0].symbol) == 0) continue;
     const plan_arg *a = &p->args[cmd->args_begin];
     const plan_tensor *x = &p->tensors[a[0].tensor], *w = &p->tensors[a[1].tensor];
-    if (x->dim[0] != 1 || w->dtype != PLAN_BF16)
-      return rt_status_make("matmul %s: want one token and a bf16 weight", plan_str(p, p->ops[cmd->op].path));
+    const char *path = plan_str(p, p->ops[cmd->op].path);
+    int quant = plan_dtype_quantized(w->dtype);
+    if (x->dim[0] != 1 || w->ndim != 2 || (w->dtype != PLAN_BF16 && !quant))
+      return rt_status_make("matmul %s: want one token and a 2-D bf16, f8e4m3 or mxfp4 weight", path);
     gemv_kernel *k = &out[found++];
-    snprintf(k->label, sizeof k->label, "%s", plan_str(p, p->ops[cmd->op].path));
+    snprintf(k->label, sizeof k->label, "%s", path);
     k->symbol = symbol;
     k->grid = p->kernels[cmd->a].grid;
     k->block = p->kernels[cmd->a].block;
     k->overlap = (p->info.flags & PLAN_FLAG_GRID_WAIT) != 0;
     k->n = w->dim[0];
     k->k = w->dim[1];
-    k->wbytes = a[1].bytes;
+    k->dtype = w->dtype;
+    if (quant) {
+      const char *why = plan_quant_of(w->dtype, w->ndim, w->dim, &k->q);
+      if (why) return rt_status_make("matmul %s: %s", path, why);
+    }
+    /* the whole weight, as the plan lays it out: each set is a copy of it */
+    k->wbytes = plan_tensor_bytes(w->dtype, w->ndim, w->dim);
+    if (k->wbytes == 0 || a[1].offset != 0 || a[1].bytes != k->wbytes)
+      return rt_status_make("matmul %s: reads %llu bytes at %llu of a %s weight of %llu", path,
+                            (unsigned long long)a[1].bytes, (unsigned long long)a[1].offset,
+                            plan_dtype_name(w->dtype), (unsigned long long)k->wbytes);
   }
   return found == 2 ? NULL : rt_status_make("want two matmul kernels (up, down), found %d", found);
 }
 
-static rt_status gemv_fill(gemv_bench *b, int which, uint32_t set, uint16_t *host) {
-  uint64_t n = b->kern[which].wbytes / 2;
-  for (uint64_t i = 0; i < n; i++) host[i] = bf16_bits(uniform());
-  return gpu_upload(b->g, b->w[which][set], host, n * 2);
+/* A quantized weight's random bytes: codes of any value but NaN (f8e4m3
+ * 0x7f, 0xff; E2M1 has none), scales 2^-3 to 2^0 (within f32 whatever the
+ * sum), zeros in each matrix's padding. */
+static void quant_fill(const gemv_kernel *k, uint8_t *host) {
+  memset(host, 0, k->wbytes);
+  for (uint64_t m = 0; m < k->q.nmat; m++) {
+    uint8_t *mat = host + m * k->q.stride, *scales = mat + k->q.data_bytes;
+    for (uint64_t i = 0; i < k->q.data_bytes; i++) {
+      uint8_t c = (uint8_t)(next_u64() >> 56);
+      if (k->dtype == PLAN_F8E4M3 && (c & 0x7f) == 0x7f) c ^= 1;
+      mat[i] = c;
+    }
+    for (uint64_t i = 0; i < k->q.scale_rows * k->q.scale_cols; i++)
+      scales[i] = (uint8_t)(124 + (next_u64() >> 62));
+  }
+}
+
+static rt_status gemv_fill(gemv_bench *b, int which, uint32_t set, uint8_t *host) {
+  const gemv_kernel *k = &b->kern[which];
+  if (k->dtype == PLAN_BF16) {
+    uint16_t h;
+    for (uint64_t i = 0; i < k->wbytes / 2; i++) {
+      h = bf16_bits(uniform());
+      memcpy(host + 2 * i, &h, 2);
+    }
+  } else {
+    quant_fill(k, host);
+  }
+  return gpu_upload(b->g, b->w[which][set], host, k->wbytes);
 }
 
 /* Loads the kernels, allocates x, u, y and `sets` weight sets of random
@@ -158,11 +203,13 @@ static rt_status gemv_setup(gemv_bench *b, gpu *g, const char *dir, const plan *
   if (s) return rt_status_wrap(s, "%s", path);
   for (int i = 0; i < 2; i++) RT_TRY(g->api->function_find(g->drv, *out_module, b->kern[i].symbol, &b->kern[i].f));
 
-  /* Enough sets that each kernel's own weights alone span the L2s. */
+  /* Enough sets that each kernel's own weights alone span the L2s (a
+   * quantized weight is a quarter to a half of bf16's bytes: more sets). */
   uint64_t least = b->kern[0].wbytes < b->kern[1].wbytes ? b->kern[0].wbytes : b->kern[1].wbytes;
   b->sets = (uint32_t)((GEMV_L2_MULTIPLE * g->info.l2_bytes + least - 1) / least);
   if (b->sets < 2) b->sets = 2;
-  if (b->sets > 24) return rt_status_make("gpu_bench: %u weight sets are more than the bench holds", b->sets);
+  if (b->sets > GEMV_MAX_SETS)
+    return rt_status_make("gpu_bench: %u weight sets are more than the bench holds (%d)", b->sets, GEMV_MAX_SETS);
   uint64_t K = b->kern[0].k, F = b->kern[0].n;
   RT_TRY(gpu_alloc(g, &b->o, K * 4, &b->x));
   RT_TRY(gpu_alloc(g, &b->o, F * 4, &b->u));
@@ -176,7 +223,7 @@ static rt_status gemv_setup(gemv_bench *b, gpu *g, const char *dir, const plan *
     b->w[i] = calloc(b->sets, sizeof(void *));
     b->w0[i] = malloc(b->kern[i].wbytes);
   }
-  uint16_t *scratch = malloc(b->kern[0].wbytes > b->kern[1].wbytes ? b->kern[0].wbytes : b->kern[1].wbytes);
+  uint8_t *scratch = malloc(b->kern[0].wbytes > b->kern[1].wbytes ? b->kern[0].wbytes : b->kern[1].wbytes);
   if (!b->x_host || !table || !b->w[0] || !b->w[1] || !b->w0[0] || !b->w0[1] || !scratch) {
     free(table);
     free(scratch);
@@ -243,13 +290,22 @@ static rt_status gemv_time(gemv_bench *b, int mask, double *out_us) {
   return NULL;
 }
 
+/* Element i (row-major) of kernel kn's weight held at w, exactly. */
+static double weight_value(const gemv_kernel *kn, const uint8_t *w, uint64_t i) {
+  if (kn->dtype != PLAN_BF16) return plan_quant_element(kn->dtype, &kn->q, w, i);
+  uint16_t h;
+  memcpy(&h, w + 2 * i, 2);
+  return bf16_value(h);
+}
+
 /* ||got - ref|| / ||ref|| of y = x . w^T, ref in float64 over the same
- * (bf16) weights. */
-static double gemv_rel_err(const float *x, const uint16_t *w, const float *got, uint64_t n, uint64_t k) {
+ * weights (bf16, or the quantized codes times their scales). */
+static double gemv_rel_err(const gemv_kernel *kn, const float *x, const uint8_t *w, const float *got, uint64_t n,
+                           uint64_t k) {
   double num = 0, den = 0;
   for (uint64_t j = 0; j < n; j++) {
     double ref = 0;
-    for (uint64_t i = 0; i < k; i++) ref += (double)x[i] * bf16_value(w[j * k + i]);
+    for (uint64_t i = 0; i < k; i++) ref += (double)x[i] * weight_value(kn, w, j * k + i);
     double d = (double)got[j] - ref;
     if (isnan(got[j])) return INFINITY;
     num += d * d;
@@ -273,17 +329,17 @@ static rt_status gemv_check(gemv_bench *b, double err[2], int *out_identical) {
     if (!s) s = g->api->stream_sync(g->drv, g->s);
   }
   if (!s) {
-    err[0] = gemv_rel_err(b->x_host, b->w0[0], got[0][0], F, K);
-    err[1] = gemv_rel_err(got[0][0], b->w0[1], got[1][0], K, F);
+    err[0] = gemv_rel_err(&b->kern[0], b->x_host, b->w0[0], got[0][0], F, K);
+    err[1] = gemv_rel_err(&b->kern[1], got[0][0], b->w0[1], got[1][0], K, F);
     *out_identical = memcmp(got[0][0], got[0][1], F * 4) == 0 && memcmp(got[1][0], got[1][1], K * 4) == 0;
   }
   for (int i = 0; i < 4; i++) free(got[i / 2][i % 2]);
   return s;
 }
 
-static void bench_gemv(table *t, gpu *g, const char *root, double copy_bps) {
+static void bench_gemv(table *t, gpu *g, const char *root, const char *name, double copy_bps) {
   char dir[4096], path[4200];
-  snprintf(dir, sizeof dir, "%s/expert-gemv", root);
+  snprintf(dir, sizeof dir, "%s/%s", root, name);
   snprintf(path, sizeof path, "%s/plan.ds4p", dir);
   plan p;
   rt_status s = plan_read(path, &p);
@@ -315,9 +371,10 @@ static void bench_gemv(table *t, gpu *g, const char *root, double copy_bps) {
       double bps = bytes / (us[i] * 1e-6);
       if (i < 2) {
         snprintf(what, sizeof what, "GEMV %s", b.kern[i].label);
-        add_row(t, what, how, "%.0f GB/s (%.2f us, [1,%llu] x [%llu,%llu]^T bf16): %.1f %% of copy", bps * 1e-9,
-                us[i], (unsigned long long)b.kern[i].k, (unsigned long long)b.kern[i].n,
-                (unsigned long long)b.kern[i].k, 100.0 * bps / copy_bps);
+        add_row(t, what, how, "%.0f GB/s (%.2f us, [1,%llu] x [%llu,%llu]^T %s, %.2f MiB): %.1f %% of copy",
+                bps * 1e-9, us[i], (unsigned long long)b.kern[i].k, (unsigned long long)b.kern[i].n,
+                (unsigned long long)b.kern[i].k, plan_dtype_name(b.kern[i].dtype),
+                (double)b.kern[i].wbytes / 1048576.0, 100.0 * bps / copy_bps);
       } else {
         add_row(t, "expert FFN GEMV", how,
                 "%.0f GB/s (%.2f us per GEMV, up and down alternating): %.1f %% of copy (target >= 80 %%)",
@@ -325,7 +382,10 @@ static void bench_gemv(table *t, gpu *g, const char *root, double copy_bps) {
       }
     }
     int ok = err[0] <= GEMV_REL_BOUND && err[1] <= GEMV_REL_BOUND && identical;
-    add_row(t, "GEMV check", "set 0 against float64 on the same bf16 weights; each run twice",
+    char check[120];
+    snprintf(check, sizeof check, "set 0 against float64 on the same %s weights; each run twice",
+             b.kern[0].dtype == b.kern[1].dtype ? plan_dtype_name(b.kern[0].dtype) : "up's and down's");
+    add_row(t, "GEMV check", check,
             "%s: rel err up %.1e, down %.1e (bound %.0e); repeat %s", ok ? "PASS" : "FAIL", err[0], err[1],
             GEMV_REL_BOUND, identical ? "bit-identical" : "DIFFERS");
     if (!ok) t->failed = 1;
@@ -669,13 +729,15 @@ static void bench_launches(table *t, gpu *g, const char *root, uint32_t ordinal)
 /* ---- main ---- */
 
 static int usage(FILE *f, int rc) {
-  fprintf(f, "usage: gpu_bench BUNDLE_DIR [--ordinal N]\n"
-             "  BUNDLE_DIR: what scripts/gpu-bundles.sh makes (out/gpu), with expert-gemv/ and tiny-h200/\n");
+  fprintf(f, "usage: gpu_bench BUNDLE_DIR [--ordinal N] [--gemv NAME]\n"
+             "  BUNDLE_DIR: what scripts/gpu-bundles.sh makes (out/gpu), with expert-gemv/ and tiny-h200/\n"
+             "  --gemv NAME: the expert GEMV bundle BUNDLE_DIR/NAME instead of expert-gemv (its two\n"
+             "               matmuls on bf16, f8e4m3 or mxfp4 weights)\n");
   return rc;
 }
 
 int main(int argc, char **argv) {
-  const char *root = NULL;
+  const char *root = NULL, *gemv = "expert-gemv";
   uint32_t ordinal = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout, 0);
@@ -688,6 +750,12 @@ int main(int argc, char **argv) {
         return usage(stderr, 64);
       }
       ordinal = (uint32_t)v;
+    } else if (!strcmp(argv[i], "--gemv") && i + 1 < argc) {
+      gemv = argv[++i];
+      if (!*gemv || strchr(gemv, '/')) {
+        fprintf(stderr, "gpu_bench: error: --gemv wants a bundle's name under BUNDLE_DIR, not '%s'\n", gemv);
+        return usage(stderr, 64);
+      }
     } else if (argv[i][0] == '-' || root) {
       fprintf(stderr, "gpu_bench: error: unexpected argument '%s'\n", argv[i]);
       return usage(stderr, 64);
@@ -719,9 +787,11 @@ int main(int argc, char **argv) {
     snprintf(how, sizeof how, "cuMemcpyAsync device to device of %.2f GiB: read + written bytes / event-timed median of %d",
              (double)BENCH_COPY_BYTES / 1073741824.0, BENCH_COPY_RUNS);
     add_row(&t, "copy bandwidth", how, "%.0f GB/s", copy_bps * 1e-9);
-    bench_gemv(&t, &g, root, copy_bps);
+    bench_gemv(&t, &g, root, gemv, copy_bps);
   }
-  bench_decode(&t, root, "expert-gemv", "expert-gemv decode step", 1);
+  char what[96];
+  snprintf(what, sizeof what, "%s decode step", gemv);
+  bench_decode(&t, root, gemv, what, 1);
   bench_launches(&t, &g, root, ordinal);
   bench_decode(&t, root, "tiny-h200", "tiny-moe decode step", 0);
   gpu_close(&g);

@@ -116,24 +116,15 @@ static void report_layers(const char *dir, const plan *p) {
 
 /* What the plan compiles to but no machine runs as meant: a device that
  * owns no op (its streams launch nothing and copy nothing: the schedule
- * gave it no work), and a GPU whose arena is more than any board of its
- * arch has, where the schedule states no `memory` to check it against
- * (with one, that is a compile error). */
+ * gave it no work). */
 static void warn(const char *sched, const plan *p) {
   for (uint32_t dv = 0; dv < p->ndevices; dv++) {
     const plan_device *d = &p->devices[dv];
-    const char *name = plan_str(p, d->name), *board = NULL;
     int owns = 0;
     for (uint32_t i = 0; i < p->nops && !owns; i++) owns = p->streams[p->ops[i].stream].device == dv;
     if (!owns)
       fprintf(stderr, "ds4c: warning: %s: device '%s' owns no op (an arena of %llu bytes, no launch)\n", sched,
-              name, (unsigned long long)d->arena_bytes);
-    int64_t most = d->backend == PLAN_BACKEND_CPU ? 0 : memplan_arch_memory(plan_str(p, d->arch), &board);
-    if (!d->memory && most && d->arena_bytes > (uint64_t)most)
-      fprintf(stderr,
-              "ds4c: warning: %s: device '%s' needs an arena of %llu bytes, more than any %s GPU has (%lld: %s); "
-              "the schedule's `memory` for the device makes this an error\n",
-              sched, name, (unsigned long long)d->arena_bytes, plan_str(p, d->arch), (long long)most, board);
+              plan_str(p, d->name), (unsigned long long)d->arena_bytes);
   }
 }
 

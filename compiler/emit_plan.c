@@ -106,10 +106,11 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   in->flags = PLAN_FLAG_GRID_WAIT | (p->decode_plan ? PLAN_FLAG_DECODE : 0);
   in->weight_seed = p->weight_seed;
 
-  /* Integer params only: a float param's value is in the attrs it sets. */
+  /* Integer params only: a float param's value is in the attrs it sets, a
+   * dtype param's in the tensors' dtypes. */
   ALLOC(out->params, p->nparams);
   for (int i = 0; i < p->nparams; i++)
-    if (!p->params[i].is_float)
+    if (!p->params[i].is_float && !p->params[i].is_dtype)
       out->params[out->nparams++] = (plan_param){intern(e, p->params[i].name), 0, p->params[i].value};
 
   ALLOC(out->devices, p->ndevices);

@@ -36,7 +36,7 @@ static int lookup_param(void *ctx, const char *name, int64_t *out) {
       }
   for (int i = 0; i < s->p->nparams; i++)
     if (strcmp(s->p->params[i].name, name) == 0) {
-      if (s->p->params[i].is_float) return 1;
+      if (s->p->params[i].is_float || s->p->params[i].is_dtype) return 1;
       *out = s->p->params[i].value;
       return 0;
     }
@@ -54,14 +54,30 @@ static int lookup_param_float(void *ctx, const char *name, double *out) {
   }
   if (r != 1) return -1;
   for (int i = 0; i < s->p->nparams; i++)
-    if (strcmp(s->p->params[i].name, name) == 0) *out = s->p->params[i].fvalue;
+    if (strcmp(s->p->params[i].name, name) == 0) {
+      if (s->p->params[i].is_dtype) return -1;
+      *out = s->p->params[i].fvalue;
+    }
   return 0;
+}
+
+/* The plan dtype named `name`, or -1. */
+static int dtype_named(const char *name) {
+  for (uint32_t i = 0; i < PLAN_NDTYPE; i++)
+    if (strcmp(name, plan_dtype_name(i)) == 0) return (int)i;
+  return -1;
 }
 
 /* A param is an integer expression, or a float one when it holds a
  * number with a fraction or an exponent or names a float param. */
 static int eval_param(ir_prog *p, const dsl_kv *kv, ir_param *out, dsl_diag *d) {
   scope s = {p, NULL, -1, 0};
+  int dt = dtype_named(kv->value.text);
+  if (dt >= 0) { /* a dtype param: `fp8: f8e4m3` */
+    out->is_dtype = 1;
+    out->dtype = (uint32_t)dt;
+    return 0;
+  }
   dsl_diag scratch = {0};
   if (!dsl_has_float_literal(&kv->value)) {
     if (dsl_eval(&kv->value, lookup_param, &s, &out->value, &scratch) == 0) return 0;
@@ -111,20 +127,29 @@ static int eval_params(ir_prog *p, dsl_diag *d) {
     if (eval_param(p, &m->params[i], pa, d)) return -1;
     pa->name = ir_strdup(m->params[i].key.text);
     p->nparams = i + 1;
-    if (strcmp(pa->name, "tokens") == 0 && !pa->is_float && bind_step(p, pa, d)) return -1;
+    if (strcmp(pa->name, "tokens") == 0 && !pa->is_float && !pa->is_dtype && bind_step(p, pa, d)) return -1;
   }
   return 0;
 }
 
-static int parse_dtype(const dsl_str *s, uint32_t *out, dsl_diag *d) {
-  static const char *names[] = {"f32", "bf16", "f16", "i32"};
-  for (uint32_t i = 0; i < 4; i++)
-    if (strcmp(s->text, names[i]) == 0) {
-      *out = i;
+/* A tensor's dtype: a dtype's name, or a model param that holds one (so
+ * that one description serves bf16 and the release's dtypes). */
+static int parse_dtype(const ir_prog *p, const dsl_str *s, uint32_t *out, dsl_diag *d) {
+  int dt = dtype_named(s->text);
+  if (dt >= 0) {
+    *out = (uint32_t)dt;
+    return 0;
+  }
+  for (int i = 0; i < p->nparams; i++)
+    if (strcmp(p->params[i].name, s->text) == 0) {
+      if (!p->params[i].is_dtype)
+        return dsl_error(d, s->pos, "dtype '%s' names a param that is not a dtype (f32, bf16, f16, i32, f8e4m3, "
+                         "mxfp4)", s->text);
+      *out = p->params[i].dtype;
       return 0;
     }
-  return dsl_error(d, s->pos, "dtype '%s' is not supported by this compiler yet (f32, bf16, f16, i32)",
-                   s->text);
+  return dsl_error(d, s->pos, "dtype '%s' is neither a dtype (f32, bf16, f16, i32, f8e4m3, mxfp4) nor a param "
+                   "naming one", s->text);
 }
 
 static uint32_t parse_role(const char *r) {
@@ -182,7 +207,7 @@ static int make_tensor(ir_prog *p, const dsl_tensor *dt, const char *prefix, con
                      p->tensors[prev].pos.line);
   ir_tensor t = {0};
   t.pos = dt->name.pos;
-  if (parse_dtype(&dt->dtype, &t.dtype, d)) return -1;
+  if (parse_dtype(p, &dt->dtype, &t.dtype, d)) return -1;
   t.role = parse_role(dt->role.text);
   if (dt->ndim < 1 || dt->ndim > IR_MAXDIM)
     return dsl_error(d, dt->pos, "tensor '%s' has %d dimensions (1 to %d supported)", path, dt->ndim,
@@ -198,6 +223,16 @@ static int make_tensor(ir_prog *p, const dsl_tensor *dt, const char *prefix, con
                        i, path, (long long)t.dim[i]);
     if (__builtin_mul_overflow(bytes, t.dim[i], &bytes))
       return dsl_error(d, dt->shape[i].pos, "tensor '%s' is larger than 2^63 bytes", path);
+  }
+  if (plan_dtype_quantized(t.dtype)) {
+    uint64_t dims[IR_MAXDIM];
+    for (int i = 0; i < t.ndim; i++) dims[i] = (uint64_t)t.dim[i];
+    plan_quant q;
+    const char *why = plan_quant_of(t.dtype, (uint32_t)t.ndim, dims, &q);
+    if (!why && t.role != PLAN_WEIGHT) why = "only a weight may be quantized";
+    if (!why && q.stride * q.nmat > INT64_MAX) why = "larger than 2^63 bytes";
+    if (why) return dsl_error(d, dt->dtype.pos, "tensor '%s' cannot be %s: %s", path, dt->dtype.text, why);
+    bytes = (int64_t)(q.stride * q.nmat);
   }
   t.bytes = bytes;
   t.init_offset = 0.0;

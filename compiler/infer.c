@@ -60,12 +60,27 @@ static int expect(const ir_prog *p, const ir_op *op, int i, uint32_t dtype, int 
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__})
 
-/* A weight of embed, matmul, group_matmul, moe_experts or swiglu_ffn: f32,
- * or bf16 (the kernels widen it exactly to f32); then as expect. */
+/* A weight of embed: f32, or bf16 (the kernels widen it exactly to f32);
+ * then as expect. */
 static int expect_weight(const ir_prog *p, const ir_op *op, int i, int ndim, const int64_t *dims, dsl_diag *d) {
   const ir_tensor *t = operand(p, op, i);
   if (t->dtype != PLAN_F32 && t->dtype != PLAN_BF16)
     return declared(d, t, dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' has dtype %s, expected f32 or bf16",
+                                    ir_opkinds[op->kind].name, op->path, operand_name(op, i), t->path,
+                                    plan_dtype_name(t->dtype)));
+  return expect(p, op, i, t->dtype, ndim, dims, d);
+}
+
+/* A weight matrix (or stack of them) of matmul, group_matmul, moe_experts
+ * or swiglu_ffn: f32, bf16, or the release's f8e4m3 or mxfp4, which the
+ * kernels dequantize exactly as they read it; then as expect. A row range
+ * of a 2-D quantized weight would cut its 128-row scale blocks. */
+static int expect_matrix(const ir_prog *p, const ir_op *op, int i, int ndim, const int64_t *dims, dsl_diag *d) {
+  const ir_tensor *t = operand(p, op, i);
+  if (!plan_dtype_quantized(t->dtype)) return expect_weight(p, op, i, ndim, dims, d);
+  if (t->ndim == 2 && i < op->nin && op->in_nrows[i])
+    return declared(d, t, dsl_error(d, operand_pos(op, i), "%s '%s': %s '%s' is a %s matrix; a range of its rows "
+                                    "is not supported (its scales cover blocks of rows)",
                                     ir_opkinds[op->kind].name, op->path, operand_name(op, i), t->path,
                                     plan_dtype_name(t->dtype)));
   return expect(p, op, i, t->dtype, ndim, dims, d);
@@ -166,7 +181,7 @@ static int infer_sink_attention(const ir_prog *p, ir_op *op, dsl_diag *d) {
 
 static int infer_group_matmul(const ir_prog *p, ir_op *op, dsl_diag *d) {
   int64_t K = dim(p, op, 0, 1), N = dim(p, op, 1, 0), Kg = dim(p, op, 1, 1), G = op->iattr[0];
-  if (expect(p, op, 0, PLAN_F32, 2, DIMS(p->tokens, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, -1), d) ||
+  if (expect(p, op, 0, PLAN_F32, 2, DIMS(p->tokens, -1), d) || expect_matrix(p, op, 1, 2, DIMS(-1, -1), d) ||
       expect(p, op, 2, PLAN_F32, 2, DIMS(p->tokens, N), d))
     return -1;
   if (G < 1 || N % G || K != G * Kg)
@@ -279,7 +294,7 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
     }
     case IR_OP_MATMUL: {
       int64_t K = dim(p, op, 0, 1), N = dim(p, op, 1, 0);
-      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, K), d) ||
+      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_matrix(p, op, 1, 2, DIMS(-1, K), d) ||
           expect(p, op, 2, PLAN_F32, 2, DIMS(T, N), d))
         return -1;
       return 0;
@@ -342,8 +357,8 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
     case IR_OP_MOE_EXPERTS: {
       int64_t H = dim(p, op, 0, 1), k = dim(p, op, 1, 1), E = dim(p, op, 2, 0), F = dim(p, op, 2, 1);
       if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect(p, op, 1, PLAN_I32, 2, DIMS(T, -1), d) ||
-          expect_weight(p, op, 2, 3, DIMS(-1, -1, H), d) || expect_weight(p, op, 3, 3, DIMS(E, F, H), d) ||
-          expect_weight(p, op, 4, 3, DIMS(E, H, F), d) || expect(p, op, 5, PLAN_F32, 3, DIMS(T, k, H), d))
+          expect_matrix(p, op, 2, 3, DIMS(-1, -1, H), d) || expect_matrix(p, op, 3, 3, DIMS(E, F, H), d) ||
+          expect_matrix(p, op, 4, 3, DIMS(E, H, F), d) || expect(p, op, 5, PLAN_F32, 3, DIMS(T, k, H), d))
         return -1;
       return check_swiglu_limit(op, d);
     }
@@ -367,8 +382,8 @@ static int infer_op(ir_prog *p, ir_op *op, dsl_diag *d) {
     }
     case IR_OP_SWIGLU_FFN: {
       int64_t H = dim(p, op, 0, 1), F = dim(p, op, 1, 0);
-      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_weight(p, op, 1, 2, DIMS(-1, H), d) ||
-          expect_weight(p, op, 2, 2, DIMS(F, H), d) || expect_weight(p, op, 3, 2, DIMS(H, F), d) ||
+      if (expect(p, op, 0, PLAN_F32, 2, DIMS(T, -1), d) || expect_matrix(p, op, 1, 2, DIMS(-1, H), d) ||
+          expect_matrix(p, op, 2, 2, DIMS(F, H), d) || expect_matrix(p, op, 3, 2, DIMS(H, F), d) ||
           expect(p, op, 4, PLAN_F32, 2, DIMS(T, H), d))
         return -1;
       return check_swiglu_limit(op, d);

@@ -147,6 +147,10 @@ typedef struct ir_param {
   double fvalue; /* a float param's (is_float): only float attrs read it, and
                     it does not go into the plan */
   int is_float;
+  /* a dtype param's (is_dtype): a name of enum plan_dtype that tensors'
+   * dtype fields may name; not in the plan either */
+  int is_dtype;
+  uint32_t dtype;
 } ir_param;
 
 typedef struct ir_prog {

@@ -57,11 +57,14 @@ const char *ds4_template_find(const char *target, const char *kind)
 
 typedef struct kgen_slot {
   const char *name;
-  char dtype; /* 'f': f32, 'i': i32, 'w': a weight in f32 or bf16 */
+  /* 'f': f32, 'i': i32, 'w': a weight in f32 or bf16, 'q': a weight
+   * matrix in f32, bf16, f8e4m3 or mxfp4 (dequantized as it is read) */
+  char dtype;
   const char *dims;
-  /* 'w' only: the define that tells the templates the weight is bf16
-   * (1) or f32 (0); the GPU templates also get <NAME>_T (kgen_gpu.c). */
-  const char *bf16_define;
+  /* 'w' and 'q' only: the define that tells the templates the weight's
+   * dtype, its enum plan_dtype value (the preludes' DS4_DT_*); the GPU
+   * templates also get <NAME>_T (kgen_gpu.c). */
+  const char *dt_define;
 } kgen_slot;
 
 typedef struct kgen_attr {
@@ -85,12 +88,12 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   /* x [T, H], or [T, N, H] for N hyper-connection streams: checked by
    * kgen_specialise_embed */
   [IR_OP_EMBED] = {"embed", 2, 1,
-                   {{"ids", 'i', "T"}, {"table", 'w', "VH", "TABLE_BF16"}, {"x", 'f', "+"}}, 0, {{0}}},
+                   {{"ids", 'i', "T"}, {"table", 'w', "VH", "TABLE_DT"}, {"x", 'f', "+"}}, 0, {{0}}},
   [IR_OP_RMSNORM] = {"rmsnorm", 2, 1,
                      {{"x", 'f', "TH"}, {"w", 'f', "H"}, {"y", 'f', "TH"}},
                      1, {{"eps", 1}}},
   [IR_OP_MATMUL] = {"matmul", 2, 1,
-                    {{"x", 'f', "TK"}, {"w", 'w', "NK", "W_BF16"}, {"y", 'f', "TN"}}, 0, {{0}}},
+                    {{"x", 'f', "TK"}, {"w", 'q', "NK", "W_DT"}, {"y", 'f', "TN"}}, 0, {{0}}},
   [IR_OP_ROPE] = {"rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
                   9, {{"heads", 0}, {"rope_dim", 0}, {"theta", 1}, {"inverse", 0, 1},
                       {"yarn_factor", 1, 1}, {"yarn_orig", 1, 1}, {"yarn_beta_fast", 1, 1},
@@ -107,15 +110,15 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                         {{"logits", 'f', "TE"}, {"idx", 'i', "Tk"}, {"w", 'f', "Tk"}},
                         1, {{"k", 0}}},
   [IR_OP_MOE_EXPERTS] = {"moe_experts", 5, 1,
-                         {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'w', "EFH", "W1_BF16"},
-                          {"w3", 'w', "EFH", "W3_BF16"}, {"w2", 'w', "EHF", "W2_BF16"}, {"slots", 'f', "TkH"}},
+                         {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'q', "EFH", "W1_DT"},
+                          {"w3", 'q', "EFH", "W3_DT"}, {"w2", 'q', "EHF", "W2_DT"}, {"slots", 'f', "TkH"}},
                          1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_MOE_COMBINE] = {"moe_combine", 2, 1,
                          {{"slots", 'f', "TkH"}, {"w", 'f', "Tk"}, {"y", 'f', "TH"}},
                          0, {{0}}},
   [IR_OP_SWIGLU_FFN] = {"swiglu_ffn", 4, 1,
-                        {{"x", 'f', "TH"}, {"w1", 'w', "FH", "W1_BF16"}, {"w3", 'w', "FH", "W3_BF16"},
-                         {"w2", 'w', "HF", "W2_BF16"}, {"y", 'f', "TH"}},
+                        {{"x", 'f', "TH"}, {"w1", 'q', "FH", "W1_DT"}, {"w3", 'q', "FH", "W3_DT"},
+                         {"w2", 'q', "HF", "W2_DT"}, {"y", 'f', "TH"}},
                         1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_ARGMAX] = {"argmax", 1, 1, {{"logits", 'f', "TV"}, {"ids", 'i', "T"}}, 0, {{0}}},
   [IR_OP_SUM_PARTS] = {"sum_parts", 1, 1, {{"parts", 'f', "+"}, {"y", 'f', "+"}},
@@ -151,7 +154,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                                 {"scale", 1}}},
   /* x [T, groups * J], w [N, J]: checked by kgen_specialise */
   [IR_OP_GROUP_MATMUL] = {"group_matmul", 2, 1,
-                          {{"x", 'f', "TK"}, {"w", 'w', "NJ", "W_BF16"}, {"y", 'f', "TN"}},
+                          {{"x", 'f', "TK"}, {"w", 'q', "NJ", "W_DT"}, {"y", 'f', "TN"}},
                           1, {{"groups", 0}}},
   /* c, z [T, C]; rings [R, C] with C = (1 + overlap) * W; bias [ratio, C];
    * entries [N, W]: checked by kgen_specialise */
@@ -174,11 +177,11 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   [IR_OP_SWIGLU_ACT] = {"swiglu_act", 2, 1, {{"g", 'f', "TF"}, {"u", 'f', "TF"}, {"a", 'f', "TF"}},
                         1, {{"swiglu_limit", 1}}},
   [IR_OP_MOE_UP] = {"moe_up", 4, 1,
-                    {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'w', "EFH", "W1_BF16"},
-                     {"w3", 'w', "EFH", "W3_BF16"}, {"act", 'f', "TkF"}},
+                    {{"x", 'f', "TH"}, {"idx", 'i', "Tk"}, {"w1", 'q', "EFH", "W1_DT"},
+                     {"w3", 'q', "EFH", "W3_DT"}, {"act", 'f', "TkF"}},
                     1, {{"swiglu_limit", 1, 1}}},
   [IR_OP_MOE_DOWN] = {"moe_down", 3, 1,
-                      {{"act", 'f', "TkF"}, {"idx", 'i', "Tk"}, {"w2", 'w', "EHF", "W2_BF16"},
+                      {{"act", 'f', "TkF"}, {"idx", 'i', "Tk"}, {"w2", 'q', "EHF", "W2_DT"},
                        {"slots", 'f', "TkH"}},
                       0, {{0}}},
   /* hc_pre and hc_head lowered (lower.c): sums [T, M+1] of the M mixes
@@ -194,7 +197,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           2, {{"eps", 1}, {"hc_eps", 1}}},
   /* two matmuls of one x (lower.c): w1 [N, K] and w2 [M, K] of one dtype */
   [IR_OP_MATMUL_PAIR] = {"matmul_pair", 3, 2,
-                         {{"x", 'f', "TK"}, {"w1", 'w', "NK", "W1_BF16"}, {"w2", 'w', "MK", "W2_BF16"},
+                         {{"x", 'f', "TK"}, {"w1", 'q', "NK", "W1_DT"}, {"w2", 'q', "MK", "W2_DT"},
                           {"y1", 'f', "TN"}, {"y2", 'f', "TM"}},
                          0, {{0}}},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
@@ -209,7 +212,7 @@ static int kgen_has_expert_rows(int kind)
 
 static const char *kgen_dtype_name(uint32_t dtype)
 {
-  static const char *const names[PLAN_NDTYPE] = {"f32", "bf16", "f16", "i32"};
+  static const char *const names[PLAN_NDTYPE] = {"f32", "bf16", "f16", "i32", "f8e4m3", "mxfp4"};
   return dtype < PLAN_NDTYPE ? names[dtype] : "unknown";
 }
 
@@ -319,7 +322,9 @@ static int kgen_check_slot(kgen_ctx *c, int slot)
   const ir_tensor *t = kgen_tensor(c, slot);
   const char *dir = kgen_slot_dir(c, slot);
   const char *kind = c->k->name;
-  int weight = s->dtype == 'w' && t->dtype == PLAN_BF16;
+  int quant = t->dtype == PLAN_F8E4M3 || t->dtype == PLAN_MXFP4;
+  int weight = (s->dtype == 'w' || s->dtype == 'q') && t->dtype == PLAN_BF16;
+  weight |= s->dtype == 'q' && quant;
   if (s->dtype != 'i' && !weight && t->dtype != PLAN_F32 && t->dtype != PLAN_I32)
     return kgen_err(c->d, c->op->pos,
                      "%s: dtype %s not supported by the %s kernels yet (%s %s: %s)",
@@ -328,7 +333,7 @@ static int kgen_check_slot(kgen_ctx *c, int slot)
   if (t->dtype != want && !weight)
     return kgen_err(c->d, c->op->pos, "%s: %s %s (%s) has dtype %s; expected %s%s", kind,
                      dir, s->name, t->path, kgen_dtype_name(t->dtype), kgen_dtype_name(want),
-                     s->dtype == 'w' ? " or bf16" : "");
+                     s->dtype == 'w' ? " or bf16" : s->dtype == 'q' ? ", bf16, f8e4m3 or mxfp4" : "");
   char shape[160];
   kgen_shape_text(t, shape, sizeof shape);
   if (t->ndim < 1 || t->ndim > IR_MAXDIM)
@@ -1056,13 +1061,14 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
-/* Each weight slot's define (TABLE_BF16, W_BF16, W1_BF16, ...): 1 for a
- * bf16 weight, which the templates widen exactly to f32, 0 for f32. */
+/* Each weight slot's define (TABLE_DT, W_DT, W1_DT, ...): its dtype, which
+ * the templates widen exactly to f32 (bf16) or dequantize exactly as they
+ * read it (f8e4m3, mxfp4). */
 static void kgen_def_weight_dtypes(const kgen_ctx *c, kgen_spec *s)
 {
   for (int i = 0; i < c->k->nin; i++)
-    if (c->k->io[i].dtype == 'w')
-      kgen_def_int(s, c->k->io[i].bf16_define, c->view[i].dtype == PLAN_BF16);
+    if (c->k->io[i].dtype == 'w' || c->k->io[i].dtype == 'q')
+      kgen_def_int(s, c->k->io[i].dt_define, c->view[i].dtype);
 }
 
 /* moe_experts: the row of each expert in this launch's weights, -1 for

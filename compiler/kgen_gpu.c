@@ -18,14 +18,16 @@
 
 /* FFN rows whose activations a swiglu_ffn or moe_experts block keeps in
  * shared memory at once (8 KiB); larger F goes in chunks (a multiple of 8,
- * so that every chunk of a w2 row starts 16-byte aligned). */
+ * so that every chunk of a w2 row starts 16-byte aligned, and of 128, so
+ * that it starts a scale block of a quantized w2). */
 #define KGEN_GPU_FFN_CHUNK 2048
 
 /* Per kind: threads per block, threads per dot-product group (0: the kind
  * has none) and the input slots that are weights, whose element type the
- * template takes from <SLOT>_T: float, or the prelude's ds4_bf16 where
- * the shared checks admit a bf16 weight (embed's table, the matmuls' w,
- * the FFNs' w1, w3 and w2; kgen.c also defines <SLOT>_BF16). */
+ * template takes from <SLOT>_T: float, or the prelude's ds4_bf16,
+ * ds4_f8e4m3 or ds4_mxfp4 where the shared checks admit that dtype (bf16:
+ * embed's table, the matmuls' w, the FFNs' w1, w3 and w2; f8e4m3 and
+ * mxfp4: the same but embed's table; kgen.c also defines <SLOT>_DT). */
 typedef struct kgen_gpu_kind {
   int nthreads;
   int lanes;
@@ -155,6 +157,52 @@ static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
   return g->min_blocks ? g->min_blocks : 1;
 }
 
+/* A weight's element type in the templates (prelude.h). */
+static const char *kgen_gpu_weight_type(uint32_t dtype)
+{
+  switch (dtype) {
+  case PLAN_BF16:
+    return "ds4_bf16";
+  case PLAN_F8E4M3:
+    return "ds4_f8e4m3";
+  case PLAN_MXFP4:
+    return "ds4_mxfp4";
+  default:
+    return "float";
+  }
+}
+
+/* A quantized weight's rows are read a chunk of 4 values at a time, the
+ * chunk's codes in one load (4 bytes of f8e4m3, 2 of mxfp4) and the
+ * f32 path's order (prelude.h, ds4_lane_dot), so every row must start on
+ * a chunk: its matrices start 16-byte aligned (plan.h's stride), and a
+ * last dim (cols) that is a multiple of 4 keeps every row there. A chunk
+ * then never crosses a scale block (128 or 32 columns, from a row's
+ * first). Other shapes are refused here rather than read a slower way. */
+static int kgen_gpu_check_quantized(const ir_prog *p, const ir_op *op, const kgen_spec *s, const kgen_gpu_kind *g,
+                                    dsl_diag *d)
+{
+  for (int i = 0; i < s->nin; i++) {
+    uint32_t dt = s->slot_dtype[i];
+    if (!(g->typed_slots & 1u << i) || (dt != PLAN_F8E4M3 && dt != PLAN_MXFP4))
+      continue;
+    ir_tensor t = ir_operand_view(p, op, i);
+    if (t.ndim >= 2 && t.dim[t.ndim - 1] % 4 == 0)
+      continue;
+    char shape[160];
+    size_t used = (size_t)snprintf(shape, sizeof shape, "[");
+    for (int k = 0; k < t.ndim && used < sizeof shape; k++)
+      used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%" PRId64, k ? "," : "", t.dim[k]);
+    if (used < sizeof shape)
+      snprintf(shape + used, sizeof shape - used, "]");
+    return kgen_err(d, op->pos,
+                    "%s: input %s (%s) is %s of shape %s; the GPU kernels read a quantized weight's rows 4 "
+                    "values at a time, so its last dimension must be a multiple of 4",
+                    s->kind, s->slot_name[i], t.path, dt == PLAN_F8E4M3 ? "f8e4m3" : "mxfp4", shape);
+  }
+  return 0;
+}
+
 /* The kind's own defines, and the bytes of the shared arrays its template
  * declares (they must agree: the template sizes them from these defines). */
 static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s, const kgen_gpu_kind *g)
@@ -171,7 +219,7 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
       for (const char *c = s->slot_name[i]; *c && n + 3 < sizeof name; c++)
         name[n++] = (char)toupper((unsigned char)*c);
       memcpy(name + n, "_T", 3);
-      kgen_gpu_define(b, undefs, name, "%s", s->slot_dtype[i] == PLAN_BF16 ? "ds4_bf16" : "float");
+      kgen_gpu_define(b, undefs, name, "%s", kgen_gpu_weight_type(s->slot_dtype[i]));
     }
   switch (s->op->kind) {
   case IR_OP_RMSNORM:
@@ -275,6 +323,11 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   const char *tmpl = ds4_template_find("gpu", s.kind);
   if (!tmpl || !g->nthreads) {
     kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, s.kind);
+    kgen_spec_free(&s);
+    return -1;
+  }
+
+  if (kgen_gpu_check_quantized(p, op, &s, g, d)) {
     kgen_spec_free(&s);
     return -1;
   }

@@ -13,9 +13,9 @@
 
 /* The most memory any board of a GPU arch has: an arena beyond it fits no
  * such GPU. The figures are the vendors' specifications of the largest
- * board of each arch (docs/SCHEDULES.md, "Device memory"). ds4c compile
- * warns when a device whose schedule states no `memory` needs more; the
- * runtime checks the device's own figure when it opens it. */
+ * board of each arch (docs/SCHEDULES.md, "Device memory"). A device whose
+ * schedule states no `memory` is held to its arch's figure at compile
+ * time; the runtime checks the device's own figure when it opens it. */
 typedef struct memplan_arch_bound {
   const char *arch;
   int64_t bytes;
@@ -36,6 +36,24 @@ int64_t memplan_arch_memory(const char *arch, const char **out_board) {
       if (out_board) *out_board = memplan_arch_bounds[i].board;
       return memplan_arch_bounds[i].bytes;
     }
+  return 0;
+}
+
+/* A device's arena must fit its memory: the schedule's `memory`, else
+ * the largest board of a GPU's arch (a cpu device's is the host's, which
+ * the compiler does not know). */
+static int check_fits(const ir_device *dv, int64_t need, dsl_diag *d) {
+  const char *board = NULL;
+  int64_t most = dv->backend == PLAN_BACKEND_CPU ? 0 : memplan_arch_memory(dv->arch, &board);
+  if (dv->memory && need > dv->memory)
+    return dsl_error(d, dv->pos, "device '%s' needs an arena of %lld bytes but has %lld", dv->name, (long long)need,
+                     (long long)dv->memory);
+  if (!dv->memory && most && need > most)
+    return dsl_error(d, dv->pos,
+                     "device '%s' needs an arena of %lld bytes (%.1f GiB), more than any %s GPU has (%lld: %s), by "
+                     "%.1f GiB; `memory` in the schedule states another board's",
+                     dv->name, (long long)need, need / 1073741824.0, dv->arch, (long long)most, board,
+                     (need - most) / 1073741824.0);
   return 0;
 }
 
@@ -222,9 +240,7 @@ int pass_memplan(ir_prog *p, dsl_diag *d) {
   for (int dev = 0; dev < p->ndevices && !rc; dev++) {
     int64_t end = layout_device(p, dev, &r, &acc, list, placed);
     p->devices[dev].arena_bytes = end;
-    if (p->devices[dev].memory && end > p->devices[dev].memory)
-      rc = dsl_error(d, p->devices[dev].pos, "device '%s' needs an arena of %lld bytes but has %lld",
-                     p->devices[dev].name, (long long)end, (long long)p->devices[dev].memory);
+    rc = check_fits(&p->devices[dev], end, d);
   }
   ir_xfree(list);
   ir_xfree(placed);

@@ -189,16 +189,48 @@ static void free_rules(place_rule *r, int n) {
 }
 
 /* "[a:b]" (a < b) or "[a,b,...]" after the op glob. */
-static int parse_selector(place_rule *r, dsl_diag *d) {
+/* A model param's integer value, for the bounds of a selector. */
+static int selector_param(void *ctx, const char *name, int64_t *out) {
+  const ir_prog *p = ctx;
+  for (int i = 0; i < p->nparams; i++)
+    if (strcmp(p->params[i].name, name) == 0) {
+      if (p->params[i].is_float || p->params[i].is_dtype) return 1;
+      *out = p->params[i].value;
+      return 0;
+    }
+  return -1;
+}
+
+/* An expert number of a selector: an integer expression of the model's
+ * params (`experts / 8`), from c up to the next ',' ':' or ']'; *end is
+ * where it stops. */
+static int selector_bound(const ir_prog *p, const dsl_str *g, const char *c, const char **end, long long *out,
+                          dsl_diag *d) {
+  *end = c + strcspn(c, ",:]");
+  if (*end == c) return dsl_error(d, dsl_pos_at(g, (size_t)(c - g->text)), "expected an expert number in the selector");
+  char *text = ir_xrealloc(NULL, (size_t)(*end - c) + 1);
+  memcpy(text, c, (size_t)(*end - c));
+  text[*end - c] = 0;
+  dsl_str e = {text, dsl_pos_at(g, (size_t)(c - g->text))};
+  int64_t v = 0;
+  int rc = dsl_eval(&e, selector_param, (void *)p, &v, d);
+  ir_xfree(text);
+  if (rc) return -1;
+  if (v < 0 || v > 1 << 20)
+    return dsl_error(d, dsl_pos_at(g, (size_t)(c - g->text)), "expert number %lld is out of [0, 2^20]", (long long)v);
+  *out = v;
+  return 0;
+}
+
+static int parse_selector(const ir_prog *p, place_rule *r, dsl_diag *d) {
   const dsl_str *g = &r->src->glob;
   const char *sel = g->text + r->sel_at + 1, *c = sel;
   int64_t v[2];
   int n = 0, range = 0;
   for (;;) {
-    char *end;
-    long long x = strtoll(c, &end, 10);
-    if (end == c || x < 0 || x > 1 << 20)
-      return dsl_error(d, dsl_pos_at(g, (size_t)(c - g->text)), "expected an expert number in the selector");
+    const char *end;
+    long long x = 0;
+    if (selector_bound(p, g, c, &end, &x, d)) return -1;
     r->experts = ir_xrealloc(r->experts, (size_t)(n + 1) * sizeof *r->experts);
     r->experts[n++] = (int)x;
     c = end;
@@ -452,7 +484,7 @@ static int resolve_rules(ir_prog *p, place_rule **out, int *out_n, dsl_diag *d) 
     if (br) {
       ri->sel_at = (size_t)(br - g);
       ri->glob[ri->sel_at] = 0;
-      rc = parse_selector(ri, d);
+      rc = parse_selector(p, ri, d);
     }
     if (!rc && (ri->stream = rule_stream(p, &s->owners[i], d)) < 0) rc = -1;
   }

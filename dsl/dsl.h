@@ -57,7 +57,7 @@ typedef struct dsl_tensor {
   dsl_str name;
   dsl_str *shape; /* expressions: "hidden", "experts/2", "hidden*4", "64" */
   int ndim;
-  dsl_str dtype;      /* f32 bf16 f16 i32 fp8_e4m3 mxfp4 (checked by dsl) */
+  dsl_str dtype;      /* f32 bf16 f16 i32 f8e4m3 mxfp4 (checked by dsl) */
   dsl_str role;       /* input output weight state activation (checked) */
   dsl_str checkpoint; /* optional; "{i}" is replaced by the instance's index */
   dsl_str init_scale, init_offset; /* optional float literals */

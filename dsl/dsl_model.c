@@ -16,8 +16,32 @@ static const char *const block_keys[] = {"name", "carry", "tensors", "ops", NULL
 static const char *const carry_keys[] = {"in", "out", NULL};
 static const char *const op_keys[] = {"name", "op", "in", "out", "attrs", NULL};
 static const char *const layer_keys[] = {"block", "blocks", "name", "from", "repeat", "params", NULL};
-static const char *const dtypes[] = {"f32", "bf16", "f16", "i32", "fp8_e4m3", "mxfp4", NULL};
 static const char *const roles[] = {"input", "output", "weight", "state", "activation", NULL};
+
+static const char *const dtypes[] = {"f32", "bf16", "f16", "i32", "f8e4m3", "mxfp4", NULL};
+
+/* A tensor's dtype is a dtype's name or a model param's, which holds one
+ * (the compiler checks the value); checked once the description is whole,
+ * as an extension may give the param its base's tensors name. */
+static int check_dtype(const dsl_model *m, const dsl_tensor *t, dsl_diag *d) {
+  for (int i = 0; dtypes[i]; i++)
+    if (strcmp(t->dtype.text, dtypes[i]) == 0) return 0;
+  for (int i = 0; i < m->nparams; i++)
+    if (strcmp(t->dtype.text, m->params[i].key.text) == 0) return 0;
+  return dsl_error(d, t->dtype.pos,
+                   "unknown dtype '%.100s' (expected one of: f32, bf16, f16, i32, f8e4m3, mxfp4, or a param naming "
+                   "one)",
+                   t->dtype.text);
+}
+
+static int check_dtypes(const dsl_model *m, dsl_diag *d) {
+  for (int i = 0; i < m->ntensors; i++)
+    if (check_dtype(m, &m->tensors[i], d)) return -1;
+  for (int b = 0; b < m->nblocks; b++)
+    for (int i = 0; i < m->blocks[b].ntensors; i++)
+      if (check_dtype(m, &m->blocks[b].tensors[i], d)) return -1;
+  return 0;
+}
 
 static int oom(dsl_diag *d) {
   return dsl_error(d, (dsl_pos){NULL, 0, 0}, "out of memory");
@@ -60,7 +84,6 @@ static int load_tensor(dy_node *n, dsl_tensor *t, dsl_diag *d) {
   dy_node *shape = dy_need(n, "shape", "tensor", d);
   if (!shape || dy_take_list(shape, "shape", "tensor", &t->shape, &t->ndim, d)) return -1;
   if (dy_take_req(n, "dtype", "tensor", &t->dtype, d)) return -1;
-  if (dy_check_choice(&t->dtype, "dtype", dtypes, d)) return -1;
   if (dy_take_req(n, "role", "tensor", &t->role, d)) return -1;
   if (dy_check_choice(&t->role, "role", roles, d)) return -1;
   if (dy_take_opt(n, "checkpoint", "tensor", &t->checkpoint, d)) return -1;
@@ -345,6 +368,7 @@ static int model_parse_depth(const char *path, const char *text, size_t len, int
   int rc = load_model(root, m, d);
   dy_free(root);
   if (!rc && m->extends.text) rc = apply_extends(m, path, depth, d);
+  if (!rc && depth == 0) rc = check_dtypes(m, d);
   if (rc) {
     dsl_model_free(m);
     return -1;

@@ -24,6 +24,18 @@ static uint64_t row_elems_of(const plan_tensor *t) {
   return row_elems;
 }
 
+/* Every element (1 for a tensor of no dims). */
+static uint64_t elements_of(const plan_tensor *t) {
+  uint64_t n = 1;
+  for (uint32_t d = 0; d < t->ndim; d++) n *= t->dim[d];
+  return n;
+}
+
+/* Weights are staged in units: an element of a plain dtype, a byte of a
+ * quantized one (whose matrices hold codes, then scales, then padding;
+ * plan.h). */
+static uint32_t unit_bytes(uint32_t dtype) { return plan_dtype_quantized(dtype) ? 1 : plan_dtype_size(dtype); }
+
 /* Element i of a view is element (row rows[r] or r, same column) of its
  * source, where r is i's row: so a view holds exactly its source's bytes. */
 static uint64_t view_source_index(const plan *p, const plan_tensor *t, uint64_t i) {
@@ -455,6 +467,10 @@ static rt_status bind_part(rt_bundle *b, uint32_t t, const char *name, uint32_t 
   rt_status s = st_find_checkpoint(b->ckpt, name, &c);
   if (s) return rt_status_wrap(s, "weight '%s' (checkpoint '%s')", plan_str(&b->p, pt->name), name);
   if (!c) return missing_error(b, pt, name);
+  if (plan_dtype_quantized(pt->dtype)) { /* bound as shipped: bind_weight made the part a matrix */
+    s = st_weight_quantized(b->ckpt, c, pt->dtype, dims[0], dims[1], out);
+    return s ? weight_error(b, t, c, s) : NULL;
+  }
   s = st_weight_of(b->ckpt, c, out);
   if (s) return weight_error(b, t, c, s);
   int same = out->ndim == ndim;
@@ -490,11 +506,26 @@ static rt_status bind_weight(rt_bundle *b, uint32_t t) {
     return rt_status_make("weight '%s' (checkpoint '%s'): a name with {e} binds the rows of dim 0, "
                           "and the weight is a scalar",
                           plan_str(&b->p, pt->name), ck);
+  int quant = plan_dtype_quantized(pt->dtype);
+  if (quant && pt->ndim - per_row != 2) {
+    char shape[200];
+    shape_text(pt->dim, pt->ndim, shape, sizeof shape);
+    if (!per_row)
+      return rt_status_make("weight '%s' (checkpoint '%s'): the plan's %s %s is a stack of matrices, and a "
+                            "quantized checkpoint tensor is one matrix: name them with {e}, one per row of dim 0",
+                            plan_str(&b->p, pt->name), ck, plan_dtype_name(pt->dtype), shape);
+    return rt_status_make("weight '%s' (checkpoint '%s'): a row of the plan's %s %s is a stack of matrices, and a "
+                          "quantized checkpoint tensor is one matrix",
+                          plan_str(&b->p, pt->name), ck, plan_dtype_name(pt->dtype), shape);
+  }
   rt_binding *bd = &b->bound[t];
   uint64_t nparts = per_row ? pt->dim[0] : 1;
   bd->parts = calloc(nparts ? nparts : 1, sizeof *bd->parts);
   if (!bd->parts) return rt_status_make("out of memory");
-  bd->part_elems = per_row ? row_elems_of(pt) : pt->bytes / plan_dtype_size(pt->dtype);
+  if (quant) /* a part is one matrix, in bytes */
+    bd->part_elems = per_row ? plan_row_bytes(pt->dtype, pt->ndim, pt->dim) : pt->bytes;
+  else
+    bd->part_elems = per_row ? row_elems_of(pt) : elements_of(pt);
   int cast = 0;
   for (uint64_t e = 0; e < nparts; e++) {
     char *name = per_row ? part_name(ck, e) : (char *)ck;
@@ -635,7 +666,181 @@ static void stage_generator(const rt_bundle *b, uint32_t t, uint64_t i0, uint64_
   }
 }
 
+/* ---- quantized weights: bytes, not elements ----
+ * A quantized weight is staged byte by byte of its layout (plan.h): each
+ * matrix's codes, its E8M0 scale bytes, then zeros up to the stride. A
+ * checkpoint binding copies the file's codes and scales unchanged; the
+ * generator encodes rt_init_value's values under one scale per tensor. */
+
+/* The matrix of weight t's source (its own for a weight that is not a
+ * view) that t's matrix m holds: a view's row r (whole matrices, plan_decode
+ * checked) is its source's row rows[r], or r. */
+static uint64_t source_matrix(const plan *p, const plan_tensor *t, const plan_quant *q, uint64_t m) {
+  if (t->rows == PLAN_NONE) return m;
+  uint64_t per_row = q->nmat / t->dim[0]; /* m < nmat, so dim[0] > 0 */
+  return (uint64_t)p->rows[t->rows + m / per_row] * per_row + m % per_row;
+}
+
+/* The E8M0 scale byte of every block of generated weight w: the least s
+ * for which the format's largest value (448 for E4M3, 6 for E2M1) times
+ * 2^(s-127) reaches |init_offset| + |init_scale|, which bounds every value
+ * (u in [-1, 1)), so that no value saturates: 127 + ceil(log2(bound /
+ * max)), clamped to [0, 254]. */
+static uint8_t generated_scale(const plan_tensor *w) {
+  double max = w->dtype == PLAN_F8E4M3 ? 448.0 : 6.0, bound = fabs(w->init_offset) + fabs(w->init_scale);
+  if (isnan(bound) || bound == 0.0) return 0;
+  if (isinf(bound)) return 254;
+  int k;
+  frexp(bound / max, &k); /* about the least power: exactly, as ldexp is exact */
+  while (k > -300 && ldexp(max, k - 1) >= bound) k--;
+  while (ldexp(max, k) < bound) k++;
+  return (uint8_t)(k < -127 ? 0 : k > 127 ? 254 : k + 127);
+}
+
+/* The E4M3 code nearest x, ties to even, saturating at +-448 (never a NaN
+ * code; NaN becomes 0). */
+static uint8_t e4m3_code(double x) {
+  if (isnan(x)) return 0;
+  uint8_t sign = signbit(x) ? 0x80 : 0;
+  double a = fabs(x);
+  if (a >= 448.0) return sign | 0x7e;
+  if (a == 0.0) return sign;
+  int e;
+  frexp(a, &e);
+  e -= 1; /* a in [2^e, 2^(e+1)) */
+  if (e < -6) e = -6; /* subnormals: multiples of 2^-9 */
+  double q = nearbyint(ldexp(a, 3 - e)); /* in units of 2^(e-3): [0, 16] */
+  if (q >= 16.0) { /* rounded up into the next binade */
+    e++;
+    q = 8.0;
+  }
+  if (q < 8.0) return sign | (uint8_t)q; /* a subnormal (e is -6) */
+  int code = (e + 7) << 3 | ((int)q - 8);
+  return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
+/* The E2M1 code nearest x, ties to even, saturating at +-6 (NaN becomes 0). */
+static uint8_t e2m1_code(double x) {
+  if (isnan(x)) return 0;
+  uint8_t sign = signbit(x) ? 8 : 0;
+  double a = fabs(x);
+  if (a >= 6.0) return sign | 7;
+  if (a == 0.0) return sign;
+  int e;
+  frexp(a, &e);
+  e -= 1;
+  if (e < 0) e = 0; /* 0.5 is the one subnormal */
+  double q = nearbyint(ldexp(a, 1 - e)); /* in units of 2^(e-1): [0, 4] */
+  if (q >= 4.0) {
+    e++;
+    q = 2.0;
+  }
+  if (q < 2.0) return sign | (uint8_t)q;
+  int code = (e + 1) << 1 | ((int)q - 2);
+  return sign | (uint8_t)(code > 7 ? 7 : code);
+}
+
+/* The generator's side of a quantized weight w (not a view). */
+typedef struct quant_gen {
+  const plan_tensor *w;
+  uint64_t key;
+  uint8_t scale;
+  double unscale; /* 2^(127 - scale) */
+} quant_gen;
+
+static void quant_gen_init(quant_gen *g, const rt_bundle *b, const plan_tensor *w) {
+  g->w = w;
+  g->key = rt_uniform_key(b->seed, plan_str(&b->p, w->name));
+  g->scale = generated_scale(w);
+  g->unscale = ldexp(1.0, 127 - (int)g->scale);
+}
+
+/* Code bytes [c0, c1) of source matrix m: rt_init_value's values, encoded. */
+static void generate_codes(const quant_gen *g, const plan_quant *q, uint64_t m, uint64_t c0, uint64_t c1,
+                           uint8_t *dst) {
+  const double off = g->w->init_offset, scale = g->w->init_scale;
+  uint64_t base = m * q->rows * q->cols;
+  if (g->w->dtype == PLAN_F8E4M3) {
+    for (uint64_t c = c0; c < c1; c++)
+      dst[c - c0] = e4m3_code((off + scale * rt_uniform_at(g->key, base + c)) * g->unscale);
+    return;
+  }
+  for (uint64_t c = c0; c < c1; c++) { /* two a byte, the even column low */
+    uint8_t lo = e2m1_code((off + scale * rt_uniform_at(g->key, base + 2 * c)) * g->unscale);
+    uint8_t hi = e2m1_code((off + scale * rt_uniform_at(g->key, base + 2 * c + 1)) * g->unscale);
+    dst[c - c0] = (uint8_t)(lo | hi << 4);
+  }
+}
+
+/* Bytes [off, off + len) of source matrix m (layout q) into dst: from the
+ * binding's part m (a 2-D weight's one part is matrix 0), else from the
+ * generator. */
+static void quant_matrix_bytes(const rt_binding *bd, const quant_gen *g, const plan_quant *q, uint64_t m,
+                               uint64_t off, uint64_t len, uint8_t *dst) {
+  uint64_t end = off + len, scales_end = q->data_bytes + q->scale_rows * q->scale_cols;
+  uint64_t c1 = end < q->data_bytes ? end : q->data_bytes;
+  if (off < c1) {
+    if (bd) memcpy(dst, bd->parts[m].values->data + off, c1 - off);
+    else generate_codes(g, q, m, off, c1, dst);
+  }
+  uint64_t s0 = off > q->data_bytes ? off : q->data_bytes, s1 = end < scales_end ? end : scales_end;
+  if (s0 < s1) {
+    if (bd) memcpy(dst + (s0 - off), bd->parts[m].scale->data + (s0 - q->data_bytes), s1 - s0);
+    else memset(dst + (s0 - off), g->scale, s1 - s0);
+  }
+  uint64_t z0 = off > scales_end ? off : scales_end;
+  if (z0 < end) memset(dst + (z0 - off), 0, end - z0);
+}
+
+/* Bytes [first, first + count) of quantized weight t into dst. */
+static void stage_quant(const rt_bundle *b, uint32_t t, uint64_t first, uint64_t count, uint8_t *dst) {
+  const plan *p = &b->p;
+  const plan_tensor *pt = &p->tensors[t];
+  plan_quant q;
+  plan_quant_of(pt->dtype, pt->ndim, pt->dim, &q); /* plan_decode checked the shape */
+  const rt_binding *bd = binding_of(b, t);
+  quant_gen g = {0};
+  if (!bd) quant_gen_init(&g, b, &p->tensors[value_owner(p, t)]);
+  for (uint64_t o = first; o < first + count;) {
+    uint64_t m = o / q.stride, off = o % q.stride, len = q.stride - off;
+    if (len > first + count - o) len = first + count - o;
+    quant_matrix_bytes(bd, &g, &q, source_matrix(p, pt, &q, m), off, len, dst + (o - first));
+    o += len;
+  }
+}
+
+/* Values [first, first + count) of quantized weight t: what its bytes
+ * hold, code x 2^(s-127), exactly (plan_quant_element), matrix by matrix
+ * from the codes they need and their scales. */
+static rt_status quant_values(const rt_bundle *b, uint32_t t, uint64_t first, uint64_t count, double *out) {
+  const plan_tensor *pt = &b->p.tensors[t];
+  plan_quant q;
+  plan_quant_of(pt->dtype, pt->ndim, pt->dim, &q);
+  if (count == 0) return NULL;
+  uint8_t *mat = malloc(q.stride); /* the pages of codes not asked for stay untouched */
+  if (!mat) return rt_status_make("out of memory for a matrix of weight %s (%llu bytes)", plan_str(&b->p, pt->name),
+                                  (unsigned long long)q.stride);
+  plan_quant one = q;
+  one.nmat = 1;
+  uint64_t per = q.rows * q.cols, nscale = q.scale_rows * q.scale_cols, end = first + count;
+  int fp8 = pt->dtype == PLAN_F8E4M3;
+  for (uint64_t i = first; i < end;) {
+    uint64_t m = i / per, e0 = i % per, e1 = end - i < per - e0 ? e0 + (end - i) : per;
+    uint64_t c0 = fp8 ? e0 : e0 / 2, c1 = fp8 ? e1 : (e1 + 1) / 2;
+    stage_quant(b, t, m * q.stride + c0, c1 - c0, mat + c0);
+    stage_quant(b, t, m * q.stride + q.data_bytes, nscale, mat + q.data_bytes);
+    for (uint64_t e = e0; e < e1; e++) out[i - first + (e - e0)] = plan_quant_element(pt->dtype, &one, mat, e);
+    i += e1 - e0;
+  }
+  free(mat);
+  return NULL;
+}
+
 static rt_status stage_range(const rt_bundle *b, uint32_t t, uint64_t i0, uint64_t m, uint8_t *dst) {
+  if (plan_dtype_quantized(b->p.tensors[t].dtype)) {
+    stage_quant(b, t, i0, m, dst);
+    return NULL;
+  }
   const rt_binding *bd = binding_of(b, t);
   if (bd) return stage_checkpoint(b, t, bd, i0, m, dst);
   stage_generator(b, t, i0, m, dst);
@@ -671,7 +876,7 @@ rt_status rt_weight_stage(const rt_bundle *b, uint32_t t, uint64_t first, uint64
   if (n <= 1) return stage_range(b, t, first, count, dst);
   fill_slice *sl = calloc(n, sizeof *sl);
   if (!sl) return rt_status_make("out of memory");
-  uint32_t esz = plan_dtype_size(b->p.tensors[t].dtype);
+  uint32_t esz = unit_bytes(b->p.tensors[t].dtype);
   for (uint64_t k = 0; k < n; k++) {
     uint64_t a = count * k / n, z = count * (k + 1) / n;
     sl[k] = (fill_slice){.b = b, .t = t, .i0 = first + a, .m = z - a, .dst = (uint8_t *)dst + a * esz};
@@ -714,7 +919,7 @@ static rt_status fill_weights(rt_bundle *b) {
   for (uint32_t t = 0; t < p->ntensors && !s; t++) {
     const plan_tensor *pt = &p->tensors[t];
     if (pt->role != PLAN_WEIGHT || pt->device == PLAN_NONE) continue;
-    uint32_t esz = plan_dtype_size(pt->dtype);
+    uint32_t esz = unit_bytes(pt->dtype);
     uint64_t n = pt->bytes / esz, chunk = STAGE_BYTES / esz;
     if (p->devices[pt->device].backend == PLAN_BACKEND_CPU) {
       s = rt_weight_stage(b, t, 0, n, threads, b->tensor_ptr[t]);
@@ -745,11 +950,12 @@ rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, 
   if (pt->role != PLAN_WEIGHT)
     return rt_status_make("rt_weight_values: tensor %s is not a weight (role %s)",
                           plan_str(p, pt->name), plan_role_name(pt->role));
-  uint64_t n = pt->bytes / plan_dtype_size(pt->dtype);
+  uint64_t n = elements_of(pt);
   if (first > n || count > n - first)
     return rt_status_make("rt_weight_values: elements [%llu, %llu) asked of weight %s, which has %llu",
                           (unsigned long long)first, (unsigned long long)(first + count),
                           plan_str(p, pt->name), (unsigned long long)n);
+  if (plan_dtype_quantized(pt->dtype)) return quant_values(b, tensor, first, count, out);
   const rt_binding *bd = binding_of(b, tensor);
   for (uint64_t i = first; i < first + count;) {
     if (!bd) {

@@ -61,9 +61,16 @@ static double round_bits(double x, int bits, int emin, double maxfinite) {
 
 /* The value as the runtime stores it in a tensor of this dtype: f32 is a
  * (float) cast; bf16 and f16 round to nearest even straight from double;
- * i32 saturates and truncates, NaN to 0. */
+ * i32 saturates and truncates, NaN to 0. A quantized weight's values are
+ * already what its bytes hold: rt_weight_values decodes them exactly
+ * (plan_quant_element), the generator's encoded and the checkpoint's as
+ * shipped. */
 static rt_status round_dtype(double v, uint32_t dtype, double *out) {
   switch (dtype) {
+  case PLAN_F8E4M3:
+  case PLAN_MXFP4:
+    *out = v;
+    return NULL;
   case PLAN_F32:
     *out = (double)(float)v;
     return NULL;

@@ -64,7 +64,10 @@ typedef struct gen_state {
 size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok) {
   const plan_tensor *pt = &p->tensors[t];
   if (pt->ndim == 0 || pt->dim[0] != p->info.tokens) return (size_t)pt->bytes;
-  return (size_t)(pt->bytes / pt->dim[0] * (uint64_t)ntok);
+  /* a row's bytes; a 2-D quantized tensor is one matrix, whole */
+  uint64_t row = plan_row_bytes(pt->dtype, pt->ndim, pt->dim);
+  if (row == 0) return (size_t)pt->bytes;
+  return (size_t)(row * (uint64_t)ntok);
 }
 
 /* One step on bundle b (the prefill or the decode plan's). */

@@ -243,7 +243,7 @@ static uint64_t align_up(uint64_t v) { return (v + PLAN_ALIGN - 1) & ~(uint64_t)
 /* ---- names ------------------------------------------------------------- */
 
 const char *plan_dtype_name(uint32_t dtype) {
-  static const char *const names[] = {"f32", "bf16", "f16", "i32"};
+  static const char *const names[] = {"f32", "bf16", "f16", "i32", "f8e4m3", "mxfp4"};
   return dtype < PLAN_NDTYPE ? names[dtype] : "?";
 }
 
@@ -260,6 +260,90 @@ uint32_t plan_dtype_size(uint32_t dtype) {
   case PLAN_I32: return 4;
   }
   return 0;
+}
+
+int plan_dtype_quantized(uint32_t dtype) { return dtype == PLAN_F8E4M3 || dtype == PLAN_MXFP4; }
+
+static uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+const char *plan_quant_of(uint32_t dtype, uint32_t ndim, const uint64_t *dim, plan_quant *q) {
+  memset(q, 0, sizeof *q);
+  if (!plan_dtype_quantized(dtype)) return "not a quantized dtype";
+  if (ndim < 2 || ndim > PLAN_MAXDIM) return "a quantized weight needs 2 or more dims (its last two a matrix)";
+  q->nmat = 1;
+  for (uint32_t d = 0; d + 2 < ndim; d++)
+    if (__builtin_mul_overflow(q->nmat, dim[d], &q->nmat)) return "more than 2^64 bytes";
+  q->rows = dim[ndim - 2];
+  q->cols = dim[ndim - 1];
+  uint64_t cells;
+  if (__builtin_mul_overflow(q->rows, q->cols, &cells)) return "more than 2^64 bytes";
+  if (dtype == PLAN_F8E4M3) {
+    q->data_bytes = cells;
+    q->scale_rows = ceil_div(q->rows, PLAN_F8_BLOCK);
+    q->scale_cols = ceil_div(q->cols, PLAN_F8_BLOCK);
+  } else {
+    if (q->cols % 2) return "mxfp4 packs two values a byte along the last dim, which must be even";
+    q->data_bytes = cells / 2;
+    q->scale_rows = q->rows;
+    q->scale_cols = ceil_div(q->cols, PLAN_FP4_BLOCK);
+  }
+  uint64_t used = q->data_bytes + q->scale_rows * q->scale_cols; /* below 2 * cells: no overflow */
+  if (used > UINT64_MAX - PLAN_QUANT_ALIGN) return "more than 2^64 bytes";
+  q->stride = ceil_div(used, PLAN_QUANT_ALIGN) * PLAN_QUANT_ALIGN;
+  uint64_t total;
+  if (__builtin_mul_overflow(q->stride, q->nmat, &total)) return "more than 2^64 bytes";
+  return NULL;
+}
+
+uint64_t plan_tensor_bytes(uint32_t dtype, uint32_t ndim, const uint64_t *dim) {
+  if (plan_dtype_quantized(dtype)) {
+    plan_quant q;
+    return plan_quant_of(dtype, ndim, dim, &q) ? 0 : q.stride * q.nmat;
+  }
+  uint64_t bytes = plan_dtype_size(dtype);
+  for (uint32_t d = 0; d < ndim && d < PLAN_MAXDIM; d++)
+    if (__builtin_mul_overflow(bytes, dim[d], &bytes)) return 0;
+  return bytes;
+}
+
+uint64_t plan_row_bytes(uint32_t dtype, uint32_t ndim, const uint64_t *dim) {
+  if (ndim < 1) return 0;
+  if (plan_dtype_quantized(dtype)) {
+    plan_quant q;
+    if (ndim < 3 || plan_quant_of(dtype, ndim, dim, &q)) return 0;
+    /* the matrices of one index of dim 0 (not nmat / dim[0]: dim 0 may be 0) */
+    uint64_t per = q.stride;
+    for (uint32_t d = 1; d + 2 < ndim; d++)
+      if (__builtin_mul_overflow(per, dim[d], &per)) return 0;
+    return per;
+  }
+  return plan_tensor_bytes(dtype, ndim - 1, dim + 1);
+}
+
+double plan_f8e4m3_value(uint8_t code) {
+  int sign = code >> 7, exp = (code >> 3) & 15, man = code & 7;
+  if (exp == 15 && man == 7) return NAN;
+  double v = exp ? ldexp(8 + man, exp - 10) : ldexp(man, -9); /* bias 7, 3 mantissa bits */
+  return sign ? -v : v;
+}
+
+double plan_fp4_value(uint8_t code) {
+  static const double mag[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  double v = mag[code & 7];
+  return code & 8 ? -v : v;
+}
+
+double plan_e8m0_value(uint8_t s) { return s == 255 ? NAN : ldexp(1.0, (int)s - 127); }
+
+double plan_quant_element(uint32_t dtype, const plan_quant *q, const uint8_t *base, uint64_t i) {
+  uint64_t per = q->rows * q->cols, m = i / per, r = i % per / q->cols, c = i % q->cols;
+  const uint8_t *mat = base + m * q->stride, *scales = mat + q->data_bytes;
+  if (dtype == PLAN_F8E4M3)
+    return plan_f8e4m3_value(mat[r * q->cols + c]) *
+           plan_e8m0_value(scales[r / PLAN_F8_BLOCK * q->scale_cols + c / PLAN_F8_BLOCK]);
+  uint8_t byte = mat[(r * q->cols + c) / 2];
+  return plan_fp4_value(c % 2 ? byte >> 4 : byte & 15) *
+         plan_e8m0_value(scales[r * q->scale_cols + c / PLAN_FP4_BLOCK]);
 }
 
 const char *plan_str(const plan *p, uint32_t offset) {
@@ -324,12 +408,14 @@ static rt_status check_tensor(const char *name, const plan *p, uint32_t i) {
   if (t->ndim > PLAN_MAXDIM)
     return rt_status_make("%s: %s: ndim %" PRIu32 " exceeds %d", name, where, t->ndim,
                           PLAN_MAXDIM);
-  uint64_t want = plan_dtype_size(t->dtype);
-  for (uint32_t d = 0; d < t->ndim; d++) {
-    if (t->dim[d] && want > UINT64_MAX / t->dim[d])
-      return rt_status_make("%s: %s: shape overflows 64-bit byte count", name, where);
-    want *= t->dim[d];
-  }
+  plan_quant q;
+  const char *why = plan_dtype_quantized(t->dtype) ? plan_quant_of(t->dtype, t->ndim, t->dim, &q) : NULL;
+  if (why) return rt_status_make("%s: %s: shape cannot hold %s: %s", name, where, plan_dtype_name(t->dtype), why);
+  uint64_t want = plan_tensor_bytes(t->dtype, t->ndim, t->dim);
+  bool empty = false;
+  for (uint32_t d = 0; d < t->ndim; d++) empty |= t->dim[d] == 0;
+  if (want == 0 && !empty && t->dtype < PLAN_NDTYPE)
+    return rt_status_make("%s: %s: shape overflows 64-bit byte count", name, where);
   if (t->bytes != want)
     return rt_status_make("%s: %s: bytes %" PRIu64 " does not match shape and dtype %s (%" PRIu64
                           " bytes)",
@@ -398,6 +484,12 @@ static rt_status check_view(const char *name, const plan *p, uint32_t i) {
                             name, where, d, t->dim[d], si, src->dim[d],
                             d == 0 ? " (a view without rows holds every source row)" : "");
   if (t->rows == PLAN_NONE) return NULL;
+  /* A row of a quantized view must be whole matrices, each with its own
+   * scales: a 2-D one's rows share scale blocks (f8e4m3: 128 rows). */
+  if (plan_dtype_quantized(t->dtype) && t->ndim < 3)
+    return rt_status_make("%s: %s: rows %" PRIu32 " on a %" PRIu32 "-D %s view: the rows of a quantized "
+                          "matrix are not whole matrices (a row list needs 3 or more dims)",
+                          name, where, t->rows, t->ndim, plan_dtype_name(t->dtype));
   if (t->ndim == 0)
     return rt_status_make("%s: %s: rows %" PRIu32 " on a view with no dim 0", name, where,
                           t->rows);
@@ -466,10 +558,13 @@ static rt_status check_arg(const char *name, const plan *p, uint32_t i) {
                           name, where, a->offset, a->bytes, a->tensor, t->bytes);
   /* Kernels index whole elements; a split element would be a misaligned
    * access on every backend. */
-  uint32_t esz = plan_dtype_size(t->dtype);
+  uint64_t esz = plan_dtype_size(t->dtype);
+  plan_quant q;
+  if (plan_dtype_quantized(t->dtype)) /* elements of a quantized tensor are whole matrices */
+    esz = plan_quant_of(t->dtype, t->ndim, t->dim, &q) ? 1 : q.stride;
   if (a->offset % esz || a->bytes % esz)
     return rt_status_make("%s: %s: bytes [%" PRIu64 ", +%" PRIu64 ") of tensor %" PRIu32
-                          " split its %s elements (%" PRIu32 " bytes)",
+                          " split its %s elements (%" PRIu64 " bytes)",
                           name, where, a->offset, a->bytes, a->tensor, plan_dtype_name(t->dtype), esz);
   return NULL;
 }

@@ -17,7 +17,7 @@
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
 #define PLAN_VERSION_MAJOR 3
-#define PLAN_VERSION_MINOR 3
+#define PLAN_VERSION_MINOR 4
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
 /* The largest plan file: plan_encode refuses to make a bigger one and
@@ -105,7 +105,8 @@ typedef struct plan_stream {
   uint32_t device; /* index */
 } plan_stream;
 
-enum plan_dtype { PLAN_F32 = 0, PLAN_BF16, PLAN_F16, PLAN_I32, PLAN_NDTYPE };
+/* f8e4m3 and mxfp4 are the release's quantized weights (plan_quant). */
+enum plan_dtype { PLAN_F32 = 0, PLAN_BF16, PLAN_F16, PLAN_I32, PLAN_F8E4M3, PLAN_MXFP4, PLAN_NDTYPE };
 enum plan_role {
   PLAN_INPUT = 0, PLAN_OUTPUT, PLAN_WEIGHT, PLAN_STATE, PLAN_ACTIVATION, PLAN_NROLE
 };
@@ -223,6 +224,57 @@ void plan_free(plan *p);
 const char *plan_str(const plan *p, uint32_t offset);
 const char *plan_dtype_name(uint32_t dtype);
 const char *plan_role_name(uint32_t role);
+/* Bytes of one element of a plain dtype; 0 for a quantized one (whose
+ * bytes plan_quant gives) or an unknown one. */
 uint32_t plan_dtype_size(uint32_t dtype);
+
+/* ---- quantized weights ----
+ * A tensor of dtype f8e4m3 or mxfp4 is a stack of matrices, its last two
+ * dims [rows, cols], one per index of the dims before them (one matrix
+ * for a 2-D tensor; an expert per row of dim 0 for [E, rows, cols]).
+ * Matrix m starts at byte m * stride and holds, as the release lays out
+ * a weight and its NAME.scale:
+ *   f8e4m3: rows x cols E4M3 codes (row-major), then E8M0 scale bytes
+ *           [ceil(rows/128), ceil(cols/128)], one per 128 x 128 block;
+ *   mxfp4:  rows x cols/2 bytes of E2M1 codes, two a byte (the lower
+ *           nibble the even column), then E8M0 scale bytes
+ *           [rows, ceil(cols/32)], one per 32 values of a row;
+ * then zeros up to stride, a multiple of 16 (PLAN_QUANT_ALIGN) so that
+ * every matrix starts on a 16-byte load. Value (r, c) is code * 2^(s-127)
+ * for its block's scale byte s (255 is NaN; binding refuses it). */
+#define PLAN_QUANT_ALIGN 16
+#define PLAN_F8_BLOCK 128
+#define PLAN_FP4_BLOCK 32
+
+typedef struct plan_quant {
+  uint64_t nmat;                   /* matrices */
+  uint64_t rows, cols;             /* of each */
+  uint64_t data_bytes;             /* its codes */
+  uint64_t scale_rows, scale_cols; /* its scale bytes, after the codes */
+  uint64_t stride;                 /* bytes from one matrix to the next */
+} plan_quant;
+
+int plan_dtype_quantized(uint32_t dtype);
+/* The layout of a quantized tensor of shape dim[ndim]. Returns NULL, or
+ * why the shape cannot hold the dtype (fewer than 2 dims, mxfp4 with an
+ * odd last dim, more than 2^64 bytes), in words for a message. */
+const char *plan_quant_of(uint32_t dtype, uint32_t ndim, const uint64_t *dim, plan_quant *q);
+/* A tensor's bytes for its dtype and shape (any dtype); 0 when the shape
+ * cannot hold it or the count overflows. */
+uint64_t plan_tensor_bytes(uint32_t dtype, uint32_t ndim, const uint64_t *dim);
+/* Bytes of one index of dim 0 (a row; for a quantized tensor of 3 or
+ * more dims, whole matrices); 0 when dim 0 cannot be cut there (a 2-D
+ * quantized tensor is one matrix). */
+uint64_t plan_row_bytes(uint32_t dtype, uint32_t ndim, const uint64_t *dim);
+
+/* Element decoding, exact: an E4M3 code (0x7f and 0xff are NaN, the
+ * format has no infinities), an E2M1 code (its low 4 bits), an E8M0
+ * scale 2^(s-127) (NaN for 255). */
+double plan_f8e4m3_value(uint8_t code);
+double plan_fp4_value(uint8_t code);
+double plan_e8m0_value(uint8_t s);
+/* Element i (row-major over the whole shape) of a quantized tensor of
+ * layout q held at base, exactly. */
+double plan_quant_element(uint32_t dtype, const plan_quant *q, const uint8_t *base, uint64_t i);
 
 #endif

@@ -71,8 +71,11 @@ void rt_bundle_weights(const rt_bundle *b, rt_weights_info *out);
 /* Values [first, first + count) of weight `tensor` as bound at open, before
  * rounding to its dtype: the checkpoint's elements (read again from the
  * file, exactly) or the seeded generator's; a view gives its source's
- * values at the elements it maps to. Never read from device memory, so a
- * reference built from them catches a weight buffer that changed. */
+ * values at the elements it maps to. A quantized weight (f8e4m3, mxfp4)
+ * gives the values its bytes hold, code x 2^(s-127), exactly: the
+ * checkpoint's as shipped, the generator's once encoded (docs/RUNTIME.md).
+ * Never read from device memory, so a reference built from them catches a
+ * weight buffer that changed. */
 rt_status rt_weight_values(const rt_bundle *b, uint32_t tensor, uint64_t first, uint64_t count,
                            double *out);
 

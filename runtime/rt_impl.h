@@ -20,7 +20,8 @@ enum { RT_CMD_TIMESTAMP = PLAN_CMD_WAIT + 1 };
  * (part e holds row e, from the name with e in place of "{e}"). */
 typedef struct rt_binding {
   st_weight *parts;    /* NULL: the seeded generator's values */
-  uint64_t part_elems; /* elements of each part */
+  uint64_t part_elems; /* elements of each part; bytes (one matrix each) for a
+                          quantized weight, whose parts are copied as shipped */
 } rt_binding;
 
 /* One plan command, resolved. */
@@ -171,7 +172,8 @@ static inline double rt_uniform(uint64_t seed, const char *name, uint64_t i) {
 /* bundle.c: elements [first, first + count) of weight t as its dtype into
  * dst (host memory), as bundle open fills them: split into at
  * most `threads` slices staged at once, the values the same for any
- * number (tests compare). */
+ * number (tests compare). For a quantized weight (f8e4m3, mxfp4) first
+ * and count are bytes of its layout (plan.h), codes, scales and padding. */
 rt_status rt_weight_stage(const rt_bundle *b, uint32_t t, uint64_t first, uint64_t count,
                           uint32_t threads, void *dst);
 

@@ -985,3 +985,60 @@ rt_status st_weight_values(const st_weight *w, uint64_t first, uint64_t count, d
   }
   return NULL;
 }
+
+/* ---- quantized weights bound as shipped --------------------------------- */
+
+/* What a checkpoint tensor holds, for a message: its dtype and shape, FP4
+ * packing named when its companion scales make it so. */
+static void holds_text(const st_tensor *t, const st_tensor *sc, char *out, size_t n) {
+  char shape[200];
+  shape_text(t->shape, t->ndim, shape, sizeof shape);
+  int packed = sc && (t->dtype == ST_I8 || t->dtype == ST_U8);
+  snprintf(out, n, "%s%s %s", packed ? "FP4 packed in " : "", st_dtype_name(t->dtype), shape);
+}
+
+rt_status st_weight_quantized(const st_set *s, const st_tensor *t, uint32_t to, uint64_t rows, uint64_t cols,
+                              st_weight *out) {
+  *out = (st_weight){.values = t, .encoding = ST_PLAIN, .ndim = t->ndim, .nelem = t->nelem};
+  memcpy(out->shape, t->shape, sizeof out->shape);
+  int fp8 = to == PLAN_F8E4M3;
+  if (!fp8 && to != PLAN_MXFP4)
+    return rt_status_make("the plan's %s is not a quantized dtype", plan_dtype_name(to));
+  char *sname = scale_name(t->name);
+  if (!sname) return rt_status_make("out of memory");
+  const st_tensor *sc = st_find(s, sname);
+  const uint64_t vals[2] = {rows, fp8 ? cols : cols / 2};
+  const uint64_t scales[2] = {fp8 ? ceil_div(rows, ST_FP8_BLOCK) : rows,
+                              ceil_div(cols, fp8 ? ST_FP8_BLOCK : ST_FP4_BLOCK)};
+  char want[600], have[240];
+  snprintf(want, sizeof want,
+           "the plan's %s [%" PRIu64 ", %" PRIu64 "] binds %s [%" PRIu64 ", %" PRIu64 "] with block scales "
+           "'%s' F8_E8M0 [%" PRIu64 ", %" PRIu64 "]",
+           plan_dtype_name(to), rows, cols, fp8 ? "F8_E4M3" : "FP4 packed in I8 or U8", vals[0], vals[1], sname,
+           scales[0], scales[1]);
+  holds_text(t, sc, have, sizeof have);
+  int codes = fp8 ? t->dtype == ST_F8_E4M3 : t->dtype == ST_I8 || t->dtype == ST_U8;
+  int other_quant = t->dtype == ST_F8_E4M3 || (sc && (t->dtype == ST_I8 || t->dtype == ST_U8));
+  rt_status err = NULL;
+  if (!codes && other_quant)
+    err = rt_status_make("%s is another quantization; %s", have, want);
+  else if (!codes)
+    err = rt_status_make("%s would need quantizing, which binding does not do; %s", have, want);
+  else if (t->ndim != 2 || t->shape[0] != vals[0] || t->shape[1] != vals[1])
+    err = rt_status_make("%s has another shape; %s", have, want);
+  else if (!sc)
+    err = rt_status_make("%s has no block scales ('%s' is not in the checkpoint); %s", have, sname, want);
+  else if (sc->dtype != ST_F8_E8M0 || sc->ndim != 2 || sc->shape[0] != scales[0] || sc->shape[1] != scales[1]) {
+    char sshape[200];
+    shape_text(sc->shape, sc->ndim, sshape, sizeof sshape);
+    err = rt_status_make("%s has block scales '%s' %s %s; %s", have, sname, st_dtype_name(sc->dtype), sshape, want);
+  }
+  free(sname);
+  if (err) return err;
+  RT_TRY(st_weight_of(s, t, out)); /* as checked above: quantized, of shape [rows, cols] */
+  for (uint64_t k = 0; k < sc->nelem; k++)
+    if (sc->data[k] == 255)
+      return rt_status_make("block [%" PRIu64 ", %" PRIu64 "] of scales '%s' is 255, NaN in F8_E8M0",
+                            k / sc->shape[1], k % sc->shape[1], sc->name);
+  return NULL;
+}

@@ -110,6 +110,20 @@ rt_status st_weight_convert(const st_weight *w, uint64_t first, uint64_t count, 
 /* The same elements as doubles, exactly (st_values for a plain tensor). */
 rt_status st_weight_values(const st_weight *w, uint64_t first, uint64_t count, double *out);
 
+/* A checkpoint tensor bound as shipped to one matrix [rows, cols] of a
+ * quantized plan dtype `to` (PLAN_F8E4M3, PLAN_MXFP4), whose bytes binding
+ * copies unchanged (plan.h's layout holds the file's): t must be F8_E4M3
+ * [rows, cols] (f8e4m3), or I8 or U8 [rows, cols/2] holding FP4 two a byte
+ * (mxfp4), with its companion scales (st_weight_of's name) F8_E8M0
+ * [ceil(rows/128), ceil(cols/128)] or [rows, ceil(cols/32)], none of them
+ * 255 (NaN). *out is then st_weight_of's. Otherwise a message naming what
+ * t holds and what the plan's dtype binds ("BF16 [3, 4] would need
+ * quantizing, which binding does not do; the plan's f8e4m3 [3, 4] binds
+ * F8_E4M3 [3, 4] with block scales 'x.scale' F8_E8M0 [1, 1]"), which
+ * callers prefix with the tensor. */
+rt_status st_weight_quantized(const st_set *s, const st_tensor *t, uint32_t to, uint64_t rows, uint64_t cols,
+                              st_weight *out);
+
 /* NULL when elements of dtype `from` can become elements of the plan dtype
  * `to` (enum plan_dtype): the same dtype; BF16 or F16 to f32 (exact); F32
  * to bf16 or f16 (round to nearest, ties to even); I32 or I64 to i32

@@ -35,10 +35,10 @@ done
   { echo "mini GPU schedules: DIFFER"; fail=1; }
 $hf compare $w/mini-h200.bin $w/mini-cpu.bin --vocab 256 --tol 1e-5 | tail -1 || fail=1
 
-step "transformers deepseek_v4 (fp32) on ds4-flash-mini"
+step "transformers deepseek_v4 (fp32) on ds4-flash-mini-bf16 (its checkpoint holds bf16 matrices)"
 $hf make --out $w/hfw --seed 1 --store-bf16 | tail -3 || fail=1
 for s in cpu h200; do
-  $bin/ds4run $o/mini-$s --weights $w/hfw --steps 9 --dump-logits $w/ours-$s.bin > $w/ours-$s.txt || fail=1
+  $bin/ds4run $o/mini-bf16-$s --weights $w/hfw --steps 9 --dump-logits $w/ours-$s.bin > $w/ours-$s.txt || fail=1
   grep -E '^(weights|generated)' $w/ours-$s.txt
 done
 $hf run --weights $w/hfw --ids "$(ids $w/ours-cpu.txt)" --prompt-len 10 --chunk 4 --out $w/hf.bin | tail -2 || fail=1

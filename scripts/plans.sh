@@ -6,7 +6,9 @@
 # it extends. With no option, compiles every pair and writes its text;
 # with --check, compiles every pair into a scratch folder and fails (exit 1)
 # when a committed text is stale, missing or belongs to no shipped pair,
-# printing the command that refreshes them.
+# printing the command that refreshes them. A pair whose plan needs more
+# memory than a device has (ds4c's "needs an arena of" error: the released
+# model on one H200) has no text; the script says so and goes on.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 ds4c="$root/build/ds4c"
@@ -57,6 +59,11 @@ for model in "$root"/models/*.yaml; do
     case "$names" in *" $want "*) ;; *) continue ;; esac
     sname=$(basename "$sched" .yaml)
     if ! log=$("$ds4c" compile "$model" "$sched" -o "$scratch/bundle" 2>&1); then
+      if grep -q "error: device '[^']*' needs an arena of" <<<"$log"; then
+        echo "${model#"$root"/} with ${sched#"$root"/}: does not fit, no plan text:"
+        grep "needs an arena of" <<<"$log" | sed 's/^/  /'
+        continue
+      fi
       echo "plans.sh: error: compiling ${model#"$root"/} with ${sched#"$root"/} failed:" >&2
       echo "$log" >&2
       exit 2

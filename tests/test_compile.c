@@ -745,32 +745,41 @@ static char *compile_on_h200(const char *dir, const char *memory, int want_rc) {
 }
 
 /* ds4c compile warns, naming the schedule, when a device owns no op
- * (ds4-flash-mini under ds4-flash-hotcold: the mini's experts all go to
- * the hot device) and when a GPU whose schedule states no memory needs a
- * larger arena than any board of its arch has (ok.yaml with two 128 GiB
- * weights on one sm_90 device); with `memory` stated, the second is the
- * compile error it always was. */
-START_TEST(ds4c_warns_idle_device_and_oversized_arena) {
-  char tmpl[] = "/tmp/ds4-warn-XXXXXX", cmd[2048], path[600], *out = NULL;
+ * (ds4-flash-mini under ds4-flash-hotcold with every expert hot), and
+ * refuses a GPU arena larger than its memory: the
+ * schedule's `memory`, else the largest board of its arch (ok.yaml with
+ * two 128 GiB weights on one sm_90 device), naming the device, the need
+ * and the limit, and leaving no bundle. */
+START_TEST(ds4c_warns_idle_device_and_refuses_oversized_arena) {
+  char tmpl[] = "/tmp/ds4-warn-XXXXXX", cmd[2048], path[600], want[900], *out = NULL;
   tu_tmpdir_make(tmpl);
-  snprintf(cmd, sizeof cmd,
-           "%s/ds4c compile models/ds4-flash-mini.yaml schedules/ds4-flash-hotcold.yaml -o %s/hc --no-cache 2>&1 "
-           ">/dev/null",
-           tu_build_dir(), tmpl);
+  char *hotcold = tu_slurp("schedules/ds4-flash-hotcold.yaml", NULL);
+  char *allhot = tu_replace_once(hotcold, "experts[0:experts/8] -> hot.main", "experts[0:experts] -> hot.main");
+  snprintf(path, sizeof path, "%s/allhot.yaml", tmpl);
+  tu_write_text(path, allhot);
+  free(hotcold);
+  free(allhot);
+  snprintf(cmd, sizeof cmd, "%s/ds4c compile models/ds4-flash-mini.yaml %s -o %s/hc --no-cache 2>&1 >/dev/null",
+           tu_build_dir(), path, tmpl);
   ck_assert_int_eq(tu_capture(cmd, &out, NULL), 0);
-  ck_assert_str_eq(out, "ds4c: warning: schedules/ds4-flash-hotcold.yaml: device 'cold' owns no op (an arena "
-                        "of 0 bytes, no launch)\n");
+  snprintf(want, sizeof want, "ds4c: warning: %s: device 'cold' owns no op (an arena of 0 bytes, no launch)\n", path);
+  ck_assert_str_eq(out, want);
   free(out);
   size_t n;
   char *model = tu_slurp("tests/cases/compile/ok.yaml", &n);
   char *big = tu_replace_once(model, "hidden: 8, vocab: 16", "hidden: 524288, vocab: 65536");
   snprintf(path, sizeof path, "%s/big.yaml", tmpl);
   tu_write_text(path, big);
-  out = compile_on_h200(tmpl, "", 0);
-  ck_assert_str_eq(out, "ds4c: warning: h200.sched.yaml: device 'gpu0' needs an arena of 274882625664 bytes, "
-                        "more than any sm_90 GPU has (154618822656: NVIDIA H200, 144 GiB of HBM3e); the "
-                        "schedule's `memory` for the device makes this an error\n");
+  out = compile_on_h200(tmpl, "", 1);
+  ck_assert_str_eq(out, "h200.sched.yaml:4:5: error: device 'gpu0' needs an arena of 274882625664 bytes (256.0 GiB), "
+                        "more than any sm_90 GPU has (154618822656: NVIDIA H200, 144 GiB of HBM3e), by 112.0 GiB; "
+                        "`memory` in the schedule states another board's\n"
+                        "    - {name: gpu0, backend: cuda, arch: sm_90, ordinal: 0, bandwidth: 4.8e12, flops: 1.0e15, "
+                        "launch: 4.0e-6}\n"
+                        "      ^\n");
   free(out);
+  snprintf(path, sizeof path, "%s/b", tmpl);
+  ck_assert_int_ne(access(path, F_OK), 0);
   out = compile_on_h200(tmpl, ", memory: 100000000000", 1);
   ck_assert_str_eq(out, "h200.sched.yaml:4:5: error: device 'gpu0' needs an arena of 274882625664 bytes but has "
                         "100000000000\n"
@@ -801,7 +810,7 @@ int main(void) {
   tcase_add_test(tc, kernel_cache_hits_and_repairs);
   tcase_add_test(tc, ds4c_finds_its_cache);
   tcase_add_test(tc, ds4c_reports_layer_launches);
-  tcase_add_test(tc, ds4c_warns_idle_device_and_oversized_arena);
+  tcase_add_test(tc, ds4c_warns_idle_device_and_refuses_oversized_arena);
   tcase_add_test(tc, cpu_retargets_every_device);
   tcase_add_test(tc, decode_plan_differs_in_shapes_and_grids_only);
   tcase_add_test(tc, step_shapes_from_the_schedule);

@@ -253,20 +253,29 @@ END_TEST
 
 /* The released model with the hot/cold AMD schedule plans and verifies:
  * every layer's experts split between the two devices, each part lowered
- * into its two GPU launches (lower.c), the head there;
+ * into its two GPU launches (lower.c), the head there, each device's
+ * arena within its board; ds4-flash-2xh200 puts it into two H200s;
  * ds4-flash-slice with ds4-flash-h200 fits one H200's 139 GiB. */
 START_TEST(released_model_plans) {
   make_tmpdir();
   ir_prog *p = plan_of("models/deepseek-v4-flash.yaml", "schedules/ds4-flash-hotcold.yaml");
   ck_assert_int_eq(p->ndevices, 2);
-  ck_assert(has_op(p, "layers.0.ffn.experts[0:8].up"));
-  ck_assert(has_op(p, "layers.0.ffn.experts[0:8].down"));
-  ck_assert(has_op(p, "layers.42.ffn.experts[8:256].up"));
-  ck_assert(has_op(p, "layers.42.ffn.experts[8:256].down"));
-  ck_assert(!has_op(p, "layers.0.ffn.experts[0:8]"));
+  ck_assert(has_op(p, "layers.0.ffn.experts[0:32].up"));
+  ck_assert(has_op(p, "layers.0.ffn.experts[0:32].down"));
+  ck_assert(has_op(p, "layers.42.ffn.experts[32:256].up"));
+  ck_assert(has_op(p, "layers.42.ffn.experts[32:256].down"));
+  ck_assert(!has_op(p, "layers.0.ffn.experts[0:32]"));
   ck_assert(has_op(p, "layers.42.attn.csa.indexer.select"));
   ck_assert(has_op(p, "layers.41.attn.hca.compressor.pool"));
   ck_assert(has_op(p, "head.lm_head"));
+  /* In the release's dtypes: hot within an R9700, cold within a Strix Halo. */
+  ck_assert_int_le(p->devices[0].arena_bytes, 32ll << 30);
+  ck_assert_int_le(p->devices[1].arena_bytes, 128ll << 30);
+  ds4c_prog_free(p);
+  p = plan_of("models/deepseek-v4-flash.yaml", "schedules/ds4-flash-2xh200.yaml");
+  ck_assert_int_eq(p->ndevices, 2);
+  ck_assert_int_le(p->devices[0].arena_bytes, 144ll << 30);
+  ck_assert_int_le(p->devices[1].arena_bytes, 144ll << 30);
   ds4c_prog_free(p);
   p = plan_of("models/ds4-flash-slice.yaml", "schedules/ds4-flash-h200.yaml");
   ck_assert_int_eq(p->ndevices, 1);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "emit.h"
+#include "inspect.h"
 #include "kgen.h"
 #include "pipeline.h"
 #include "templates.h"
@@ -69,13 +70,11 @@ static void kt_add(kt *k, int out, uint32_t dtype, int ndim, ...)
   t->ndim = ndim;
   va_list ap;
   va_start(ap, ndim);
-  int64_t n = 1;
-  for (int j = 0; j < ndim; j++) {
-    t->dim[j] = va_arg(ap, int64_t);
-    n *= t->dim[j];
-  }
+  uint64_t dims[IR_MAXDIM];
+  for (int j = 0; j < ndim; j++)
+    dims[j] = (uint64_t)(t->dim[j] = va_arg(ap, int64_t));
   va_end(ap);
-  t->bytes = n * plan_dtype_size(dtype);
+  t->bytes = (int64_t)plan_tensor_bytes(dtype, (uint32_t)ndim, dims); /* a quantized one's matrices too */
   if (out)
     k->op.out[k->op.nout++] = i;
   else
@@ -462,7 +461,7 @@ START_TEST(test_matmul_bf16)
   built b;
   build(&k, &b);
   ck_assert_uint_eq(b.kk.grid, 19);
-  ck_assert_ptr_nonnull(strstr(b.kk.source, "#define W_BF16 ((int64_t)1)\n"));
+  ck_assert_ptr_nonnull(strstr(b.kk.source, "#define W_DT ((int64_t)1)\n"));
   bufs bs;
   bufs_alloc(&bs, &k);
   uint16_t *w = bs.b[1];
@@ -1570,8 +1569,8 @@ static void bf16_case(const kt *k32, unsigned wslots, int32_t ibound)
   build(&k16, &b16);
   ck_assert_uint_eq(b16.kk.grid, b32.kk.grid);
   ck_assert_str_ne(b16.kk.symbol, b32.kk.symbol);
-  ck_assert_ptr_null(strstr(b32.kk.source, "_BF16 ((int64_t)1)\n"));
-  ck_assert_ptr_nonnull(strstr(b16.kk.source, "_BF16 ((int64_t)1)\n"));
+  ck_assert_ptr_null(strstr(b32.kk.source, "_DT ((int64_t)1)\n"));
+  ck_assert_ptr_nonnull(strstr(b16.kk.source, "_DT ((int64_t)1)\n"));
   bufs s32, s16;
   bufs_alloc(&s32, &a);
   bufs_alloc(&s16, &k16);
@@ -2567,7 +2566,7 @@ START_TEST(test_errors)
   /* The weight may be f32 or bf16; nothing else, and no other operand. */
   k.tensors[1].dim[1] = 8;
   k.tensors[1].dtype = PLAN_I32;
-  expect_error(&k, "matmul: input w (t1) has dtype i32; expected f32 or bf16");
+  expect_error(&k, "matmul: input w (t1) has dtype i32; expected f32, bf16, f8e4m3 or mxfp4");
   k.tensors[1].dtype = PLAN_F16;
   expect_error(&k, "matmul: dtype f16 not supported by the host kernels yet (input w: t1)");
   k.tensors[1].dtype = PLAN_BF16;
@@ -2635,7 +2634,7 @@ START_TEST(test_errors)
   expect_error(&k, "moe_experts: input idx (t1) has dtype bf16; expected i32");
   k.tensors[1].dtype = PLAN_I32;
   k.tensors[4].dtype = PLAN_I32;
-  expect_error(&k, "moe_experts: input w2 (t4) has dtype i32; expected f32 or bf16");
+  expect_error(&k, "moe_experts: input w2 (t4) has dtype i32; expected f32, bf16, f8e4m3 or mxfp4");
   k.tensors[4].dtype = PLAN_F16;
   expect_error(&k, "moe_experts: dtype f16 not supported by the host kernels yet (input w2: t4)");
   k.tensors[4].dtype = PLAN_BF16;
@@ -2736,7 +2735,7 @@ START_TEST(test_errors)
   k.tensors[1].dim[0] = 21;
   k.tensors[2].dim[1] = 21;
   k.tensors[1].dtype = PLAN_I32;
-  expect_error(&k, "group_matmul: input w (t1) has dtype i32; expected f32 or bf16");
+  expect_error(&k, "group_matmul: input w (t1) has dtype i32; expected f32, bf16, f8e4m3 or mxfp4");
   k.tensors[1].dtype = PLAN_BF16;
   k.tensors[0].dtype = PLAN_BF16;
   expect_error(&k, "group_matmul: dtype bf16 not supported by the host kernels yet (input x: t0)");
@@ -3775,8 +3774,8 @@ END_TEST
  * heads wider than a block, a split expert op, an ffn in two chunks,
  * moe_experts as lowered for a GPU), as one program for
  * emit_kernels_build. */
-#define MP_MAXT 224
-#define MP_MAXOPS 56
+#define MP_MAXT 320
+#define MP_MAXOPS 72
 
 typedef struct mprog {
   ir_tensor tensors[MP_MAXT];
@@ -4022,6 +4021,66 @@ static void mp_all_kinds(mprog *m)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)36);
     mp_take(m, &k);
   }
+  /* Quantized weights in every kind that takes them: a matmul of each
+   * dtype, the mxfp4 one wide (two columns a warp, x staged), a pair, a
+   * wide grouped one, the shared expert in two chunks of ffn rows, a split
+   * moe_experts, moe_up with the gate and up rows of one dtype (in flight
+   * together) and of two, moe_down. */
+  for (int fp4 = 0; fp4 < 2; fp4++) {
+    int64_t n = fp4 ? 8200 : 150;
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    kt_add(&k, 0, fp4 ? PLAN_MXFP4 : PLAN_F8E4M3, 2, n, (int64_t)64);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, n);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_MATMUL_PAIR);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)150, (int64_t)64);
+  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)40, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)40);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_GROUP_MATMUL);
+  k.op.iattr[0] = 2;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)128);
+  kt_add(&k, 0, PLAN_MXFP4, 2, (int64_t)8224, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8224);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  k.op.fattr[0] = 10.0;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)2100, (int64_t)64);
+  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)2100, (int64_t)64);
+  kt_add(&k, 0, PLAN_MXFP4, 2, (int64_t)64, (int64_t)2100);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
+  kt_init(&k, IR_OP_MOE_EXPERTS);
+  k.op.expert_row = split_rows;
+  k.op.nexperts = 8;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_MXFP4, 3, (int64_t)2, (int64_t)32, (int64_t)64);
+  kt_add(&k, 0, PLAN_MXFP4, 3, (int64_t)2, (int64_t)32, (int64_t)64);
+  kt_add(&k, 0, PLAN_MXFP4, 3, (int64_t)2, (int64_t)64, (int64_t)32);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+  mp_take(m, &k);
+  for (int mixed = 0; mixed < 2; mixed++) {
+    kt_init(&k, IR_OP_MOE_UP);
+    k.op.fattr[0] = 10.0;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+    kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+    kt_add(&k, 0, PLAN_MXFP4, 3, (int64_t)5, (int64_t)24, (int64_t)64);
+    kt_add(&k, 0, mixed ? PLAN_F8E4M3 : PLAN_MXFP4, 3, (int64_t)5, (int64_t)24, (int64_t)64);
+    kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
+    mp_take(m, &k);
+  }
+  kt_init(&k, IR_OP_MOE_DOWN);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_F8E4M3, 3, (int64_t)5, (int64_t)64, (int64_t)24);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+  mp_take(m, &k);
   swiglu_act_op(&k, 4, 300, 10.0); /* a partial second tile, clamped */
   mp_take(m, &k);
   swiglu_act_op(&k, 4, 64, 0.0);
@@ -4064,23 +4123,30 @@ START_TEST(test_gpu_templates)
 }
 END_TEST
 
-/* Each weight's element type and dtype flag in a GPU kernel's source:
- * ds4_bf16 and 1 for a bf16 weight, float and 0 for f32. */
+/* Each weight's element type and dtype define in a GPU kernel's source:
+ * float and 0 for f32, ds4_bf16 and 1 for bf16, ds4_f8e4m3 and 4,
+ * ds4_mxfp4 and 5. */
 static void gpu_check_weight_types(const ir_prog *p, const ir_op *op, const char *source)
 {
   static const struct {
     int kind, slot;
     const char *name;
-  } weights[] = {{IR_OP_EMBED, 1, "TABLE"}, {IR_OP_MATMUL, 1, "W"},        {IR_OP_GROUP_MATMUL, 1, "W"},
-                 {IR_OP_MOE_EXPERTS, 2, "W1"}, {IR_OP_MOE_EXPERTS, 3, "W3"}, {IR_OP_MOE_EXPERTS, 4, "W2"},
-                 {IR_OP_SWIGLU_FFN, 1, "W1"},  {IR_OP_SWIGLU_FFN, 2, "W3"},  {IR_OP_SWIGLU_FFN, 3, "W2"}};
+  } weights[] = {{IR_OP_EMBED, 1, "TABLE"},     {IR_OP_MATMUL, 1, "W"},        {IR_OP_GROUP_MATMUL, 1, "W"},
+                 {IR_OP_MOE_EXPERTS, 2, "W1"},  {IR_OP_MOE_EXPERTS, 3, "W3"},  {IR_OP_MOE_EXPERTS, 4, "W2"},
+                 {IR_OP_SWIGLU_FFN, 1, "W1"},   {IR_OP_SWIGLU_FFN, 2, "W3"},   {IR_OP_SWIGLU_FFN, 3, "W2"},
+                 {IR_OP_MATMUL_PAIR, 1, "W1"},  {IR_OP_MATMUL_PAIR, 2, "W2"},  {IR_OP_MOE_UP, 2, "W1"},
+                 {IR_OP_MOE_UP, 3, "W3"},       {IR_OP_MOE_DOWN, 2, "W2"}};
   for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
     if (weights[i].kind != op->kind)
       continue;
-    int bf16 = p->tensors[op->in[weights[i].slot]].dtype == PLAN_BF16;
+    uint32_t dt = p->tensors[op->in[weights[i].slot]].dtype;
+    const char *name = dt == PLAN_BF16      ? "ds4_bf16"
+                       : dt == PLAN_F8E4M3 ? "ds4_f8e4m3"
+                       : dt == PLAN_MXFP4  ? "ds4_mxfp4"
+                                           : "float";
     char type[64], flag[64];
-    snprintf(type, sizeof type, "#define %s_T %s\n", weights[i].name, bf16 ? "ds4_bf16" : "float");
-    snprintf(flag, sizeof flag, "#define %s_BF16 ((int64_t)%d)\n", weights[i].name, bf16);
+    snprintf(type, sizeof type, "#define %s_T %s\n", weights[i].name, name);
+    snprintf(flag, sizeof flag, "#define %s_DT ((int64_t)%u)\n", weights[i].name, dt);
     ck_assert_msg(strstr(source, type) && strstr(source, flag), "%s: lacks \"%s\" or \"%s\"", op->path, type,
                   flag);
   }
@@ -4292,6 +4358,21 @@ START_TEST(test_gpu_build)
       ck_assert_msg(strstr(ptx, entry) != NULL, "sm_90.ptx lacks %s", entry);
     }
     free(ptx);
+    /* and no kernel uses local memory or a stack (no spills) */
+    snprintf(path, sizeof path, "%s/kernels/sm_90.cubin", a);
+    size_t len;
+    char *cubin = read_all(path, &len);
+    insp_codeobj co;
+    rt_status st = insp_read_codeobj(path, (const uint8_t *)cubin, len, &co);
+    ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+    for (int j = 0; j < ka.nkernels; j++) {
+      const insp_kernel *ik = insp_find_kernel(&co, ka.kernels[j].symbol);
+      ck_assert_msg(ik != NULL, "sm_90.cubin lacks %s", ka.kernels[j].symbol);
+      ck_assert_msg(ik->local == 0 && ik->stack == 0, "sm_90: %s (%s) has %lld bytes of local memory, a stack of %lld",
+                    ik->symbol, ka.kernels[j].kind, (long long)ik->local, (long long)ik->stack);
+    }
+    insp_codeobj_free(&co);
+    free(cubin);
   }
 
   /* Built again elsewhere: the same bytes. */
@@ -4843,6 +4924,418 @@ START_TEST(test_gpu_moe_lowered)
 }
 END_TEST
 
+/* ---- quantized weights (f8e4m3, mxfp4), on the host and on the GPU ---- */
+
+static uint32_t rnd_bits(void) /* 32 random bits, deterministic */
+{
+  g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(g_rng >> 32);
+}
+
+/* Scale bytes that take every path of the kernels' dequantization: the
+ * smallest (2^-127, a subnormal scale), the edges of the GPU's one-multiply
+ * path (E4M3 up to 134, E2M1 up to 128) and past them, and the largest,
+ * 254 (2^127). */
+static const uint8_t g_special_scales[] = {0, 1, 2, 7, 100, 126, 127, 128, 129, 134, 135, 140, 200, 254};
+#define NSPECIAL ((int)(sizeof g_special_scales / sizeof g_special_scales[0]))
+
+/* A random code of a quantized dtype that is not a NaN (E4M3 0x7f and
+ * 0xff); with small, a zero (7 in 8) or one of the smallest magnitudes
+ * (an E4M3 subnormal, E2M1 0.5), so that under a scale of up to 2^127 a
+ * row's sums stay finite. */
+static uint8_t rnd_code(uint32_t dt, int small)
+{
+  uint32_t r = rnd_bits();
+  uint8_t c = (uint8_t)(r >> 24), sign = (uint8_t)(r >> 8 & 1);
+  if (small) {
+    int zero = (r >> 4 & 7) != 0;
+    if (dt == PLAN_MXFP4)
+      return (uint8_t)(sign << 3 | (zero ? 0 : 1));
+    return (uint8_t)(sign << 7 | (zero ? 0 : 1 + (r >> 16) % 7));
+  }
+  if (dt == PLAN_MXFP4)
+    return c & 15;
+  return (c & 0x7f) == 0x7f ? c & 0xf7 : c; /* a NaN code: another */
+}
+
+/* A random weight of quantized dtype dt and t's shape at base (every
+ * matrix: codes, scale bytes, zero padding): scales in [120, 130], or
+ * with special g_special_scales in turn from a random one (a block of
+ * scale 200 or more takes rnd_code's small codes); and the same values
+ * dequantized, element by element as runtime/plan.c reads them, into w32
+ * (t's elements as f32: each exact, or rounded once where a large scale
+ * takes it past f32's range). */
+static void quant_fill(void *base, float *w32, uint32_t dt, const ir_tensor *t, int special)
+{
+  uint64_t dims[IR_MAXDIM];
+  for (int i = 0; i < t->ndim; i++)
+    dims[i] = (uint64_t)t->dim[i];
+  plan_quant q;
+  const char *why = plan_quant_of(dt, (uint32_t)t->ndim, dims, &q);
+  ck_assert_msg(why == NULL, "%s", why);
+  ck_assert_uint_eq(q.stride * q.nmat, (uint64_t)t->bytes);
+  memset(base, 0, (size_t)t->bytes);
+  int f8 = dt == PLAN_F8E4M3;
+  uint32_t first = rnd_bits() % NSPECIAL; /* a small matrix has one block */
+  uint64_t br = f8 ? PLAN_F8_BLOCK : 1, bc = f8 ? PLAN_F8_BLOCK : PLAN_FP4_BLOCK;
+  for (uint64_t m = 0; m < q.nmat; m++) {
+    uint8_t *mat = (uint8_t *)base + m * q.stride, *scales = mat + q.data_bytes;
+    for (uint64_t i = 0; i < q.scale_rows * q.scale_cols; i++)
+      scales[i] = special ? g_special_scales[(first + m * 5 + i) % NSPECIAL] : (uint8_t)(120 + rnd_bits() % 11);
+    for (uint64_t r = 0; r < q.rows; r++)
+      for (uint64_t c = 0; c < q.cols; c++) {
+        uint8_t code = rnd_code(dt, scales[r / br * q.scale_cols + c / bc] >= 200);
+        if (f8)
+          mat[r * q.cols + c] = code;
+        else
+          mat[(r * q.cols + c) / 2] |= (uint8_t)(c % 2 ? code << 4 : code);
+      }
+  }
+  for (uint64_t i = 0; i < q.nmat * q.rows * q.cols; i++)
+    w32[i] = (float)plan_quant_element(dt, &q, base, i);
+}
+
+/* The dtypes of one run of quant_case: per input slot, PLAN_F32 to keep
+ * the f32 operand (i32 ones are the i32 inputs), else bf16, f8e4m3 or
+ * mxfp4; and whether the scales are the special ones. */
+typedef struct qvariant {
+  uint32_t dt[IR_MAXIO];
+  int special;
+} qvariant;
+
+/* The four runs every weight slot of wslots in one quantized dtype: f8e4m3
+ * and mxfp4, each with ordinary and with special scales. */
+static int qvariants(unsigned wslots, qvariant *out)
+{
+  for (int v = 0; v < 4; v++) {
+    memset(&out[v], 0, sizeof out[v]);
+    for (int i = 0; i < IR_MAXIO; i++)
+      out[v].dt[i] = wslots & 1u << i ? (v < 2 ? PLAN_F8E4M3 : PLAN_MXFP4) : PLAN_F32;
+    out[v].special = v % 2;
+  }
+  return 4;
+}
+
+/* Op k32 (f32 weights) against the same op with its weights of each
+ * variant's dtypes, on the host or (gpu) on the GPU (its kernels on host
+ * threads): for quantized (and bf16) weights the kernel must give, bit for
+ * bit, what the same target's f32 kernel gives for f32 weights holding the
+ * dequantized (widened) values, at every step (g_steps; two on the GPU),
+ * in either block order (on the GPU, where a launch is slow, the f32
+ * kernel's blocks ascending and the other's descending); on the GPU also
+ * with every operand 4 bytes off its 16-byte alignment (read a value at a
+ * time, in the same order). The kernel's symbol differs from the f32
+ * one's and its source says the dtypes. i32 inputs take
+ * rnd_index(ibound). */
+static void quant_case(const kt *k32, int32_t ibound, int gpu, const qvariant *vars, int nvars)
+{
+  int nin = k32->op.nin, nbuf = k32->prog.ntensors;
+  chain_kernel c32 = {.op = *k32};
+  c32.op.prog.tensors = c32.op.tensors;
+  chain_build(&c32, gpu);
+  const kgen_kernel *kk32 = gpu ? &c32.gpu->kk : &c32.host.kk;
+  bufs s32, sq;
+  bufs_alloc(&s32, &c32.op);
+  const int(*steps)[2] = gpu ? g_gpu_steps : g_steps;
+  int nsteps = gpu ? 2 : NSTEPS;
+  for (int v = 0; v < nvars; v++) {
+    chain_kernel cq = {.op = *k32};
+    cq.op.prog.tensors = cq.op.tensors;
+    for (int i = 0; i < nin; i++) {
+      ir_tensor *t = &cq.op.tensors[i];
+      if (vars[v].dt[i] == PLAN_F32 || t->dtype == PLAN_I32)
+        continue;
+      ck_assert_int_eq(t->dtype, PLAN_F32);
+      uint64_t dims[IR_MAXDIM];
+      for (int j = 0; j < t->ndim; j++)
+        dims[j] = (uint64_t)t->dim[j];
+      t->dtype = vars[v].dt[i];
+      t->bytes = (int64_t)plan_tensor_bytes(t->dtype, (uint32_t)t->ndim, dims);
+      ck_assert_int_gt(t->bytes, 0);
+    }
+    chain_build(&cq, gpu);
+    const kgen_kernel *kq = gpu ? &cq.gpu->kk : &cq.host.kk;
+    ck_assert_uint_eq(kq->grid, kk32->grid);
+    ck_assert_str_ne(kq->symbol, kk32->symbol);
+    for (int i = 0; i < nin; i++) {
+      uint32_t dt = cq.op.tensors[i].dtype;
+      if (dt != PLAN_F8E4M3 && dt != PLAN_MXFP4)
+        continue;
+      char want[64];
+      snprintf(want, sizeof want, "_DT ((int64_t)%u)\n", dt);
+      ck_assert_msg(strstr(kq->source, want) != NULL, "%s lacks \"%s\"", kq->symbol, want);
+      if (gpu)
+        ck_assert_ptr_nonnull(strstr(kq->source, dt == PLAN_F8E4M3 ? "_T ds4_f8e4m3\n" : "_T ds4_mxfp4\n"));
+    }
+    bufs_alloc(&sq, &cq.op);
+    char dtypes[128] = "";
+    for (int i = 0; i < nin; i++)
+      snprintf(dtypes + strlen(dtypes), sizeof dtypes - strlen(dtypes), "%s%s", i ? " " : "",
+               plan_dtype_name(cq.op.tensors[i].dtype));
+    int finite = 0;
+    for (int st = 0; st < nsteps; st++) {
+      int pos = steps[st][0], ntok = steps[st][1];
+      for (int i = 0; i < nin; i++) {
+        const ir_tensor *t = &cq.op.tensors[i];
+        int64_t n = kt_elems(&c32.op, i);
+        if (t->dtype == PLAN_F8E4M3 || t->dtype == PLAN_MXFP4) {
+          quant_fill(sq.b[i], s32.b[i], t->dtype, t, vars[v].special);
+        } else if (t->dtype == PLAN_BF16) {
+          for (int64_t j = 0; j < n; j++) {
+            ((uint16_t *)sq.b[i])[j] = bf16_of((float)rnd());
+            ((float *)s32.b[i])[j] = (float)bf16_value(((uint16_t *)sq.b[i])[j]);
+          }
+        } else {
+          if (t->dtype == PLAN_I32)
+            for (int64_t j = 0; j < n; j++)
+              ((int32_t *)s32.b[i])[j] = rnd_index(ibound);
+          else
+            fill_f32(s32.b[i], n, 1.0);
+          memcpy(sq.b[i], s32.b[i], (size_t)t->bytes);
+        }
+      }
+      for (int o = nin; o < nbuf; o++) {
+        fill_garbage(s32.b[o], kt_elems(&c32.op, o));
+        fill_garbage(sq.b[o], kt_elems(&c32.op, o));
+      }
+      if (gpu) { /* slow: each kernel once, in opposite block orders */
+        chain_launch(&c32, &s32, pos, ntok, 0);
+        chain_launch(&cq, &sq, pos, ntok, 1);
+      } else {
+        chain_run(&c32, &s32, pos, ntok);
+        chain_run(&cq, &sq, pos, ntok);
+      }
+      for (int o = nin; o < nbuf; o++) {
+        size_t n = (size_t)c32.op.tensors[o].bytes;
+        ck_assert_msg(memcmp(s32.b[o], sq.b[o], n) == 0,
+                      "%s (%s): output %d with inputs %s%s differs from the f32 kernel on the dequantized values "
+                      "(pos %d, ntok %d)",
+                      kq->symbol, gpu ? "GPU" : "host", o - nin, dtypes, vars[v].special ? ", special scales" : "",
+                      pos, ntok);
+        const float *y = sq.b[o];
+        for (size_t j = 0; j < n / 4; j++)
+          finite += y[j] != 0.0f && isfinite(y[j]);
+      }
+      if (gpu) { /* off alignment: the same bits */
+        void *shifted[IR_MAXIO * 2];
+        for (int i = 0; i < nbuf; i++) {
+          size_t n = (size_t)cq.op.tensors[i].bytes;
+          char *raw = malloc(n + 16);
+          ck_assert_ptr_nonnull(raw);
+          shifted[i] = raw + 4;
+          if (i < nin)
+            memcpy(shifted[i], sq.b[i], n);
+          else
+            fill_garbage(shifted[i], kt_elems(&cq.op, i));
+        }
+        emu_run(cq.gpu, shifted, pos, ntok, 0);
+        for (int o = nin; o < nbuf; o++)
+          ck_assert_msg(memcmp(shifted[o], sq.b[o], (size_t)cq.op.tensors[o].bytes) == 0,
+                        "%s: other bits with operands off 16-byte alignment (pos %d, ntok %d)", kq->symbol, pos,
+                        ntok);
+        for (int i = 0; i < nbuf; i++)
+          free((char *)shifted[i] - 4);
+      }
+    }
+    ck_assert_msg(finite > 0 || vars[v].special, "%s: no output finite and nonzero", kq->symbol);
+    bufs_free(&sq);
+    chain_unbuild(&cq);
+  }
+  bufs_free(&s32);
+  chain_unbuild(&c32);
+}
+
+/* Every kind that takes a quantized weight, at small shapes whose weight
+ * rows are whole chunks of 4 (what the GPU kernels need; the host's take
+ * any), as f32 ops: matmul over 150 columns (a partial tile; f8e4m3's
+ * second row of blocks) and 136 inputs (a partial block of either
+ * dtype); matmul_pair; group_matmul (3 groups of 7 columns); swiglu_ffn;
+ * moe_experts over all 5 experts and a split of two (rows out of expert
+ * order); moe_up and moe_down over the split. The FFNs are clamped
+ * (swiglu_limit 2), so that a special scale's large weights give finite
+ * activations. Each with its
+ * weight slots (bit i: input i). */
+#define NQOPS 8
+static int g_quant_split[5] = {-1, 1, -1, 0, -1};
+
+static unsigned quant_op(kt *k, int which)
+{
+  enum { T = 4, E = 5, K = 3, H = 40, F = 36 };
+  switch (which) {
+  case 0:
+    kt_init(k, IR_OP_MATMUL);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)136);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)150, (int64_t)136);
+    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)150);
+    return 1u << 1;
+  case 1:
+    kt_init(k, IR_OP_MATMUL_PAIR);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)72);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)24, (int64_t)72);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)40, (int64_t)72);
+    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)24);
+    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)40);
+    return 1u << 1 | 1u << 2;
+  case 2:
+    kt_init(k, IR_OP_GROUP_MATMUL);
+    k->op.iattr[0] = 3;
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)3 * 36);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)21, (int64_t)36);
+    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)21);
+    return 1u << 1;
+  case 3:
+    kt_init(k, IR_OP_SWIGLU_FFN);
+    k->op.fattr[0] = 2.0;
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)F, (int64_t)H);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)F, (int64_t)H);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)H, (int64_t)F);
+    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+    return 1u << 1 | 1u << 2 | 1u << 3;
+  case 4:
+  case 5: {
+    int split = which == 5;
+    int64_t rows = split ? 2 : E;
+    kt_init(k, IR_OP_MOE_EXPERTS);
+    k->op.fattr[0] = 2.0;
+    if (split) {
+      k->op.expert_row = g_quant_split;
+      k->op.nexperts = E;
+    }
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+    kt_add(k, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+    kt_add(k, 0, PLAN_F32, 3, rows, (int64_t)F, (int64_t)H);
+    kt_add(k, 0, PLAN_F32, 3, rows, (int64_t)F, (int64_t)H);
+    kt_add(k, 0, PLAN_F32, 3, rows, (int64_t)H, (int64_t)F);
+    kt_add(k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+    return 1u << 2 | 1u << 3 | 1u << 4;
+  }
+  case 6:
+    kt_init(k, IR_OP_MOE_UP);
+    k->op.expert_row = g_quant_split;
+    k->op.nexperts = E;
+    k->op.fattr[0] = 2.0;
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)H);
+    kt_add(k, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+    kt_add(k, 0, PLAN_F32, 3, (int64_t)2, (int64_t)F, (int64_t)H);
+    kt_add(k, 0, PLAN_F32, 3, (int64_t)2, (int64_t)F, (int64_t)H);
+    kt_add(k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)F);
+    return 1u << 2 | 1u << 3;
+  default:
+    kt_init(k, IR_OP_MOE_DOWN);
+    k->op.expert_row = g_quant_split;
+    k->op.nexperts = E;
+    kt_add(k, 0, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)F);
+    kt_add(k, 0, PLAN_I32, 2, (int64_t)T, (int64_t)K);
+    kt_add(k, 0, PLAN_F32, 3, (int64_t)2, (int64_t)H, (int64_t)F);
+    kt_add(k, 1, PLAN_F32, 3, (int64_t)T, (int64_t)K, (int64_t)H);
+    return 1u << 2;
+  }
+}
+
+/* On the host: every kind, both dtypes, ordinary and special scales;
+ * shapes only the host kernels take (rows of f8e4m3 not whole chunks of
+ * 4, mxfp4 rows of 2 mod 4 values, a 3-D weight's matrices padded);
+ * weights of different dtypes in one op (moe_up's gate f8e4m3 and up
+ * mxfp4, a swiglu_ffn with a bf16 w2). */
+START_TEST(test_quant_weights)
+{
+  qvariant vars[4];
+  kt k;
+  for (int which = 0; which < NQOPS; which++) {
+    unsigned wslots = quant_op(&k, which);
+    quant_case(&k, 5, 0, vars, qvariants(wslots, vars));
+  }
+  /* odd shapes: matmul over 37 (f8e4m3) and 38 (mxfp4) inputs, 130 rows
+   * (f8e4m3: a block row of 2) */
+  for (int fp4 = 0; fp4 < 2; fp4++) {
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)(37 + fp4));
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)130, (int64_t)(37 + fp4));
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)130);
+    qvariants(1u << 1, vars);
+    quant_case(&k, 0, 0, vars + 2 * fp4, 2);
+  }
+  /* moe_experts of [3, 10, 6] and [3, 6, 10] mxfp4 matrices (30 code
+   * bytes and 10 or 6 scale bytes each: a stride of 48, 8 and 12 bytes of
+   * padding), both kinds of scales */
+  kt_init(&k, IR_OP_MOE_EXPERTS);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)6);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)3, (int64_t)10, (int64_t)6);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)3, (int64_t)10, (int64_t)6);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)3, (int64_t)6, (int64_t)10);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)6);
+  qvariants(1u << 2 | 1u << 3 | 1u << 4, vars);
+  quant_case(&k, 3, 0, vars + 2, 2);
+  /* mixed dtypes */
+  quant_op(&k, 6);
+  qvariant mix = {{PLAN_F32, PLAN_F32, PLAN_F8E4M3, PLAN_MXFP4}, 0};
+  quant_case(&k, 5, 0, &mix, 1);
+  quant_op(&k, 3);
+  qvariant mix2 = {{PLAN_F32, PLAN_MXFP4, PLAN_F8E4M3, PLAN_BF16}, 1};
+  quant_case(&k, 0, 0, &mix2, 1);
+}
+END_TEST
+
+/* On the GPU (its kernels on host threads), each kind against its own f32
+ * kernel: quant_op's ops, f8e4m3 and mxfp4, ordinary and special scales
+ * (so every path of the dequantization, one multiply and the exact
+ * general one), in either block order and off alignment. */
+static void gpu_quant_kinds(int from, int to)
+{
+  qvariant vars[4];
+  kt k;
+  for (int which = from; which < to; which++) {
+    unsigned wslots = quant_op(&k, which);
+    quant_case(&k, 5, 1, vars, qvariants(wslots, vars));
+  }
+}
+
+START_TEST(test_gpu_quant_matmuls)
+{
+  gpu_quant_kinds(0, 3);
+  /* two columns a warp with x staged (8200 columns, K 32: one mxfp4 block
+   * a row) */
+  kt k;
+  kt_init(&k, IR_OP_MATMUL);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)32);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)8200, (int64_t)32);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
+  qvariant vars[4];
+  qvariants(1u << 1, vars);
+  vars[1] = vars[2]; /* f8e4m3 and mxfp4, ordinary scales */
+  quant_case(&k, 0, 1, vars, 2);
+  emu_stop();
+}
+END_TEST
+
+START_TEST(test_gpu_quant_ffn)
+{
+  gpu_quant_kinds(3, NQOPS);
+  /* the shared expert in two chunks of ffn rows (2048 and 52): the second
+   * chunk's part of a w2 row starts at its scale block 16 (f8e4m3) or 64
+   * (mxfp4); w1 f8e4m3, w3 mxfp4, w2 either */
+  kt k;
+  kt_init(&k, IR_OP_SWIGLU_FFN);
+  k.op.fattr[0] = 1.0;
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)2, (int64_t)16);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)2100, (int64_t)16);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)2100, (int64_t)16);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)16, (int64_t)2100);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)2, (int64_t)16);
+  qvariant two[2] = {{{PLAN_F32, PLAN_F8E4M3, PLAN_MXFP4, PLAN_F8E4M3}, 0},
+                     {{PLAN_F32, PLAN_F8E4M3, PLAN_MXFP4, PLAN_MXFP4}, 1}};
+  quant_case(&k, 0, 1, two, 2);
+  /* moe_up with its gate and up rows of different dtypes: one row each at
+   * a time, not two together */
+  quant_op(&k, 6);
+  qvariant mix = {{PLAN_F32, PLAN_F32, PLAN_MXFP4, PLAN_F8E4M3}, 1};
+  quant_case(&k, 5, 1, &mix, 1);
+  emu_stop();
+}
+END_TEST
+
 /* ---- swiglu_act against swiglu_ffn, and on the GPU ---- */
 
 /* swiglu_ffn whose weights pass g and u through unchanged: x[t] = [g[t],
@@ -5344,6 +5837,35 @@ START_TEST(test_gpu_errors)
   expect_gpu_error(&k, "embed: dtype f16 not supported by the GPU kernels yet (input table: t1)");
   kt_init(&k, IR_OP_COPY);
   expect_gpu_error(&k, "has no GPU kernel");
+
+  /* Quantized weights whose rows are not whole chunks of 4 values: refused
+   * by the GPU kernels, at the op, naming the weight and its shape; the
+   * host kernels take them. */
+  kt_init(&k, IR_OP_MATMUL);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)30);
+  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)8, (int64_t)30);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8);
+  expect_gpu_error(&k, "matmul: input w (t1) is f8e4m3 of shape [8,30]; the GPU kernels read a quantized weight's "
+                       "rows 4 values at a time, so its last dimension must be a multiple of 4");
+  dsl_diag d = {0};
+  kgen_kernel hk1;
+  ck_assert_msg(kgen_host(&k.prog, &k.op, &hk1, &d) == 0, "kgen_host: %s", d.msg);
+  kgen_kernel_free(&hk1);
+  kt_init(&k, IR_OP_MOE_DOWN);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)30);
+  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_MXFP4, 3, (int64_t)5, (int64_t)8, (int64_t)30);
+  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)8);
+  expect_gpu_error(&k, "moe_down: input w2 (t2) is mxfp4 of shape [5,8,30]; the GPU kernels read a quantized "
+                       "weight's rows 4 values at a time");
+  ck_assert_msg(kgen_host(&k.prog, &k.op, &hk1, &d) == 0, "kgen_host: %s", d.msg);
+  kgen_kernel_free(&hk1);
+  /* f8e4m3 and mxfp4 tables: embed takes neither */
+  kt_init(&k, IR_OP_EMBED);
+  kt_add(&k, 0, PLAN_I32, 1, (int64_t)4);
+  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)8, (int64_t)4);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)4);
+  expect_gpu_error(&k, "embed: dtype f8e4m3 not supported by the GPU kernels yet (input table: t1)");
 }
 END_TEST
 
@@ -5377,6 +5899,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_swiglu_act);
   tcase_add_test(tc, test_swiglu_act_is_ffn);
   tcase_add_test(tc, test_bf16_weights);
+  tcase_add_test(tc, test_quant_weights);
   tcase_add_test(tc, test_infer_weights);
   tcase_add_test(tc, test_argmax);
   tcase_add_test(tc, test_score_route);
@@ -5409,6 +5932,8 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);
   tcase_add_test(gpu, test_gpu_matmul_pair);
+  tcase_add_test(gpu, test_gpu_quant_matmuls);
+  tcase_add_test(gpu, test_gpu_quant_ffn);
   suite_add_tcase(s, gpu);
   return s;
 }

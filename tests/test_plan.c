@@ -397,7 +397,15 @@ START_TEST(names) {
   ck_assert_str_eq(plan_dtype_name(PLAN_BF16), "bf16");
   ck_assert_str_eq(plan_dtype_name(PLAN_F16), "f16");
   ck_assert_str_eq(plan_dtype_name(PLAN_I32), "i32");
+  ck_assert_str_eq(plan_dtype_name(PLAN_F8E4M3), "f8e4m3");
+  ck_assert_str_eq(plan_dtype_name(PLAN_MXFP4), "mxfp4");
+  ck_assert_str_eq(plan_dtype_name(PLAN_NDTYPE), "?");
   ck_assert_str_eq(plan_dtype_name(17), "?");
+  /* quantized dtypes have no element size: plan_quant gives their bytes */
+  ck_assert_uint_eq(plan_dtype_size(PLAN_F8E4M3), 0);
+  ck_assert_uint_eq(plan_dtype_size(PLAN_MXFP4), 0);
+  for (uint32_t d = 0; d <= PLAN_NDTYPE; d++)
+    ck_assert_int_eq(plan_dtype_quantized(d) != 0, d == PLAN_F8E4M3 || d == PLAN_MXFP4);
   ck_assert_uint_eq(plan_dtype_size(PLAN_F32), 4);
   ck_assert_uint_eq(plan_dtype_size(PLAN_BF16), 2);
   ck_assert_uint_eq(plan_dtype_size(PLAN_F16), 2);
@@ -409,6 +417,180 @@ START_TEST(names) {
   ck_assert_str_eq(plan_role_name(PLAN_STATE), "state");
   ck_assert_str_eq(plan_role_name(PLAN_ACTIVATION), "activation");
   ck_assert_str_eq(plan_role_name(PLAN_NROLE), "?");
+}
+END_TEST
+
+/* ---- quantized weights ------------------------------------------------------ */
+
+static void expect_quant(uint32_t dtype, uint32_t ndim, const uint64_t *dim, uint64_t nmat, uint64_t rows,
+                         uint64_t cols, uint64_t data, uint64_t srows, uint64_t scols, uint64_t stride) {
+  plan_quant q;
+  const char *why = plan_quant_of(dtype, ndim, dim, &q);
+  ck_assert_msg(why == NULL, "%s", why);
+  ck_assert_uint_eq(q.nmat, nmat);
+  ck_assert_uint_eq(q.rows, rows);
+  ck_assert_uint_eq(q.cols, cols);
+  ck_assert_uint_eq(q.data_bytes, data);
+  ck_assert_uint_eq(q.scale_rows, srows);
+  ck_assert_uint_eq(q.scale_cols, scols);
+  ck_assert_uint_eq(q.stride, stride);
+  ck_assert_uint_eq(q.stride % PLAN_QUANT_ALIGN, 0);
+  ck_assert_uint_ge(q.stride, data + srows * scols);
+  ck_assert_uint_lt(q.stride, data + srows * scols + PLAN_QUANT_ALIGN);
+  ck_assert_uint_eq(plan_tensor_bytes(dtype, ndim, dim), nmat * stride);
+}
+
+/* Layouts of odd shapes and partial blocks: f8e4m3 [130, 200] has scale
+ * blocks [2, 2] of which three are partial, mxfp4 [5, 34] two scales a row
+ * (32 + 2 values); stacks of them, and the shapes refused. */
+START_TEST(quant_layouts) {
+  const uint64_t f8[] = {130, 200}, f8s[] = {3, 130, 200}, f8z[] = {0, 130, 200};
+  /* 26000 codes + 4 scales = 26004, padded to 26016 */
+  expect_quant(PLAN_F8E4M3, 2, f8, 1, 130, 200, 26000, 2, 2, 26016);
+  expect_quant(PLAN_F8E4M3, 3, f8s, 3, 130, 200, 26000, 2, 2, 26016);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_F8E4M3, 2, f8), 0); /* one matrix: no rows to cut */
+  ck_assert_uint_eq(plan_row_bytes(PLAN_F8E4M3, 3, f8s), 26016);
+  /* no matrices: no bytes, a row is still one matrix (and dim 0 of 0 does not divide) */
+  expect_quant(PLAN_F8E4M3, 3, f8z, 0, 130, 200, 26000, 2, 2, 26016);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_F8E4M3, 3, f8z), 26016);
+  const uint64_t one[] = {1, 1}, exact[] = {128, 256};
+  expect_quant(PLAN_F8E4M3, 2, one, 1, 1, 1, 1, 1, 1, 16);
+  expect_quant(PLAN_F8E4M3, 2, exact, 1, 128, 256, 32768, 1, 2, 32784);
+
+  const uint64_t f4[] = {5, 34}, f4s[] = {2, 5, 34}, f4q[] = {2, 3, 5, 34}, f4e[] = {7, 64};
+  /* 85 code bytes + 10 scales = 95, padded to 96 */
+  expect_quant(PLAN_MXFP4, 2, f4, 1, 5, 34, 85, 5, 2, 96);
+  expect_quant(PLAN_MXFP4, 3, f4s, 2, 5, 34, 85, 5, 2, 96);
+  expect_quant(PLAN_MXFP4, 4, f4q, 6, 5, 34, 85, 5, 2, 96);
+  expect_quant(PLAN_MXFP4, 2, f4e, 1, 7, 64, 224, 7, 2, 240);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_MXFP4, 3, f4s), 96);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_MXFP4, 4, f4q), 3 * 96); /* a row of [3, 5, 34] */
+
+  plan_quant q;
+  const uint64_t odd[] = {4, 33}, flat[] = {16}, huge[] = {1ull << 40, 1ull << 40};
+  ck_assert_str_eq(plan_quant_of(PLAN_MXFP4, 2, odd, &q),
+                   "mxfp4 packs two values a byte along the last dim, which must be even");
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_MXFP4, 2, odd), 0);
+  ck_assert_str_eq(plan_quant_of(PLAN_F8E4M3, 1, flat, &q),
+                   "a quantized weight needs 2 or more dims (its last two a matrix)");
+  ck_assert_str_eq(plan_quant_of(PLAN_MXFP4, 0, flat, &q),
+                   "a quantized weight needs 2 or more dims (its last two a matrix)");
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_F8E4M3, 1, flat), 0);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_F8E4M3, 1, flat), 0);
+  ck_assert_str_eq(plan_quant_of(PLAN_F8E4M3, 2, huge, &q), "more than 2^64 bytes");
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_F8E4M3, 2, huge), 0);
+  ck_assert_str_eq(plan_quant_of(PLAN_F32, 2, f8, &q), "not a quantized dtype");
+  /* plain dtypes: element size times the elements; a row is dims 1.. */
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_F32, 2, f8), 130 * 200 * 4);
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_BF16, 3, f8s), 3 * 130 * 200 * 2);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_BF16, 3, f8s), 130 * 200 * 2);
+  ck_assert_uint_eq(plan_row_bytes(PLAN_I32, 1, flat), 4);
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_F32, 0, flat), 4);
+  ck_assert_uint_eq(plan_tensor_bytes(PLAN_F32, 2, huge), 0);
+}
+END_TEST
+
+/* E4M3 written another way: sign, then 1.mmm x 2^(e-7), or 0.mmm x 2^-6. */
+static double e4m3_other(unsigned c) {
+  unsigned e = (c & 0x78) >> 3, m = c & 0x7;
+  if (e == 0xf && m == 0x7) return NAN;
+  double mant = e ? 1.0 + m / 8.0 : m / 8.0;
+  double v = mant * pow(2.0, e ? (double)e - 7.0 : -6.0);
+  return c & 0x80 ? -v : v;
+}
+
+/* E2M1: sign, then 1.m x 2^(e-1), or 0.m (the one subnormal 0.5). */
+static double e2m1_other(unsigned c) {
+  unsigned e = (c >> 1) & 3, m = c & 1;
+  double v = e ? (1.0 + m / 2.0) * pow(2.0, (double)e - 1.0) : m / 2.0;
+  return c & 8 ? -v : v;
+}
+
+START_TEST(quant_codes) {
+  int nan = 0;
+  for (unsigned c = 0; c < 256; c++) {
+    double v = plan_f8e4m3_value((uint8_t)c), w = e4m3_other(c);
+    if (isnan(w)) {
+      nan++;
+      ck_assert_msg(isnan(v), "E4M3 0x%02x: %g, want NaN", c, v);
+    } else {
+      ck_assert_msg(v == w && signbit(v) == signbit(w), "E4M3 0x%02x: %a, want %a", c, v, w);
+    }
+  }
+  ck_assert_int_eq(nan, 2); /* 0x7f and 0xff; no infinities */
+  ck_assert(plan_f8e4m3_value(0x00) == 0.0 && !signbit(plan_f8e4m3_value(0x00)));
+  ck_assert(plan_f8e4m3_value(0x80) == 0.0 && signbit(plan_f8e4m3_value(0x80)));
+  ck_assert(plan_f8e4m3_value(0x01) == 0x1p-9);  /* the smallest subnormal */
+  ck_assert(plan_f8e4m3_value(0x07) == 0x1.cp-7); /* the largest: 7 x 2^-9 */
+  ck_assert(plan_f8e4m3_value(0x08) == 0x1p-6);  /* the smallest normal */
+  ck_assert(plan_f8e4m3_value(0x38) == 1.0);
+  ck_assert(plan_f8e4m3_value(0x7e) == 448.0);   /* the largest */
+  ck_assert(plan_f8e4m3_value(0xfe) == -448.0);
+  ck_assert(plan_f8e4m3_value(0xb9) == -1.125);
+  ck_assert(isnan(plan_f8e4m3_value(0x7f)));
+  ck_assert(isnan(plan_f8e4m3_value(0xff)));
+
+  const double e2m1[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (unsigned c = 0; c < 16; c++) {
+    double v = plan_fp4_value((uint8_t)c);
+    ck_assert_msg(v == e2m1[c] && signbit(v) == signbit(e2m1[c]), "E2M1 %u: %g", c, v);
+    ck_assert(v == e2m1_other(c));
+    ck_assert(plan_fp4_value((uint8_t)(c | 0xf0)) == v); /* the low 4 bits only */
+  }
+
+  ck_assert(plan_e8m0_value(0) == 0x1p-127);
+  ck_assert(plan_e8m0_value(127) == 1.0);
+  ck_assert(plan_e8m0_value(128) == 2.0);
+  ck_assert(plan_e8m0_value(254) == 0x1p127);
+  ck_assert(isnan(plan_e8m0_value(255)));
+  for (unsigned s = 0; s < 255; s++) ck_assert(plan_e8m0_value((uint8_t)s) == pow(2.0, (double)s - 127.0));
+}
+END_TEST
+
+/* plan_quant_element over every element of a stack of matrices laid out
+ * by hand: codes, then the scale bytes, then padding, per matrix. */
+START_TEST(quant_elements) {
+  enum { M = 2, R = 130, C = 200, SR = 2, SC = 2, STRIDE = 26016 };
+  const uint64_t dims[] = {M, R, C};
+  plan_quant q;
+  ck_assert_ptr_null(plan_quant_of(PLAN_F8E4M3, 3, dims, &q));
+  uint8_t *b = calloc(M, STRIDE);
+  for (int m = 0; m < M; m++) {
+    uint8_t *mat = b + (size_t)m * STRIDE;
+    for (int k = 0; k < R * C; k++) mat[k] = (uint8_t)(k * 7 + m * 3);
+    for (int k = 0; k < SR * SC; k++) mat[R * C + k] = (uint8_t)(120 + 4 * m + k);
+  }
+  for (uint64_t i = 0; i < (uint64_t)M * R * C; i++) {
+    uint64_t m = i / (R * C), r = i % (R * C) / C, c = i % C;
+    const uint8_t *mat = b + m * STRIDE;
+    double want = e4m3_other(mat[r * C + c]) * pow(2.0, mat[R * C + (r / 128) * SC + c / 128] - 127.0);
+    double got = plan_quant_element(PLAN_F8E4M3, &q, b, i);
+    ck_assert_msg(got == want || (isnan(got) && isnan(want)), "f8 element %llu: %g, want %g",
+                  (unsigned long long)i, got, want);
+  }
+  /* element [1, 129, 199]: code 0x7e (448) in block [1, 1] of matrix 1 */
+  b[STRIDE + 129 * C + 199] = 0x7e;
+  b[STRIDE + R * C + 3] = 130;
+  ck_assert(plan_quant_element(PLAN_F8E4M3, &q, b, (uint64_t)2 * R * C - 1) == 448.0 * 8.0);
+  free(b);
+
+  enum { FM = 3, FR = 5, FC = 34, FS = 2, FSTRIDE = 96 };
+  const uint64_t fdims[] = {FM, FR, FC};
+  ck_assert_ptr_null(plan_quant_of(PLAN_MXFP4, 3, fdims, &q));
+  b = calloc(FM, FSTRIDE);
+  for (int m = 0; m < FM; m++) {
+    uint8_t *mat = b + m * FSTRIDE;
+    for (int k = 0; k < FR * FC / 2; k++) mat[k] = (uint8_t)(k * 29 + m);
+    for (int k = 0; k < FR * FS; k++) mat[FR * FC / 2 + k] = (uint8_t)(125 + (k + m) % 5);
+  }
+  for (uint64_t i = 0; i < (uint64_t)FM * FR * FC; i++) {
+    uint64_t m = i / (FR * FC), r = i % (FR * FC) / FC, c = i % FC;
+    const uint8_t *mat = b + m * FSTRIDE;
+    uint8_t byte = mat[(r * FC + c) / 2];
+    double want = e2m1_other(c % 2 ? byte >> 4 : byte & 15u) * pow(2.0, mat[FR * FC / 2 + r * FS + c / 32] - 127.0);
+    ck_assert_msg(plan_quant_element(PLAN_MXFP4, &q, b, i) == want, "fp4 element %llu", (unsigned long long)i);
+  }
+  free(b);
 }
 END_TEST
 
@@ -505,8 +687,8 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
-  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.3 */
-  ck_assert_uint_eq(rd32(b + 8) >> 16, 3);
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.4 */
+  ck_assert_uint_eq(rd32(b + 8) >> 16, 4);
   memcpy(m, b, len);
   m[8] = 2; /* a 2.x plan: kernels named a code object, with no block */
   m[10] = 0;
@@ -857,6 +1039,93 @@ START_TEST(bad_views) {
   rt_status st = plan_encode(&f.p, &bytes, &len);
   ck_assert_ptr_nonnull(st);
   ck_assert_str_eq(rt_status_msg(st), "plan: tensor 8: rows 0 on a view with no dim 0");
+  rt_status_free(st);
+}
+END_TEST
+
+/* The fixture with tensor 1 (and its replica 8) f8e4m3 [4, 8] and the
+ * experts (6, and their view 7 of rows {3, 1}) mxfp4 [4, 2, 8]: byte
+ * counts, arg ranges and views under the quantized layout. */
+static void quant_fixture(fixture *f) {
+  fixture_build(f);
+  const uint64_t d48[] = {4, 8}, d428[] = {4, 2, 8}, d228[] = {2, 2, 8};
+  for (int k = 1; k <= 8; k += 7) {
+    plan_tensor *t = &f->tensors[k];
+    t->dtype = PLAN_F8E4M3;
+    t->bytes = plan_tensor_bytes(PLAN_F8E4M3, 2, d48); /* 32 codes + 1 scale: 48 */
+  }
+  f->args[1].bytes = 48;
+  plan_tensor *e = &f->tensors[6], *v = &f->tensors[7];
+  e->dtype = v->dtype = PLAN_MXFP4;
+  e->ndim = v->ndim = 3;
+  memcpy(e->dim, d428, sizeof d428);
+  memcpy(v->dim, d228, sizeof d228);
+  e->bytes = plan_tensor_bytes(PLAN_MXFP4, 3, d428); /* 8 code bytes + 2 scales: 16 a matrix */
+  v->bytes = plan_tensor_bytes(PLAN_MXFP4, 3, d228);
+  f->args[5].bytes = v->bytes;
+}
+
+START_TEST(quant_plans) {
+  fixture f;
+  quant_fixture(&f);
+  ck_assert_uint_eq(f.tensors[1].bytes, 48);
+  ck_assert_uint_eq(f.tensors[6].bytes, 64);
+  ck_assert_uint_eq(f.tensors[7].bytes, 32);
+  uint8_t *bytes;
+  size_t len;
+  rt_status st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  plan d;
+  st = plan_decode("plan.ds4p", bytes, len, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  assert_plans_equal(&f.p, &d);
+  ck_assert_uint_eq(d.tensors[1].dtype, PLAN_F8E4M3);
+  ck_assert_uint_eq(d.tensors[7].dtype, PLAN_MXFP4);
+  plan_free(&d);
+
+  /* bytes that do not match the layout */
+  uint8_t *t = record_at(bytes, PLAN_SEC_TENSORS, R_TENSOR, 1);
+  wr64(t + T_BYTES, 33); /* the codes and the scale, without the padding */
+  reseal(bytes, len);
+  expect_fail(bytes, len, "plan.ds4p: tensor 1: bytes 33 does not match shape and dtype f8e4m3 (48 bytes)");
+  wr64(t + T_BYTES, 32 * 4); /* f32's */
+  reseal(bytes, len);
+  expect_fail(bytes, len, "tensor 1: bytes 128 does not match shape and dtype f8e4m3 (48 bytes)");
+  wr64(t + T_BYTES, 48);
+  /* shapes that cannot hold the dtype: an odd last dim of mxfp4, one dim */
+  t = record_at(bytes, PLAN_SEC_TENSORS, R_TENSOR, 6);
+  wr64(t + T_DIM + 16, 7);
+  reseal(bytes, len);
+  expect_fail(bytes, len,
+              "plan.ds4p: tensor 6: shape cannot hold mxfp4: mxfp4 packs two values a byte along the last dim, "
+              "which must be even");
+  wr64(t + T_DIM + 16, 8);
+  t = record_at(bytes, PLAN_SEC_TENSORS, R_TENSOR, 1);
+  wr32(t + 16, 1);
+  reseal(bytes, len);
+  expect_fail(bytes, len,
+              "tensor 1: shape cannot hold f8e4m3: a quantized weight needs 2 or more dims (its last two a matrix)");
+  free(bytes);
+
+  /* an arg must not split a matrix */
+  quant_fixture(&f);
+  f.args[5].bytes = 8;
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: arg 5: bytes [0, +8) of tensor 7 split its mxfp4 elements (16 bytes)");
+  rt_status_free(st);
+  /* a view's rows of a 2-D quantized tensor would cut its scale blocks */
+  quant_fixture(&f);
+  const uint64_t d48[] = {4, 8}, d28[] = {2, 8};
+  f.tensors[6].ndim = f.tensors[7].ndim = 2;
+  memcpy(f.tensors[6].dim, d48, sizeof d48);
+  memcpy(f.tensors[7].dim, d28, sizeof d28);
+  f.tensors[6].bytes = plan_tensor_bytes(PLAN_MXFP4, 2, d48);
+  f.tensors[7].bytes = f.args[5].bytes = plan_tensor_bytes(PLAN_MXFP4, 2, d28);
+  st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: tensor 7: rows 0 on a 2-D mxfp4 view: the rows of a quantized matrix "
+                                      "are not whole matrices (a row list needs 3 or more dims)");
   rt_status_free(st);
 }
 END_TEST
@@ -1276,6 +1545,10 @@ int main(void) {
   tcase_add_test(tc, status_basics);
   tcase_add_test(tc, sha256_vectors);
   tcase_add_test(tc, names);
+  tcase_add_test(tc, quant_layouts);
+  tcase_add_test(tc, quant_codes);
+  tcase_add_test(tc, quant_elements);
+  tcase_add_test(tc, quant_plans);
   tcase_add_test(tc, round_trip);
   tcase_add_test(tc, bad_header);
   tcase_add_test(tc, bad_sections);

@@ -163,11 +163,8 @@ static uint32_t tb_tensor_nd(tb *b, const char *name, uint32_t dtype, uint32_t r
   t->device = dev;
   t->view_of = PLAN_NONE;
   t->rows = PLAN_NONE;
-  t->bytes = plan_dtype_size(dtype);
-  for (uint32_t d = 0; d < ndim; d++) {
-    t->dim[d] = dims[d];
-    t->bytes *= dims[d];
-  }
+  for (uint32_t d = 0; d < ndim; d++) t->dim[d] = dims[d];
+  t->bytes = plan_tensor_bytes(dtype, ndim, dims);
   t->init_scale = 1.0;
   if (dev != PLAN_NONE) {
     t->offset = b->devices[dev].arena_bytes;
@@ -1069,6 +1066,207 @@ START_TEST(weight_views) {
 }
 END_TEST
 
+/* The least E8M0 scale s whose 2^(s-127) times the format's largest value
+ * reaches bound, clamped to [0, 254]: the generator's choice, by search. */
+static int scale_for(double bound, double max) {
+  for (int s = 0; s < 254; s++)
+    if (max * pow(2.0, s - 127) >= bound) return s;
+  return 254;
+}
+
+/* Every element of generated quantized weight t (read back as `bytes`):
+ * its block's scale byte is the generator's, its code is never NaN and is
+ * the nearest to rt_init_value / 2^(s-127), ties to the even code; the
+ * padding is zero; rt_weight_values gives what the bytes hold. */
+static void expect_generated(rt_bundle *bd, uint32_t t, uint64_t seed, const uint8_t *bytes) {
+  const plan *p = rt_bundle_plan(bd);
+  const plan_tensor *pt = &p->tensors[t], *w = pt->view_of == PLAN_NONE ? pt : &p->tensors[pt->view_of];
+  int fp8 = pt->dtype == PLAN_F8E4M3;
+  plan_quant q;
+  ck_assert_ptr_null(plan_quant_of(pt->dtype, pt->ndim, pt->dim, &q));
+  int s = scale_for(fabs(w->init_offset) + fabs(w->init_scale), fp8 ? 448.0 : 6.0);
+  uint64_t per = q.rows * q.cols, nscale = q.scale_rows * q.scale_cols;
+  for (uint64_t m = 0; m < q.nmat; m++) {
+    const uint8_t *mat = bytes + m * q.stride;
+    /* (a check per element would write to Check's pipe per element) */
+    for (uint64_t k = 0; k < nscale; k++)
+      if (mat[q.data_bytes + k] != s) ck_abort_msg("matrix %llu scale %llu is %d, want %d", (unsigned long long)m,
+                                                   (unsigned long long)k, mat[q.data_bytes + k], s);
+    for (uint64_t k = q.data_bytes + nscale; k < q.stride; k++)
+      if (mat[k]) ck_abort_msg("matrix %llu: padding byte %llu is %d", (unsigned long long)m, (unsigned long long)k, mat[k]);
+  }
+  uint64_t n = q.nmat * per;
+  double *vals = malloc(n * sizeof *vals);
+  rt_status st = rt_weight_values(bd, t, 0, n, vals);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  double unit = pow(2.0, s - 127);
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t m = i / per, e = i % per;
+    const uint8_t *mat = bytes + m * q.stride;
+    uint8_t code = fp8 ? mat[e] : (e % 2 ? mat[e / 2] >> 4 : mat[e / 2] & 15);
+    double got = fp8 ? plan_f8e4m3_value(code) : plan_fp4_value(code);
+    if (isnan(got)) ck_abort_msg("%s element %llu: a NaN code", plan_str(p, pt->name), (unsigned long long)i);
+    if (vals[i] != got * unit || vals[i] != plan_quant_element(pt->dtype, &q, bytes, i))
+      ck_abort_msg("%s element %llu: rt_weight_values %a, the bytes hold %a", plan_str(p, pt->name),
+                   (unsigned long long)i, vals[i], got * unit);
+    double x = rt_init_value(p, t, seed, i) / unit, d = fabs(got - x), max = fp8 ? 448.0 : 6.0;
+    if (fabs(x) >= max) { /* saturated (448 < x < 464 rounds there too) */
+      if (got != copysign(max, x))
+        ck_abort_msg("%s element %llu: %a coded %a", plan_str(p, pt->name), (unsigned long long)i, x, got);
+      continue;
+    }
+    for (unsigned c = 0; c < (fp8 ? 256u : 16u); c++) {
+      double other = fp8 ? plan_f8e4m3_value((uint8_t)c) : plan_fp4_value((uint8_t)c);
+      if (isnan(other) || other == got) continue;
+      double od = fabs(other - x);
+      if (!(od > d || (od == d && (code & 1) == 0)))
+        ck_abort_msg("%s element %llu: %a / 2^%d = %a coded %a, but %a is nearer or an even tie",
+                     plan_str(p, pt->name), (unsigned long long)i, rt_init_value(p, t, seed, i), s - 127, x, got,
+                     other);
+    }
+  }
+  free(vals);
+}
+
+/* Generated f8e4m3 and mxfp4 weights: valid codes and scales from the
+ * values of rt_init_value, the same bytes every open, views holding their
+ * source's matrices; ranges that round to zero or saturate at every scale
+ * the E8M0 byte allows. */
+START_TEST(quantized_generator) {
+  tb b;
+  tb_init(&b);
+  uint32_t d0 = tb_device(&b, "cpu0", 2), d1 = tb_device(&b, "cpu1", 1);
+  tb_stream(&b, "main", d0);
+  tb_io(&b);
+  const uint64_t d8[] = {300, 260}, d4[] = {4, 70, 66}, dsmall[] = {3, 130};
+  uint32_t q8 = tb_tensor_nd(&b, "layers.0.q8", PLAN_F8E4M3, PLAN_WEIGHT, d0, 2, d8);
+  b.tensors[q8].init_offset = 0.5;
+  b.tensors[q8].init_scale = 0.25;
+  uint32_t q4 = tb_tensor_nd(&b, "layers.0.q4", PLAN_MXFP4, PLAN_WEIGHT, d0, 3, d4);
+  b.tensors[q4].init_scale = 100.0;
+  const uint32_t owned[2] = {3, 0};
+  uint32_t q4v = tb_view(&b, "layers.0.q4@cpu1", q4, d1, owned, 2);
+  uint32_t q8r = tb_view(&b, "layers.0.q8@cpu1", q8, d1, NULL, 0);
+  uint32_t tiny = tb_tensor_nd(&b, "tiny", PLAN_F8E4M3, PLAN_WEIGHT, d1, 2, dsmall);
+  b.tensors[tiny].init_scale = 0x1p-133; /* scale 0 (clamped): subnormal codes and zeros */
+  uint32_t huge = tb_tensor_nd(&b, "huge", PLAN_F8E4M3, PLAN_WEIGHT, d1, 2, dsmall);
+  b.tensors[huge].init_scale = 1e300; /* scale 254: every code saturates at 448 */
+  uint32_t zero = tb_tensor_nd(&b, "zero", PLAN_MXFP4, PLAN_WEIGHT, d1, 2, dsmall);
+  b.tensors[zero].init_scale = 0.0;
+  uint32_t h4 = tb_tensor_nd(&b, "huge4", PLAN_MXFP4, PLAN_WEIGHT, d1, 2, dsmall);
+  b.tensors[h4].init_offset = -1e200;
+  b.tensors[h4].init_scale = 1e199;
+  tb_write(&b);
+
+  uint8_t *bytes[8], *again = malloc(b.tensors[q8].bytes);
+  const uint32_t ts[] = {q8, q4, q4v, q8r, tiny, huge, zero, h4};
+  rt_bundle *bd;
+  for (int open = 0; open < 2; open++) {
+    rt_status s = rt_bundle_open(b.dir, &(rt_options){.weight_seed = 9}, &bd);
+    ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+      size_t n = b.tensors[ts[k]].bytes;
+      uint8_t *buf = open ? again : (bytes[k] = malloc(n));
+      ck_assert_ptr_null(rt_tensor_read(bd, ts[k], buf, n));
+      if (open) ck_assert_msg(memcmp(buf, bytes[k], n) == 0, "%s differs between opens", plan_str(&b.p, b.tensors[ts[k]].name));
+    }
+    if (!open)
+      for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) expect_generated(bd, ts[k], 9, bytes[k]);
+    rt_bundle_close(bd);
+  }
+  /* the scales the bounds ask for: 0.75 / 448, 100 / 6, and the ends */
+  ck_assert_int_eq(bytes[0][300 * 260], 118);
+  ck_assert_int_eq(bytes[1][70 * 33], 132);
+  ck_assert_int_eq(bytes[4][3 * 130], 0);
+  ck_assert_int_eq(bytes[5][3 * 130], 254);
+  ck_assert_int_eq(bytes[6][3 * 65], 0);
+  ck_assert_int_eq(bytes[7][3 * 65], 254);
+  int subnormals = 0, sat = 0, zero4 = 0, sat4 = 0;
+  for (int k = 0; k < 3 * 130; k++) {
+    subnormals += (bytes[4][k] & 0x78) == 0 && (bytes[4][k] & 7) != 0;
+    sat += bytes[5][k] == 0x7e || bytes[5][k] == 0xfe;
+  }
+  for (int k = 0; k < 3 * 65; k++) {
+    zero4 += bytes[6][k] == 0;
+    sat4 += bytes[7][k] == 0xff; /* -6, both nibbles */
+  }
+  ck_assert_int_gt(subnormals, 3 * 130 / 2);
+  ck_assert_int_eq(sat, 3 * 130);
+  ck_assert_int_eq(zero4, 3 * 65);
+  ck_assert_int_eq(sat4, 3 * 65);
+  /* views hold their source's matrices: experts 3 and 0, a replica */
+  uint64_t stride = plan_row_bytes(PLAN_MXFP4, 3, d4);
+  ck_assert_uint_eq(stride, 70 * 33 + 70 * 3 + 8); /* 2310 code bytes, 210 scales, padding */
+  ck_assert_mem_eq(bytes[2], bytes[1] + 3 * stride, stride);
+  ck_assert_mem_eq(bytes[2] + stride, bytes[1], stride);
+  ck_assert_mem_eq(bytes[3], bytes[0], b.tensors[q8].bytes);
+  /* another seed, other codes */
+  ck_assert_ptr_null(rt_bundle_open(b.dir, &(rt_options){.weight_seed = 10}, &bd));
+  ck_assert_ptr_null(rt_tensor_read(bd, q8, again, b.tensors[q8].bytes));
+  ck_assert(memcmp(again, bytes[0], 300 * 260) != 0);
+  rt_bundle_close(bd);
+  for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) free(bytes[k]);
+  free(again);
+
+  /* the live bytes of a step: whole matrices of a 3-D one, all of a 2-D one */
+  const uint64_t d3[] = {4, 128, 64}, d2[] = {4, 64};
+  uint32_t l3 = tb_tensor_nd(&b, "live3", PLAN_F8E4M3, PLAN_WEIGHT, d0, 3, d3);
+  uint32_t l2 = tb_tensor_nd(&b, "live2", PLAN_MXFP4, PLAN_WEIGHT, d0, 2, d2);
+  ck_assert_uint_eq(rt_live_bytes(&b.p, l3, 3), 3 * 8208); /* 8192 codes + 1 scale, padded */
+  ck_assert_uint_eq(rt_live_bytes(&b.p, l2, 1), b.tensors[l2].bytes);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* tiny-moe with its attention and FFN matrices f8e4m3 and its experts
+ * mxfp4, from the generator: ds4run --check's float64 reference reads the
+ * quantized values exactly and passes, and two schedules (one holding the
+ * experts as views on two devices) give the same outputs. */
+START_TEST(quantized_check) {
+  tu_chdir_source();
+  char *model = tu_slurp("models/tiny-moe.yaml", NULL);
+  static const char *const matrices[][2] = {
+      {"wq, shape: [heads*head_dim, hidden], dtype: f32", "f8e4m3"},
+      {"wo, shape: [hidden, heads*head_dim], dtype: f32", "f8e4m3"},
+      {"w1, shape: [experts, expert_ffn, hidden], dtype: f32", "mxfp4"},
+      {"w3, shape: [experts, expert_ffn, hidden], dtype: f32", "mxfp4"},
+      {"w2, shape: [experts, hidden, expert_ffn], dtype: f32", "mxfp4"},
+      {"shared_w2, shape: [hidden, shared_ffn], dtype: f32", "f8e4m3"},
+  };
+  for (size_t k = 0; k < sizeof matrices / sizeof matrices[0]; k++) {
+    char to[128];
+    snprintf(to, sizeof to, "%.*s%s", (int)strlen(matrices[k][0]) - 3, matrices[k][0], matrices[k][1]);
+    char *next = tu_replace_once(model, matrices[k][0], to);
+    free(model);
+    model = next;
+  }
+  char dir[] = "/tmp/ds4-rt-quant-XXXXXX", path[256], cmd[1024], *out;
+  tu_tmpdir_make(dir);
+  snprintf(path, sizeof path, "%s/tiny-q.yaml", dir);
+  tu_write_text(path, model);
+  free(model);
+  char sha[2][96] = {{0}};
+  const char *schedules[2] = {"tiny-1dev", "tiny-hotcold"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(cmd, sizeof cmd, "%s/ds4c compile %s schedules/%s.yaml -o %s/%s", tu_build_dir(), path, schedules[k],
+             dir, schedules[k]);
+    int rc = tu_run(cmd, &out);
+    ck_assert_msg(rc == 0, "%s:\n%s", cmd, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/ds4run %s/%s --steps 4 --check", tu_build_dir(), dir, schedules[k]);
+    rc = tu_run(cmd, &out);
+    ck_assert_msg(rc == 0, "%s:\n%s", cmd, out);
+    ck_assert_msg(strstr(out, "0 token mismatches: PASS") != NULL, "%s", out);
+    const char *h = strstr(out, "outputs sha256: ");
+    ck_assert_ptr_nonnull(h);
+    snprintf(sha[k], sizeof sha[k], "%.80s", h);
+    free(out);
+  }
+  ck_assert_str_eq(sha[0], sha[1]);
+  tu_tmpdir_remove(dir);
+}
+END_TEST
+
 /* ---- rt_generate ------------------------------------------------------- */
 
 typedef struct seen_steps {
@@ -1811,6 +2009,11 @@ static Suite *runtime_suite(void) {
   tcase_add_test(o, init_values);
   tcase_add_test(o, weight_views);
   suite_add_tcase(s, o);
+  TCase *q = tcase_create("quantized");
+  tcase_set_timeout(q, 120);
+  tcase_add_test(q, quantized_generator);
+  tcase_add_test(q, quantized_check);
+  suite_add_tcase(s, q);
   TCase *g = tcase_create("generate");
   tcase_set_timeout(g, 120);
   tcase_add_test(g, generate_chunks);

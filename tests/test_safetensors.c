@@ -928,6 +928,7 @@ typedef struct mini {
   char dir[160];
   uint32_t wq, norm, half, tid, experts, slice0, slice1, embed, replica, free_w;
   uint32_t q8, kv, w1, w1_cpu0, w1_cpu1, gen32, gen16, tie[NTIE]; /* qmini_build's */
+  uint32_t kv_rep, small, g8, g4, g4_cpu1;                         /* smini_build's */
 } mini;
 
 static uint32_t mini_str(mini *m, const char *s) {
@@ -950,8 +951,8 @@ static uint32_t mini_tensor(mini *m, const char *name, const char *checkpoint, u
   t->device = dev;
   t->view_of = PLAN_NONE;
   t->rows = PLAN_NONE;
-  t->bytes = plan_dtype_size(dtype);
-  for (uint32_t d = 0; d < ndim; d++) t->bytes *= (t->dim[d] = dims[d]);
+  for (uint32_t d = 0; d < ndim; d++) t->dim[d] = dims[d];
+  t->bytes = plan_tensor_bytes(dtype, ndim, dims);
   t->init_scale = 1.0;
   if (dev != PLAN_NONE) {
     t->offset = m->devices[dev].arena_bytes;
@@ -1518,6 +1519,36 @@ START_TEST(binds_block_scaled_weights) {
 }
 END_TEST
 
+/* Staging tensors ts of bundle b (plan m) on 1, 2, 3, 5 and 8 threads,
+ * whole and a sub-range, gives the bytes bundle open filled. */
+static void expect_staging_independent(rt_bundle *b, const mini *m, const uint32_t *ts, size_t nts) {
+  uint64_t maxb = 0;
+  for (size_t k = 0; k < nts; k++)
+    if (m->tensors[ts[k]].bytes > maxb) maxb = m->tensors[ts[k]].bytes;
+  uint8_t *filled = malloc(maxb), *staged = malloc(maxb);
+  for (size_t k = 0; k < nts; k++) {
+    const plan_tensor *pt = &m->tensors[ts[k]];
+    /* units: elements, or bytes of a quantized weight */
+    uint64_t esz = plan_dtype_quantized(pt->dtype) ? 1 : plan_dtype_size(pt->dtype), n = pt->bytes / esz;
+    read_tensor(b, ts[k], filled, pt->bytes);
+    const uint32_t threads[] = {1, 2, 3, 5, 8};
+    for (size_t c = 0; c < sizeof threads / sizeof threads[0]; c++) {
+      memset(staged, 0xa5, pt->bytes);
+      rt_status s = rt_weight_stage(b, ts[k], 0, n, threads[c], staged);
+      ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+      ck_assert_msg(memcmp(staged, filled, pt->bytes) == 0, "%s on %u threads", plan_str(&m->p, pt->name),
+                    threads[c]);
+      uint64_t first = n / 3 + 1, count = n / 2;
+      ck_assert_ptr_null(rt_weight_stage(b, ts[k], first, count, threads[c], staged));
+      ck_assert_msg(memcmp(staged, filled + first * esz, count * esz) == 0, "%s [%llu, +%llu) on %u threads",
+                    plan_str(&m->p, pt->name), (unsigned long long)first, (unsigned long long)count,
+                    threads[c]);
+    }
+  }
+  free(filled);
+  free(staged);
+}
+
 /* Bundle open stages on every core; any number of threads, and any
  * sub-range, gives the same bytes. */
 START_TEST(staging_is_independent_of_threads) {
@@ -1525,28 +1556,10 @@ START_TEST(staging_is_independent_of_threads) {
   qmini_build(&m);
   rt_bundle *b = open_qmini(&m, "q.safetensors");
   const uint32_t ts[] = {m.q8, m.kv, m.w1_cpu0, m.w1_cpu1, m.gen32, m.gen16};
+  expect_staging_independent(b, &m, ts, sizeof ts / sizeof ts[0]);
+  /* the source on no device: the same on 1 and 7 threads, and as bound */
   enum { MAXB = GEN_R * GEN_C * 4 };
   uint8_t *filled = malloc(MAXB), *staged = malloc(MAXB);
-  for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
-    const plan_tensor *pt = &m.tensors[ts[k]];
-    uint64_t n = pt->bytes / plan_dtype_size(pt->dtype), esz = plan_dtype_size(pt->dtype);
-    ck_assert_uint_le(pt->bytes, MAXB);
-    read_tensor(b, ts[k], filled, pt->bytes);
-    const uint32_t threads[] = {1, 2, 3, 5, 8};
-    for (size_t c = 0; c < sizeof threads / sizeof threads[0]; c++) {
-      memset(staged, 0xa5, pt->bytes);
-      rt_status s = rt_weight_stage(b, ts[k], 0, n, threads[c], staged);
-      ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
-      ck_assert_msg(memcmp(staged, filled, pt->bytes) == 0, "%s on %u threads", plan_str(&m.p, pt->name),
-                    threads[c]);
-      uint64_t first = n / 3 + 1, count = n / 2;
-      ck_assert_ptr_null(rt_weight_stage(b, ts[k], first, count, threads[c], staged));
-      ck_assert_msg(memcmp(staged, filled + first * esz, count * esz) == 0, "%s [%llu, +%llu) on %u threads",
-                    plan_str(&m.p, pt->name), (unsigned long long)first, (unsigned long long)count,
-                    threads[c]);
-    }
-  }
-  /* the source on no device: the same on 1 and 7 threads, and as bound */
   uint64_t n = NE * FF * HH;
   uint16_t *one = (uint16_t *)filled, *seven = (uint16_t *)staged;
   ck_assert_ptr_null(rt_weight_stage(b, m.w1, 0, n, 1, one));
@@ -1624,6 +1637,260 @@ START_TEST(block_scaled_and_per_expert_errors) {
 }
 END_TEST
 
+/* ---- quantized plan weights, bound as shipped ---------------------------- */
+
+enum { SM_R = 5, SM_C = 34 }; /* mxfp4 [5, 34]: 85 code bytes, scales [5, 2], one byte of padding */
+
+/* qmini's checkpoint bound without dequantizing: the FP8 weights as
+ * f8e4m3 (one a replica), the per-expert FP4 ones as mxfp4 with expert
+ * slices on both devices, a small mxfp4 matrix with a padded layout, and
+ * generated f8e4m3 and mxfp4 weights (one 3-D with a view). */
+static void smini_build(mini *m) {
+  mini_begin(m);
+  const uint64_t q8[] = {Q8_R, Q8_C}, kv[] = {KV_R, KV_C}, w1[] = {NE, FF, HH}, sm[] = {SM_R, SM_C},
+                 g8[] = {300, 260}, g4[] = {3, 130, 66};
+  m->q8 = mini_tensor(m, "layers.0.wq_a", "layers.0.attn.wq_a.weight", PLAN_F8E4M3, PLAN_WEIGHT, 0, 2, q8);
+  m->kv = mini_tensor(m, "layers.0.wkv", "layers.0.attn.wkv.weight", PLAN_F8E4M3, PLAN_WEIGHT, 1, 2, kv);
+  m->kv_rep = mini_view(m, "layers.0.wkv@cpu0", m->kv, 0, NULL, 0);
+  m->w1 = mini_tensor(m, "layers.0.w1", "layers.0.ffn.experts.{e}.w1.weight", PLAN_MXFP4, PLAN_WEIGHT,
+                      PLAN_NONE, 3, w1);
+  m->w1_cpu0 = mini_view(m, "layers.0.w1@cpu0", m->w1, 0, (const uint32_t[]){3, 1}, 2);
+  m->w1_cpu1 = mini_view(m, "layers.0.w1@cpu1", m->w1, 1, (const uint32_t[]){0, 2}, 2);
+  m->small = mini_tensor(m, "layers.0.small", "layers.0.small.weight", PLAN_MXFP4, PLAN_WEIGHT, 0, 2, sm);
+  m->g8 = mini_tensor(m, "layers.0.g8", NULL, PLAN_F8E4M3, PLAN_WEIGHT, 1, 2, g8);
+  m->g4 = mini_tensor(m, "layers.0.g4", NULL, PLAN_MXFP4, PLAN_WEIGHT, 0, 3, g4);
+  m->g4_cpu1 = mini_view(m, "layers.0.g4@cpu1", m->g4, 1, (const uint32_t[]){2, 0}, 2);
+  m->tensors[m->g8].init_offset = 0.01;
+  m->tensors[m->g8].init_scale = 0.05;
+  m->tensors[m->g4].init_scale = 3.0;
+  mini_finish(m);
+}
+
+static uint8_t sm_codes[SM_R * SM_C / 2], sm_scale[SM_R * 2];
+
+enum { QS_SMALL = QK_N, QS_SMALL_SCALE, QS_N };
+
+static void smini_entries(st_entry *es) {
+  qmini_entries(es);
+  for (int k = 0; k < SM_R * SM_C / 2; k++) sm_codes[k] = (uint8_t)(k * 23 + 5);
+  for (int k = 0; k < SM_R * 2; k++) sm_scale[k] = (uint8_t)(110 + 7 * k);
+  es[QS_SMALL] = (st_entry){"layers.0.small.weight", "U8", 2, {SM_R, SM_C / 2}, sm_codes, sizeof sm_codes};
+  es[QS_SMALL_SCALE] = (st_entry){"layers.0.small.scale", "F8_E8M0", 2, {SM_R, 2}, sm_scale, sizeof sm_scale};
+}
+
+/* A quantized matrix's bytes: codes, then scales, then zeros up to its
+ * 16-byte stride. */
+static void expect_matrix_bytes(const uint8_t *got, const void *codes, size_t ncodes, const void *scales,
+                                size_t nscales, size_t stride, const char *what) {
+  ck_assert_msg(memcmp(got, codes, ncodes) == 0, "%s: codes", what);
+  ck_assert_msg(memcmp(got + ncodes, scales, nscales) == 0, "%s: scales", what);
+  for (size_t k = ncodes + nscales; k < stride; k++) ck_assert_msg(got[k] == 0, "%s: padding byte %zu", what, k);
+}
+
+START_TEST(binds_quantized_as_shipped) {
+  mini m;
+  smini_build(&m);
+  st_entry es[QS_N];
+  smini_entries(es);
+  char path[128];
+  path_of(path, sizeof path, "shipped.safetensors");
+  ck_assert_int_eq(st_write(path, es, QS_N), 0);
+  rt_bundle *b;
+  rt_status s = rt_bundle_open(m.dir, &(rt_options){.weights = path}, &b);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+
+  /* FP8: every E4M3 code, NaN included, and the scales, byte for byte */
+  ck_assert_uint_eq(m.tensors[m.q8].bytes, Q8_R * Q8_C + 16);
+  static uint8_t got[Q8_R * Q8_C + 16], rep[KV_R * KV_C + 16];
+  read_tensor(b, m.q8, got, m.tensors[m.q8].bytes);
+  expect_matrix_bytes(got, q8_codes, sizeof q8_codes, q8_scale, sizeof q8_scale, sizeof got, "wq_a");
+  ck_assert_uint_eq(m.tensors[m.kv].bytes, KV_R * KV_C + 8); /* 33800 + 6, padded to 33808 */
+  read_tensor(b, m.kv, got, m.tensors[m.kv].bytes);
+  expect_matrix_bytes(got, kv_codes, sizeof kv_codes, kv_scale, sizeof kv_scale, KV_R * KV_C + 8, "wkv");
+  read_tensor(b, m.kv_rep, rep, m.tensors[m.kv_rep].bytes);
+  ck_assert_mem_eq(rep, got, m.tensors[m.kv].bytes);
+  /* FP4 per expert: each view row is its expert's matrix */
+  enum { W1_STRIDE = FF * HH / 2 + FF * HH / 32 };
+  ck_assert_uint_eq(m.tensors[m.w1_cpu0].bytes, 2 * W1_STRIDE);
+  const uint32_t rows[2][2] = {{3, 1}, {0, 2}};
+  for (int v = 0; v < 2; v++) {
+    read_tensor(b, v ? m.w1_cpu1 : m.w1_cpu0, got, 2 * W1_STRIDE);
+    for (int r = 0; r < 2; r++)
+      expect_matrix_bytes(got + r * W1_STRIDE, w1_codes[rows[v][r]], sizeof w1_codes[0], w1_scale[rows[v][r]],
+                          sizeof w1_scale[0], W1_STRIDE, w1_names[rows[v][r]][0]);
+  }
+  ck_assert_uint_eq(m.tensors[m.small].bytes, 96);
+  read_tensor(b, m.small, got, 96);
+  expect_matrix_bytes(got, sm_codes, sizeof sm_codes, sm_scale, sizeof sm_scale, 96, "small");
+
+  /* the values as bound: the file's, exactly (a NaN code stays NaN) */
+  static double v[KV_R * KV_C];
+  ck_assert_ptr_null(rt_weight_values(b, m.kv_rep, 0, KV_R * KV_C, v));
+  int nan = 0;
+  for (uint64_t k = 0; k < KV_R * KV_C; k++) {
+    expect_value(v[k], kv_ref(k / KV_C, k % KV_C), "wkv", k / KV_C, k % KV_C);
+    nan += isnan(v[k]) != 0;
+  }
+  ck_assert_int_gt(nan, 0);
+  ck_assert_ptr_null(rt_weight_values(b, m.w1, FF * HH - 3, 6, v)); /* across experts 0 and 1 */
+  for (int k = 0; k < 6; k++) {
+    uint64_t at = FF * HH - 3 + (uint64_t)k, e = at / (FF * HH), in = at % (FF * HH);
+    ck_assert(v[k] == w1_ref(e, in / HH, in % HH));
+  }
+  ck_assert_ptr_null(rt_weight_values(b, m.w1_cpu1, FF * HH + 7, 1, v)); /* expert 2 */
+  ck_assert(v[0] == w1_ref(2, 0, 7));
+  ck_assert_ptr_null(rt_weight_values(b, m.small, 0, SM_R * SM_C, v));
+  for (uint64_t k = 0; k < SM_R * SM_C; k++) {
+    uint64_t i = k / SM_C, j = k % SM_C;
+    uint8_t byte = sm_codes[k / 2], nibble = j & 1 ? byte >> 4 : byte & 15;
+    ck_assert(v[k] == ldexp(e2m1_ref(nibble), sm_scale[i * 2 + j / 32] - 127));
+  }
+  expect_msg(rt_weight_values(b, m.small, SM_R * SM_C - 1, 2, v),
+             "rt_weight_values: elements [169, 171) asked of weight layers.0.small, which has 170");
+  rt_weights_info w;
+  rt_bundle_weights(b, &w);
+  ck_assert_uint_eq(w.from_checkpoint, 4);
+  ck_assert_uint_eq(w.from_generator, 2);
+  ck_assert_uint_eq(w.cast, 0);
+
+  /* staging, bytes of the layout, on any number of threads */
+  const uint32_t ts[] = {m.q8, m.kv, m.kv_rep, m.w1_cpu0, m.w1_cpu1, m.small, m.g8, m.g4, m.g4_cpu1};
+  expect_staging_independent(b, &m, ts, sizeof ts / sizeof ts[0]);
+  rt_bundle_close(b);
+}
+END_TEST
+
+/* A quantized plan weight binds only its own quantization, as shipped:
+ * each mismatch names the weight, the file, what the checkpoint holds and
+ * what the plan's dtype binds. */
+START_TEST(quantized_binding_errors) {
+  mini m;
+  smini_build(&m);
+  st_entry es[QS_N], bad[QS_N];
+  smini_entries(es);
+  static uint16_t kv_bf16[KV_R * KV_C];
+  static float small_f32[SM_R * SM_C];
+  static uint8_t fp4_as_q8[Q8_R * Q8_C / 2], fp4_scale[Q8_R * Q8_C / 32], fp8_as_w1[FF * HH];
+  const uint8_t fp8_w1_scale[2] = {127, 127};
+
+  /* plain tensors would need quantizing */
+  memcpy(bad, es, sizeof es);
+  bad[QK_KV] = (st_entry){"model.layers.0.attn.wkv.weight", "BF16", 2, {KV_R, KV_C}, kv_bf16, sizeof kv_bf16};
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.wkv' (checkpoint 'model.layers.0.attn.wkv.weight' in %s): BF16 [130, 260] "
+                     "would need quantizing, which binding does not do; the plan's f8e4m3 [130, 260] binds F8_E4M3 "
+                     "[130, 260] with block scales 'model.layers.0.attn.wkv.scale' F8_E8M0 [2, 3]");
+  memcpy(bad, es, sizeof es);
+  bad[QS_SMALL] = (st_entry){"layers.0.small.weight", "F32", 2, {SM_R, SM_C}, small_f32, sizeof small_f32};
+  expect_qmini_error(&m, bad, QS_SMALL + 1,
+                     "weight 'layers.0.small' (checkpoint 'layers.0.small.weight' in %s): F32 [5, 34] would need "
+                     "quantizing, which binding does not do; the plan's mxfp4 [5, 34] binds FP4 packed in I8 or U8 "
+                     "[5, 17] with block scales 'layers.0.small.scale' F8_E8M0 [5, 2]");
+  /* the other quantization, either way */
+  memcpy(bad, es, sizeof es);
+  bad[QK_W1 + 2] = (st_entry){w1_names[1][0], "F8_E4M3", 2, {FF, HH}, fp8_as_w1, sizeof fp8_as_w1};
+  bad[QK_W1 + 3] = (st_entry){w1_names[1][1], "F8_E8M0", 2, {1, 2}, fp8_w1_scale, sizeof fp8_w1_scale};
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.w1' (checkpoint 'layers.0.ffn.experts.1.w1.weight' in %s): F8_E4M3 [128, "
+                     "256] is another quantization; the plan's mxfp4 [128, 256] binds FP4 packed in I8 or U8 [128, "
+                     "128] with block scales 'layers.0.ffn.experts.1.w1.scale' F8_E8M0 [128, 8]");
+  memcpy(bad, es, sizeof es);
+  bad[QK_Q8] = (st_entry){"layers.0.attn.wq_a.weight", "I8", 2, {Q8_R, Q8_C / 2}, fp4_as_q8, sizeof fp4_as_q8};
+  bad[QK_Q8_SCALE] = (st_entry){"layers.0.attn.wq_a.scale", "F8_E8M0", 2, {Q8_R, Q8_C / 32}, fp4_scale,
+                                sizeof fp4_scale};
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.wq_a' (checkpoint 'layers.0.attn.wq_a.weight' in %s): FP4 packed in I8 "
+                     "[256, 512] is another quantization; the plan's f8e4m3 [256, 1024] binds F8_E4M3 [256, 1024] "
+                     "with block scales 'layers.0.attn.wq_a.scale' F8_E8M0 [2, 8]");
+  /* missing scales: FP8, and an I8 that then is no FP4 */
+  memcpy(bad, es, sizeof es);
+  bad[QK_KV_SCALE] = es[QS_N - 1];
+  expect_qmini_error(&m, bad, QS_N - 1,
+                     "weight 'layers.0.wkv' (checkpoint 'model.layers.0.attn.wkv.weight' in %s): F8_E4M3 [130, 260] "
+                     "has no block scales ('model.layers.0.attn.wkv.scale' is not in the checkpoint); the plan's "
+                     "f8e4m3 [130, 260] binds F8_E4M3 [130, 260] with block scales 'model.layers.0.attn.wkv.scale' "
+                     "F8_E8M0 [2, 3]");
+  memcpy(bad, es, sizeof es);
+  bad[QK_W1 + 5] = es[QS_N - 1];
+  expect_qmini_error(&m, bad, QS_N - 1,
+                     "weight 'layers.0.w1' (checkpoint 'layers.0.ffn.experts.2.w1.weight' in %s): I8 [128, 128] has "
+                     "no block scales ('layers.0.ffn.experts.2.w1.scale' is not in the checkpoint); the plan's mxfp4 "
+                     "[128, 256] binds FP4 packed in I8 or U8 [128, 128] with block scales "
+                     "'layers.0.ffn.experts.2.w1.scale' F8_E8M0 [128, 8]");
+  /* scales of the wrong shape, of the wrong dtype */
+  memcpy(bad, es, sizeof es);
+  bad[QK_KV_SCALE].shape[0] = 3;
+  bad[QK_KV_SCALE].shape[1] = 2;
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.wkv' (checkpoint 'model.layers.0.attn.wkv.weight' in %s): F8_E4M3 [130, 260] "
+                     "has block scales 'model.layers.0.attn.wkv.scale' F8_E8M0 [3, 2]; the plan's f8e4m3 [130, 260] "
+                     "binds F8_E4M3 [130, 260] with block scales 'model.layers.0.attn.wkv.scale' F8_E8M0 [2, 3]");
+  memcpy(bad, es, sizeof es);
+  bad[QS_SMALL_SCALE].dtype = "U8";
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.small' (checkpoint 'layers.0.small.weight' in %s): FP4 packed in U8 [5, 17] "
+                     "has block scales 'layers.0.small.scale' U8 [5, 2]; the plan's mxfp4 [5, 34] binds FP4 packed "
+                     "in I8 or U8 [5, 17] with block scales 'layers.0.small.scale' F8_E8M0 [5, 2]");
+  /* a packed tensor of the wrong width (its scales fit it), an FP8 one transposed */
+  memcpy(bad, es, sizeof es);
+  bad[QK_W1].shape[1] = HH / 4;
+  bad[QK_W1].bytes /= 2;
+  bad[QK_W1 + 1].shape[1] = HH / 64;
+  bad[QK_W1 + 1].bytes /= 2;
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.w1' (checkpoint 'layers.0.ffn.experts.0.w1.weight' in %s): FP4 packed in I8 "
+                     "[128, 64] has another shape; the plan's mxfp4 [128, 256] binds FP4 packed in I8 or U8 [128, "
+                     "128] with block scales 'layers.0.ffn.experts.0.w1.scale' F8_E8M0 [128, 8]");
+  memcpy(bad, es, sizeof es);
+  bad[QK_KV].shape[0] = KV_C;
+  bad[QK_KV].shape[1] = KV_R;
+  bad[QK_KV_SCALE].shape[0] = 3;
+  bad[QK_KV_SCALE].shape[1] = 2;
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.wkv' (checkpoint 'model.layers.0.attn.wkv.weight' in %s): F8_E4M3 [260, 130] "
+                     "has another shape; the plan's f8e4m3 [130, 260] binds F8_E4M3 [130, 260] with block scales "
+                     "'model.layers.0.attn.wkv.scale' F8_E8M0 [2, 3]");
+  /* a NaN scale, refused though the bytes are copied unread */
+  uint8_t sc[6];
+  memcpy(sc, kv_scale, sizeof sc);
+  sc[5] = sc[4] = 255;
+  memcpy(bad, es, sizeof es);
+  bad[QK_KV_SCALE].data = sc;
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.wkv' (checkpoint 'model.layers.0.attn.wkv.weight' in %s): block [1, 1] of "
+                     "scales 'model.layers.0.attn.wkv.scale' is 255, NaN in F8_E8M0");
+  uint8_t ssc[SM_R * 2];
+  memcpy(ssc, sm_scale, sizeof ssc);
+  ssc[7] = 255;
+  memcpy(bad, es, sizeof es);
+  bad[QS_SMALL_SCALE].data = ssc;
+  expect_qmini_error(&m, bad, QS_N,
+                     "weight 'layers.0.small' (checkpoint 'layers.0.small.weight' in %s): block [3, 1] of scales "
+                     "'layers.0.small.scale' is 255, NaN in F8_E8M0");
+
+  /* a stack of matrices binds per matrix: {e}, one level deep */
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", m.dir);
+  ck_assert_int_eq(system(cmd), 0);
+  mini_begin(&m);
+  const uint64_t w1[] = {NE, FF, HH}, q4[] = {2, 3, 128, 128};
+  mini_tensor(&m, "layers.0.w1", "layers.0.ffn.experts.w1.weight", PLAN_MXFP4, PLAN_WEIGHT, 0, 3, w1);
+  mini_finish(&m);
+  expect_qmini_error(&m, es, QS_N,
+                     "weight 'layers.0.w1' (checkpoint 'layers.0.ffn.experts.w1.weight'): the plan's mxfp4 [4, 128, "
+                     "256] is a stack of matrices, and a quantized checkpoint tensor is one matrix: name them with "
+                     "{e}, one per row of dim 0");
+  snprintf(cmd, sizeof cmd, "rm -rf %s", m.dir);
+  ck_assert_int_eq(system(cmd), 0);
+  mini_begin(&m);
+  mini_tensor(&m, "layers.0.q4", "layers.0.{e}.q4.weight", PLAN_F8E4M3, PLAN_WEIGHT, 0, 4, q4);
+  mini_finish(&m);
+  expect_qmini_error(&m, es, QS_N,
+                     "weight 'layers.0.q4' (checkpoint 'layers.0.{e}.q4.weight'): a row of the plan's f8e4m3 [2, 3, "
+                     "128, 128] is a stack of matrices, and a quantized checkpoint tensor is one matrix");
+}
+END_TEST
+
 /* "{e}" binds the rows of dim 0, which a scalar does not have. */
 START_TEST(per_expert_name_of_a_scalar) {
   mini m;
@@ -1674,6 +1941,8 @@ int main(void) {
   tcase_add_test(b, staging_is_independent_of_threads);
   tcase_add_test(b, block_scaled_and_per_expert_errors);
   tcase_add_test(b, per_expert_name_of_a_scalar);
+  tcase_add_test(b, binds_quantized_as_shipped);
+  tcase_add_test(b, quantized_binding_errors);
   suite_add_tcase(s, b);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

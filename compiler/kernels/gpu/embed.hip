@@ -1,7 +1,7 @@
 /* embed GPU kernel template: x[t] = table[ids[t]], or with NSTREAMS > 1
  * (x is [T, NSTREAMS, H]) x[t, i] = table[ids[t]] for every
  * hyper-connection stream i. kgen_gpu puts in front the defines T, V, H,
- * NSTREAMS, TABLE_BF16, GRID, NTHREADS, KERNEL_NAME and TABLE_T (float or
+ * NSTREAMS, TABLE_DT, GRID, NTHREADS, KERNEL_NAME and TABLE_T (float or
  * ds4_bf16, widened exactly by ds4_f32).
  * Grid: one block per token slot t (T). Threads: thread i copies columns
  * i, i + NTHREADS, ... of the row into each stream, loading DS4_BATCH of
@@ -12,7 +12,7 @@
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
-  static_assert(sizeof(TABLE_T) == (TABLE_BF16 ? 2 : 4), "TABLE_T is the table's dtype");
+  static_assert(ds4_wtraits<TABLE_T>::dt == TABLE_DT && !ds4_quantized<TABLE_T>(), "TABLE_T is the table's dtype");
   const int32_t *ids = (const int32_t *)bufs[0];
   const TABLE_T *table = (const TABLE_T *)bufs[1];
   float *x = (float *)bufs[2];

@@ -2,16 +2,17 @@
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
  * group g). kgen_gpu puts in front the defines T, GROUPS, KG, NG, N (=
- * GROUPS * NG), TILE, ROWS, NTILES, W_BF16, X_SHARED, LANES, GRID,
+ * GROUPS * NG), TILE, ROWS, NTILES, W_DT, X_SHARED, LANES, GRID,
  * NTHREADS (TILE = ROWS * NTHREADS / LANES), KERNEL_NAME and W_T (float or
- * ds4_bf16, widened exactly by ds4_f32).
+ * ds4_bf16, widened exactly, or ds4_f8e4m3 or ds4_mxfp4, dequantized
+ * exactly as it is read).
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot (dead slots launch no
  * blocks). Threads: as matmul's, group g = thread / LANES (one warp of 32
  * lanes, W = NTHREADS / LANES of them) computes the ROWS columns n0 + g +
  * W * q for the live slots in turn (kgen keeps a tile of more than one
- * row a warp inside one group), streaming their rows of w with 16-byte
- * loads against the group's part of x: ds4_lane_dot (ds4_lane_dot_rows
+ * row a warp inside one group), streaming their rows of w a chunk at a
+ * time (as matmul) against the group's part of x: ds4_lane_dot (ds4_lane_dot_rows
  * for two rows) gives each lane its strided share of a row in a fixed
  * order, and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes
  * its columns of the dead slots. With X_SHARED (many columns: kgen_gpu)
@@ -27,13 +28,13 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
   static_assert(ROWS == 1 || NG % TILE == 0, "a warp's columns in one group");
-  static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
+  static_assert(ds4_wtraits<W_T>::dt == W_DT, "W_T is the weight's dtype");
 #if X_SHARED
   static_assert(NG % TILE == 0, "kgen_gpu stages x only when a tile lies in one group");
   DS4_SHARED __attribute__((aligned(16))) float xs[KG];
 #endif
   const float *x = (const float *)bufs[0];
-  const W_T *w = (const W_T *)bufs[1];
+  const void *w = bufs[1];
   float *y = (float *)bufs[2];
   int64_t ntok = step[1] < T ? step[1] : T;
   uint32_t block = ds4_block();
@@ -61,14 +62,14 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     if (live) {
       float acc[ROWS];
       if constexpr (ROWS == 1) {
-        acc[0] = ds4_lane_dot<LANES, KG, W_T, XS>(xg, w + n0 * KG, lane, zero);
+        acc[0] = ds4_lane_dot<LANES, KG, W_T, XS>(xg, ds4_wrow<W_T>(w, N, KG, 0, n0), lane, zero);
       } else {
         /* A column past the last reads the last one's row: its sum is
          * dropped. */
-        const W_T *wr[ROWS];
+        ds4_row<W_T> wr[ROWS];
 #pragma unroll
         for (int q = 0; q < ROWS; q++)
-          wr[q] = w + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1) * KG;
+          wr[q] = ds4_wrow<W_T>(w, N, KG, 0, n0 + WARPS * q < N ? n0 + WARPS * q : N - 1);
         ds4_lane_dot_rows<LANES, KG, W_T, XS, ROWS, 4>(xg, wr, lane, zero, acc);
       }
 #pragma unroll

@@ -1,16 +1,17 @@
 /* matmul GPU kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
- * f32 or bf16, widened exactly to f32). kgen_gpu puts in front the defines
- * T, K, N, TILE, ROWS, NTILES, W_BF16, X_SHARED, LANES, GRID, NTHREADS
- * (TILE = ROWS * NTHREADS / LANES), KERNEL_NAME and W_T (float or
- * ds4_bf16).
+ * f32 or bf16, widened exactly to f32, or f8e4m3 or mxfp4, dequantized
+ * exactly as it is read). kgen_gpu puts in front the defines T, K, N,
+ * TILE, ROWS, NTILES, W_DT, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
+ * NTHREADS / LANES), KERNEL_NAME and W_T (float, ds4_bf16, ds4_f8e4m3 or
+ * ds4_mxfp4).
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot, so a step's dead slots
  * launch no blocks (a decode step's GEMV spreads its rows over the whole
  * GPU and nothing else). Threads: group g = thread / LANES (one warp of 32
  * lanes, W = NTHREADS / LANES of them) computes the ROWS columns n0 + g +
  * W * q of the tile for the live slots t < step[1] in turn, streaming
- * their rows of w with 16-byte loads (once per slot; after the first slot
- * from cache): ds4_lane_dot (ds4_lane_dot_rows for two rows in flight
+ * their rows of w a chunk at a time (16 bytes of f32 or bf16, 4 quantized
+ * values; once per slot; after the first slot from cache): ds4_lane_dot (ds4_lane_dot_rows for two rows in flight
  * together) gives each lane its strided share of a row in a fixed order,
  * and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes its
  * columns of the dead slots. x is read as the weights are, or, with
@@ -24,12 +25,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
-  static_assert(sizeof(W_T) == (W_BF16 ? 2 : 4), "W_T is the weight's dtype");
+  static_assert(ds4_wtraits<W_T>::dt == W_DT, "W_T is the weight's dtype");
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float xs[K];
 #endif
   const float *x = (const float *)bufs[0];
-  const W_T *w = (const W_T *)bufs[1];
+  const void *w = bufs[1];
   float *y = (float *)bufs[2];
   int64_t ntok = step[1] < T ? step[1] : T;
   uint32_t block = ds4_block();
@@ -57,14 +58,14 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     if (live) {
       float acc[ROWS];
       if constexpr (ROWS == 1) {
-        acc[0] = ds4_lane_dot<LANES, K, W_T, XS>(xr, w + n0 * K, lane, zero);
+        acc[0] = ds4_lane_dot<LANES, K, W_T, XS>(xr, ds4_wrow<W_T>(w, N, K, 0, n0), lane, zero);
       } else {
         /* A column past the last reads the last one's row: its sum is
          * dropped. */
-        const W_T *wr[ROWS];
+        ds4_row<W_T> wr[ROWS];
 #pragma unroll
         for (int q = 0; q < ROWS; q++)
-          wr[q] = w + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1) * K;
+          wr[q] = ds4_wrow<W_T>(w, N, K, 0, n0 + WARPS * q < N ? n0 + WARPS * q : N - 1);
         ds4_lane_dot_rows<LANES, K, W_T, XS, ROWS, 4>(xr, wr, lane, zero, acc);
       }
 #pragma unroll

@@ -1,8 +1,9 @@
 /* matmul_pair GPU kernel template: two matmuls of one x in one launch
  * (lower.c), y1[t,n] = sum_k x[t,k] * w1[n,k] and y2[t,m] = sum_k x[t,k] *
- * w2[m,k] (w1 [N1,K] and w2 [N2,K] of one dtype, f32 or bf16). kgen_gpu
+ * w2[m,k] (w1 [N1,K] and w2 [N2,K] of one dtype, f32, bf16, f8e4m3 or
+ * mxfp4). kgen_gpu
  * puts in front the defines T, K, N1, N2, TILE, ROWS, NTILES1, NTILES2,
- * W1_BF16, W2_BF16, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
+ * W1_DT, W2_DT, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
  * NTHREADS / LANES), KERNEL_NAME and W1_T, W2_T.
  * Grid: NTILES1 tiles of y1's columns, then NTILES2 of y2's; a block works
  * as matmul.hip's block of its part does (the same groups, dot products,
@@ -16,8 +17,8 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
-  static_assert(W1_BF16 == W2_BF16 && sizeof(W1_T) == sizeof(W2_T), "one weight dtype");
-  static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4), "W1_T is the weights' dtype");
+  static_assert(W1_DT == W2_DT && ds4_wtraits<W1_T>::dt == W1_DT && ds4_wtraits<W2_T>::dt == W2_DT,
+                "W1_T and W2_T are the weights' one dtype");
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float xs[K];
 #endif
@@ -28,7 +29,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   /* The block's part: its weight, output and column count. */
   bool second = block >= NTILES1;
-  const W1_T *w = (const W1_T *)bufs[second ? 2 : 1];
+  const void *w = bufs[second ? 2 : 1];
   float *y = (float *)bufs[second ? 4 : 3];
   int64_t N = second ? N2 : N1;
   uint32_t tile = second ? block - NTILES1 : block;
@@ -53,12 +54,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     if (live) {
       float acc[ROWS];
       if constexpr (ROWS == 1) {
-        acc[0] = ds4_lane_dot<LANES, K, W1_T, XS>(xr, w + n0 * K, lane, zero);
+        acc[0] = ds4_lane_dot<LANES, K, W1_T, XS>(xr, ds4_wrow<W1_T>(w, N, K, 0, n0), lane, zero);
       } else {
-        const W1_T *wr[ROWS];
+        ds4_row<W1_T> wr[ROWS];
 #pragma unroll
         for (int q = 0; q < ROWS; q++)
-          wr[q] = w + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1) * K;
+          wr[q] = ds4_wrow<W1_T>(w, N, K, 0, n0 + WARPS * q < N ? n0 + WARPS * q : N - 1);
         ds4_lane_dot_rows<LANES, K, W1_T, XS, ROWS, 4>(xr, wr, lane, zero, acc);
       }
 #pragma unroll

@@ -4,8 +4,9 @@
  * act[t,j] . w2[r,c]; +0 for every other slot, so the parts of a split
  * expert op sum to the unsplit result bit for bit. kgen_gpu puts in front
  * the defines T, TOPK, E (rows held), NEXPERTS, EXPERT_ROWS, H, F, TILE,
- * ROWS, NTILES, W2_BF16, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
- * NTHREADS / LANES), KERNEL_NAME and W2_T.
+ * ROWS, NTILES, W2_DT, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
+ * NTHREADS / LANES), KERNEL_NAME and W2_T (float, ds4_bf16, ds4_f8e4m3 or
+ * ds4_mxfp4; expert row r of a quantized w2 is its matrix r).
  * Grid: NTILES tiles of TILE output channels times TOPK choices; block b
  * holds channels TILE * (b % NTILES) and up of choice j = b / NTILES for
  * every slot, so the chosen experts of a decode step stream side by
@@ -14,7 +15,7 @@
  * which leaves a thread's registers to the weights' loads; group g =
  * thread / LANES (one warp of W = NTHREADS / LANES) takes the ROWS
  * channels c = TILE * (b % NTILES) + g + W * q, streaming their rows of w2
- * together with 16-byte loads (ds4_lane_dot_rows, each row in
+ * together a chunk at a time (ds4_lane_dot_rows, each row in
  * ds4_lane_dot's order over the F activations) and ds4_lane_sum, so a slot
  * holds the bits moe_experts computes when its ffn rows fit one chunk (F
  * <= 2048, every DeepSeek-V4 shape). */
@@ -24,7 +25,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS channels a group of LANES threads");
-  static_assert(sizeof(W2_T) == (W2_BF16 ? 2 : 4), "W2_T is the weight's dtype");
+  static_assert(ds4_wtraits<W2_T>::dt == W2_DT, "W2_T is the weight's dtype");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float as[F];
@@ -34,7 +35,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
   const float *act = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
-  const W2_T *w2 = (const W2_T *)bufs[2];
+  const void *w2 = bufs[2];
   float *slots = (float *)bufs[3];
   int64_t ntok = step[1] < T ? step[1] : T;
   uint32_t block = ds4_block();
@@ -63,11 +64,11 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
       /* A channel past the last reads the last one's row: its sum is
        * dropped, and the group's lanes still sum together. */
-      const W2_T *w[ROWS];
+      ds4_row<W2_T> w[ROWS];
 #pragma unroll
       for (int q = 0; q < ROWS; q++) {
         int64_t c = c0 + WARPS * q < H ? c0 + WARPS * q : H - 1;
-        w[q] = w2 + ((int64_t)r * H + c) * F;
+        w[q] = ds4_wrow<W2_T>(w2, H, F, r, c);
       }
       ds4_lane_dot_rows<LANES, F, W2_T, XS, ROWS, 4>(ar, w, lane, zero, acc);
 #pragma unroll

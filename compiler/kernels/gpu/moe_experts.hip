@@ -4,12 +4,13 @@
  * product when SWIGLU_LIMIT > 0: ds4_swiglu_act); every other slot is
  * +0, so the parts of a split expert op sum to the unsplit result bit for
  * bit. kgen_gpu puts in front the defines T, TOPK, E (rows held),
- * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, W1_BF16, W3_BF16, W2_BF16,
+ * NEXPERTS, EXPERT_ROWS, H, F, SWIGLU_LIMIT, W1_DT, W3_DT, W2_DT,
  * LANES, FCHUNK, X_SHARED, GRID, NTHREADS, KERNEL_NAME, W1_T, W3_T and
- * W2_T (each float or ds4_bf16).
+ * W2_T (each float, ds4_bf16, ds4_f8e4m3 or ds4_mxfp4; expert row r of a
+ * quantized weight is its matrix r, at r times its stride).
  * Grid: the host's, one block per (token slot, choice), T * TOPK; block b
  * is slot (b / TOPK, b mod TOPK). Threads: ds4_swiglu, one group of LANES
- * lanes (a warp) per weight row, streaming it with 16-byte loads: the
+ * lanes (a warp) per weight row, streaming it a chunk at a time: the
  * gate and up rows of a chunk of FCHUNK ffn rows give their activations
  * in shared memory, then the down rows use them (x staged in shared
  * memory when X_SHARED). The order depends on H, F, FCHUNK, LANES and
@@ -20,8 +21,7 @@
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
-  static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4) &&
-                    sizeof(W2_T) == (W2_BF16 ? 2 : 4),
+  static_assert(ds4_wtraits<W1_T>::dt == W1_DT && ds4_wtraits<W3_T>::dt == W3_DT && ds4_wtraits<W2_T>::dt == W2_DT,
                 "W1_T, W3_T and W2_T are the weights' dtypes");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
   /* Whole 16-byte words, so that the arrays' bytes add up to what kgen_gpu
@@ -34,9 +34,6 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
   const float *x = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
-  const W1_T *w1 = (const W1_T *)bufs[2];
-  const W3_T *w3 = (const W3_T *)bufs[3];
-  const W2_T *w2 = (const W2_T *)bufs[4];
   float *slots = (float *)bufs[5];
   int64_t ntok = step[1];
   uint32_t block = ds4_block();
@@ -52,6 +49,6 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   }
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  ds4_swiglu<NTHREADS, LANES, H, F, FCHUNK, X_SHARED ? DS4_X_SHARED : DS4_X_GLOBAL>(
-      x + t * H, xs, w1 + r * (F * H), w3 + r * (F * H), w2 + r * (H * F), out, act, SWIGLU_LIMIT, zero);
+  ds4_swiglu<NTHREADS, LANES, H, F, FCHUNK, X_SHARED ? DS4_X_SHARED : DS4_X_GLOBAL, W1_T, W3_T, W2_T>(
+      x + t * H, xs, bufs[2], bufs[3], bufs[4], r, out, act, SWIGLU_LIMIT, zero);
 }

@@ -5,8 +5,9 @@
  * every other slot (dead rows, experts of other launches, ids outside
  * [0, NEXPERTS)). kgen_gpu puts in front the defines T, TOPK, E (rows
  * held), NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, SWIGLU_LIMIT,
- * W1_BF16, W3_BF16, X_SHARED, LANES, GRID, NTHREADS (= TILE * LANES),
- * KERNEL_NAME, W1_T and W3_T.
+ * W1_DT, W3_DT, X_SHARED, LANES, GRID, NTHREADS (= TILE * LANES),
+ * KERNEL_NAME, W1_T and W3_T (each float, ds4_bf16, ds4_f8e4m3 or
+ * ds4_mxfp4; expert row r of a quantized weight is its matrix r).
  * Grid: NTILES tiles of TILE ffn rows; block b holds rows TILE * b and up
  * for every choice of every slot, so a decode step's chosen experts are
  * spread over the whole GPU and its dead slots launch no blocks. Threads:
@@ -15,7 +16,7 @@
  * looks up the rows of the slot's TOPK choices, so that no load of idx
  * waits between one expert and the next; then group g = thread / LANES
  * (one warp) takes row f = TILE * b + g of each choice in turn, streaming
- * the gate and up rows together with 16-byte loads (ds4_lane_dot_rows),
+ * the gate and up rows together a chunk at a time (ds4_lane_dot_rows),
  * then ds4_lane_sum: the order moe_experts' ds4_swiglu sums in, so act
  * holds the bits moe_experts computes for its activations. */
 
@@ -23,7 +24,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
   static_assert(TILE * LANES == NTHREADS, "a group of LANES threads per row of the tile");
-  static_assert(sizeof(W1_T) == (W1_BF16 ? 2 : 4) && sizeof(W3_T) == (W3_BF16 ? 2 : 4),
+  static_assert(ds4_wtraits<W1_T>::dt == W1_DT && ds4_wtraits<W3_T>::dt == W3_DT,
                 "W1_T and W3_T are the weights' dtypes");
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
 #if X_SHARED
@@ -34,8 +35,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
   const float *x = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];
-  const W1_T *w1 = (const W1_T *)bufs[2];
-  const W3_T *w3 = (const W3_T *)bufs[3];
+  const void *w1 = bufs[2], *w3 = bufs[3];
   float *act = (float *)bufs[4];
   int64_t ntok = step[1] < T ? step[1] : T;
   uint32_t block = ds4_block();
@@ -69,12 +69,14 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       float a = 0.0f;
       if (live && r >= 0) {
         float gu[2];
-        if constexpr (W1_BF16 == W3_BF16) {
-          const W1_T *w[2] = {w1 + (r * F + f) * H, w3 + (r * F + f) * H};
+        if constexpr (W1_DT == W3_DT) {
+          /* W3_T is W1_T here (the kernel is no template: both branches
+           * compile) */
+          ds4_row<W1_T> w[2] = {ds4_wrow<W1_T>(w1, F, H, r, f), ds4_wrow<W1_T>(w3, F, H, r, f)};
           ds4_lane_dot_rows<LANES, H, W1_T, XS, 2, 4>(xr, w, lane, zero, gu);
         } else {
-          gu[0] = ds4_lane_dot<LANES, H, W1_T, XS>(xr, w1 + (r * F + f) * H, lane, zero);
-          gu[1] = ds4_lane_dot<LANES, H, W3_T, XS>(xr, w3 + (r * F + f) * H, lane, zero);
+          gu[0] = ds4_lane_dot<LANES, H, W1_T, XS>(xr, ds4_wrow<W1_T>(w1, F, H, r, f), lane, zero);
+          gu[1] = ds4_lane_dot<LANES, H, W3_T, XS>(xr, ds4_wrow<W3_T>(w3, F, H, r, f), lane, zero);
         }
         a = ds4_swiglu_act(ds4_lane_sum<LANES>(gu[0]), ds4_lane_sum<LANES>(gu[1]), SWIGLU_LIMIT);
       }

@@ -17,6 +17,9 @@
  *   ds4_lane_down(v, s)  lane i + s's v, within a warp or wavefront
  *   ds4_lane_read(v, l)  lane l's v, within a group of 32 lanes
  *   ds4_bf16         a bf16 weight element; ds4_f32 widens it (exactly)
+ *   ds4_f8e4m3, ds4_mxfp4  a byte of a quantized weight matrix; ds4_wrow
+ *                    finds a weight's row, ds4_lane_dot dequantizes it
+ *                    (exactly) as it sums; DS4_DT_* name the dtypes
  *   ds4_expf, ds4_sincosf, ds4_block_sum, ds4_group_sum, ds4_lane_dot,
  *                    ds4_lane_sum, ds4_swiglu, ... (below; a kernel uses
  *                    some of them, hence `unused`)
@@ -144,10 +147,30 @@ DS4_DEVICE float ds4_lane_read(float v, int l) { return __nvvm_shfl_sync_idx_f32
 
 /* ---- math, identical on every target ---- */
 
+/* Weight dtypes, as the <SLOT>_DT defines give them (enum plan_dtype). */
+#define DS4_DT_F32 0
+#define DS4_DT_BF16 1
+#define DS4_DT_F8E4M3 4
+#define DS4_DT_MXFP4 5
+
 /* A bf16 value: the high 16 bits of the f32 it stands for, so widening
  * is exact (a shift), and the products and sums after it are f32's. */
 struct ds4_bf16 {
   unsigned short bits;
+};
+
+/* A byte of a quantized weight matrix (runtime/plan.h, "quantized
+ * weights": the codes row-major, then the E8M0 scale bytes, then zeros to
+ * a multiple of 16 bytes): one E4M3 code of an f8e4m3 matrix (a scale per
+ * 128 x 128 block), or two E2M1 codes of an mxfp4 one, the even column's
+ * in the low nibble (a scale per 32 values of a row). Element (r, c) is
+ * code * 2^(s-127) for its block's scale byte s, exact in f32 (rounded
+ * once, like the host's ds4h_weight, only where it leaves f32's range). */
+struct ds4_f8e4m3 {
+  unsigned char bits;
+};
+struct ds4_mxfp4 {
+  unsigned char bits;
 };
 
 DS4_DEVICE float ds4_f32(float v) { return v; }
@@ -179,6 +202,220 @@ DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_u32x4 wv, ds4
     acc = acc + xv[j / 2][2 * (j % 2) + 1] * __builtin_bit_cast(float, word & 0xffff0000u);
   }
   return acc;
+}
+
+/* ---- quantized weights, dequantized as they are read ----
+ * A row of a quantized matrix is summed in the f32 path's order, chunks
+ * of 4 elements (so that a kernel's bits are those of the same kernel on
+ * an f32 weight holding the dequantized values): a chunk is 4 E4M3 codes
+ * (4 bytes) or 4 E2M1 codes (2 bytes) and the scale byte of their block,
+ * which is one block as long as the row starts at a block's first column
+ * (every block is a whole number of chunks). A row reads 4 or 2 bytes at
+ * a time where its codes and x are aligned (kgen_gpu refuses a matrix
+ * whose rows would not be: a last dim that is not a multiple of 4). */
+
+/* A row of a quantized matrix from one of its scale blocks' first column
+ * on: its codes and the scale byte of its first block (the row's others
+ * follow it). */
+template <int DT>
+struct ds4_qrow {
+  const unsigned char *codes, *scales;
+};
+
+/* One chunk of a quantized row: its codes (E4M3 code j in byte j, E2M1
+ * code j in nibble j) and its scale byte. */
+template <int DT>
+struct ds4_qchunk {
+  uint32_t codes, scale;
+};
+
+/* What the dot products need to know of a weight's element type W:
+ * dt, its DS4_DT_*; V, the elements of a chunk (16 bytes of f32 or bf16,
+ * 4 quantized values); row, what stands for a row (a pointer, or a
+ * ds4_qrow); chunk, what a chunk loads into; and for a quantized W the
+ * code bytes of a chunk and the scale blocks' rows and columns. */
+template <typename W>
+struct ds4_wtraits;
+template <>
+struct ds4_wtraits<float> {
+  static constexpr int dt = DS4_DT_F32, V = 4;
+  typedef const float *row;
+  typedef ds4_u32x4 chunk;
+};
+template <>
+struct ds4_wtraits<ds4_bf16> {
+  static constexpr int dt = DS4_DT_BF16, V = 8;
+  typedef const ds4_bf16 *row;
+  typedef ds4_u32x4 chunk;
+};
+template <>
+struct ds4_wtraits<ds4_f8e4m3> {
+  static constexpr int dt = DS4_DT_F8E4M3, V = 4, bytes = 4, block_rows = 128, block_cols = 128;
+  typedef ds4_qrow<DS4_DT_F8E4M3> row;
+  typedef ds4_qchunk<DS4_DT_F8E4M3> chunk;
+};
+template <>
+struct ds4_wtraits<ds4_mxfp4> {
+  static constexpr int dt = DS4_DT_MXFP4, V = 4, bytes = 2, block_rows = 1, block_cols = 32;
+  typedef ds4_qrow<DS4_DT_MXFP4> row;
+  typedef ds4_qchunk<DS4_DT_MXFP4> chunk;
+};
+
+template <typename W>
+using ds4_row = typename ds4_wtraits<W>::row;
+
+template <typename W>
+constexpr bool ds4_quantized()
+{
+  return ds4_wtraits<W>::dt == DS4_DT_F8E4M3 || ds4_wtraits<W>::dt == DS4_DT_MXFP4;
+}
+
+/* Row r of matrix m of a weight that is a stack of [rows, cols] matrices
+ * at base, from column c0 on (for a quantized weight, the first column of
+ * a scale block). Matrix m of a quantized weight starts at m * stride
+ * bytes, its scale bytes after its codes (runtime/plan.h). */
+template <typename W>
+DS4_DEVICE ds4_row<W> ds4_wrow(const void *base, int64_t rows, int64_t cols, int64_t m, int64_t r,
+                               int64_t c0 = 0)
+{
+  if constexpr (!ds4_quantized<W>()) {
+    return (const W *)base + (m * rows + r) * cols + c0;
+  } else {
+    typedef ds4_wtraits<W> T;
+    constexpr bool f8 = T::dt == DS4_DT_F8E4M3;
+    int64_t data = f8 ? rows * cols : rows * cols / 2;
+    int64_t srows = (rows + T::block_rows - 1) / T::block_rows, scols = (cols + T::block_cols - 1) / T::block_cols;
+    int64_t stride = (data + srows * scols + 15) / 16 * 16;
+    const unsigned char *mat = (const unsigned char *)base + m * stride;
+    return ds4_row<W>{mat + (f8 ? r * cols + c0 : (r * cols + c0) / 2),
+                      mat + data + r / T::block_rows * scols + c0 / T::block_cols};
+  }
+}
+
+/* An E8M0 scale byte: 2^(s-127), exactly (s = 0 is the subnormal
+ * 2^-127); 255 is NaN. */
+DS4_DEVICE float ds4_e8m0(uint32_t s)
+{
+  return __builtin_bit_cast(float, s == 255 ? 0x7fc00000u : s ? s << 23 : 0x00400000u);
+}
+
+/* An E4M3 code's sign, exponent and mantissa moved into an f32's (its low
+ * byte; the rest of b is ignored): the code's value times 2^-120 (an E4M3
+ * subnormal an f32 subnormal), for every code but the NaNs (0x7f, 0xff). */
+DS4_DEVICE float ds4_f8e4m3_bits(uint32_t b)
+{
+  return __builtin_bit_cast(float, (b << 24 & 0x80000000u) | (b << 20 & 0x07f00000u));
+}
+
+/* An E2M1 code (the low nibble of b) moved into an f32 the same way: its
+ * value times 2^-126 (0.5, the subnormal, an f32 subnormal). */
+DS4_DEVICE float ds4_fp4_bits(uint32_t b)
+{
+  return __builtin_bit_cast(float, (b << 28 & 0x80000000u) | (b << 22 & 0x01c00000u));
+}
+
+/* An E4M3 code (its low byte) times 2^(s-127), as the host's ds4h_weight
+ * gives it: the code's exact value times the exact scale, one rounding
+ * (none unless it overflows); a NaN code gives a NaN of its sign. */
+DS4_DEVICE float ds4_f8e4m3_value(uint32_t b, uint32_t s)
+{
+  if ((b & 0x7f) == 0x7f)
+    return __builtin_bit_cast(float, 0x7fc00000u | (b << 24 & 0x80000000u));
+  return ds4_f8e4m3_bits(b) * 0x1p120f * ds4_e8m0(s);
+}
+
+/* An E2M1 code (its low nibble) times 2^(s-127), the same way. */
+DS4_DEVICE float ds4_fp4_value(uint32_t b, uint32_t s)
+{
+  return ds4_fp4_bits(b) * 0x1p126f * ds4_e8m0(s);
+}
+
+/* acc plus the products of one chunk of a quantized row, x's 4 values
+ * against the 4 dequantized weights, in ascending order, as the f32
+ * path's ds4_chunk_dot adds them. Where the scale keeps every value of
+ * the chunk in f32's normal range and exact (E4M3: s <= 134; E2M1:
+ * s <= 128) and no code is a NaN, a weight is one multiply of its moved
+ * bits by 2^(s-7) or 2^(s-1), exact; else each goes through
+ * ds4_f8e4m3_value or ds4_fp4_value (the same values). */
+DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_qchunk<DS4_DT_F8E4M3> q, ds4_f8e4m3)
+{
+  /* bit 7 of a byte set where its low 7 bits are 0x7f: a NaN code */
+  uint32_t nan = ((q.codes & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+  if (q.scale <= 134 && nan == 0) {
+    float a = __builtin_bit_cast(float, (q.scale + 120) << 23);
+    for (int j = 0; j < 4; j++)
+      acc = acc + xv[0][j] * (ds4_f8e4m3_bits(q.codes >> 8 * j) * a);
+    return acc;
+  }
+  for (int j = 0; j < 4; j++)
+    acc = acc + xv[0][j] * ds4_f8e4m3_value(q.codes >> 8 * j, q.scale);
+  return acc;
+}
+
+DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_qchunk<DS4_DT_MXFP4> q, ds4_mxfp4)
+{
+  if (q.scale <= 128) {
+    float a = __builtin_bit_cast(float, (q.scale + 126) << 23);
+    for (int j = 0; j < 4; j++)
+      acc = acc + xv[0][j] * (ds4_fp4_bits(q.codes >> 4 * j) * a);
+    return acc;
+  }
+  for (int j = 0; j < 4; j++)
+    acc = acc + xv[0][j] * ds4_fp4_value(q.codes >> 4 * j, q.scale);
+  return acc;
+}
+
+/* Chunk c of a row (16 bytes of f32 or bf16; a quantized chunk's codes and
+ * scale byte), loaded from global memory; the row aligned for it
+ * (ds4_misaligned). */
+DS4_DEVICE ds4_u32x4 ds4_load_chunk(const float *w, int64_t c)
+{
+  return *(const DS4_GLOBAL ds4_u32x4 *)(w + c * 4);
+}
+
+DS4_DEVICE ds4_u32x4 ds4_load_chunk(const ds4_bf16 *w, int64_t c)
+{
+  return *(const DS4_GLOBAL ds4_u32x4 *)(w + c * 8);
+}
+
+DS4_DEVICE ds4_qchunk<DS4_DT_F8E4M3> ds4_load_chunk(ds4_qrow<DS4_DT_F8E4M3> w, int64_t c)
+{
+  uint32_t k = (uint32_t)c; /* c >= 0, and a row has fewer than 2^31 values */
+  return {*(const DS4_GLOBAL uint32_t *)(w.codes + k * 4), *(const DS4_GLOBAL unsigned char *)(w.scales + k / 32)};
+}
+
+DS4_DEVICE ds4_qchunk<DS4_DT_MXFP4> ds4_load_chunk(ds4_qrow<DS4_DT_MXFP4> w, int64_t c)
+{
+  uint32_t k = (uint32_t)c;
+  return {*(const DS4_GLOBAL unsigned short *)(w.codes + k * 2), *(const DS4_GLOBAL unsigned char *)(w.scales + k / 8)};
+}
+
+/* What keeps x and a row from being read a chunk at a time: 0 when x is
+ * 16-byte aligned and so is the row (f32, bf16), or its codes lie on a
+ * chunk's bytes (4 for f8e4m3, 2 for mxfp4). */
+DS4_DEVICE unsigned long long ds4_misaligned(const float *x, const void *w)
+{
+  return ((unsigned long long)x | (unsigned long long)w) % 16;
+}
+
+template <int DT>
+DS4_DEVICE unsigned long long ds4_misaligned(const float *x, ds4_qrow<DT> w)
+{
+  constexpr unsigned long long bytes = DT == DS4_DT_F8E4M3 ? 4 : 2;
+  return (unsigned long long)x % 16 | (unsigned long long)w.codes % bytes;
+}
+
+/* Element k of a row as f32, exactly: widened, or dequantized. */
+DS4_DEVICE float ds4_welem(const float *w, int64_t k) { return w[k]; }
+DS4_DEVICE float ds4_welem(const ds4_bf16 *w, int64_t k) { return ds4_f32(w[k]); }
+DS4_DEVICE float ds4_welem(ds4_qrow<DS4_DT_F8E4M3> w, int64_t k)
+{
+  return ds4_f8e4m3_value(w.codes[k], w.scales[k / 128]);
+}
+DS4_DEVICE float ds4_welem(ds4_qrow<DS4_DT_MXFP4> w, int64_t k)
+{
+  uint32_t b = w.codes[k / 2];
+  return ds4_fp4_value(k % 2 ? b >> 4 : b, w.scales[k / 32]);
 }
 
 DS4_DEVICE float ds4_inff(void) { return __builtin_inff(); }
@@ -710,28 +947,32 @@ DS4_DEVICE void ds4_stage_row(float *xs, const float *row)
 }
 
 /* ds4_lane_dot's order one element at a time, for rows that are not
- * 16-byte aligned or not whole chunks: lane l's chunks l, l + L, ... of
- * V = 16 / sizeof(W) elements, of the nch chunks. */
+ * aligned for chunks or not whole chunks: lane l's chunks l, l + L, ...
+ * of V elements (ds4_wtraits), of the nch chunks. */
 template <int L, int64_t KK, typename W>
-DS4_DEVICE float ds4_lane_dot_scalar(const float *x, const W *w, int lane, int64_t nch)
+DS4_DEVICE float ds4_lane_dot_scalar(const float *x, ds4_row<W> w, int lane, int64_t nch)
 {
-  constexpr int V = 16 / (int)sizeof(W);
+  constexpr int V = ds4_wtraits<W>::V;
   float acc = 0.0f;
   for (int64_t c = lane; c < nch; c += L)
     for (int64_t k = c * V; k < c * V + V && k < KK; k++)
-      acc = acc + x[k] * ds4_f32(w[k]);
+      acc = acc + x[k] * ds4_welem(w, k);
   return acc;
 }
 
 /* One lane's share of x . w over KK elements, for a group of L lanes: the
- * row is cut into chunks of 16 bytes of w (V = 16 / sizeof(W) elements,
- * the last one short when V does not divide KK); lane l sums chunks l,
- * l + L, l + 2L, ... in ascending order, each chunk's elements in
- * ascending order, into one f32. That order depends only on KK, L and W,
- * not on how the chunks are loaded: 16 bytes at a time, U chunks of w
- * (8, or as many as the lane has) in flight before the first is used,
- * when every chunk is whole and both rows are 16-byte aligned; else one
- * element at a time; x from where XS says.
+ * row is cut into chunks of V elements (ds4_wtraits: 16 bytes of w, 4 f32
+ * or 8 bf16, the last one short when V does not divide KK; 4 values of a
+ * quantized w, as f32's chunks, dequantized as they are summed); lane l
+ * sums chunks l, l + L, l + 2L, ... in ascending order, each chunk's
+ * elements in ascending order, into one f32. That order depends only on
+ * KK, L and V, not on how the chunks are loaded: a chunk at a time (16
+ * bytes; a quantized chunk's 4 or 2 code bytes and its scale byte), U
+ * chunks of w (8, or as many as the lane has) in flight before the first
+ * is used, when every chunk is whole and x and the row are aligned for it
+ * (ds4_misaligned); else one element at a time; x from where XS says.
+ * So a quantized weight gives the bits of an f32 weight holding its
+ * dequantized values.
  * `zero` must be 0 at run time and unknown to the compilers (the caller
  * takes it from ds4_grid()): it is added to the chunk count, whose loads
  * are then guarded by a bound only known at run time. Under a constant
@@ -739,21 +980,20 @@ DS4_DEVICE float ds4_lane_dot_scalar(const float *x, const W *w, int lane, int64
  * leaves one load in flight per lane and a GEMV far below memory
  * bandwidth; under run-time guards the U loads stay ahead of the sums. */
 template <int L, int64_t KK, typename W, ds4_xspace XS = DS4_X_AHEAD>
-DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero)
+DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t zero)
 {
-  constexpr int V = 16 / (int)sizeof(W), U = ds4_chunks_ahead<8, L, (KK + V - 1) / V>();
+  constexpr int V = ds4_wtraits<W>::V, U = ds4_chunks_ahead<8, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
   float acc = 0.0f;
-  unsigned long long addr = (unsigned long long)x | (unsigned long long)w;
-  if (KK % V == 0 && addr % 16 == 0) {
+  if (KK % V == 0 && ds4_misaligned(x, w) == 0) {
     for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
-      ds4_u32x4 wv[U];
+      typename ds4_wtraits<W>::chunk wv[U];
       ds4_f32x4 xv[XS == DS4_X_AHEAD ? U : 1][V / 4];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         int64_t c = c0 + (int64_t)u * L;
         if (c < nch) {
-          wv[u] = *(const DS4_GLOBAL ds4_u32x4 *)(w + c * V);
+          wv[u] = ds4_load_chunk(w, c);
           if constexpr (XS == DS4_X_AHEAD)
             for (int q = 0; q < V / 4; q++)
               xv[u][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
@@ -775,7 +1015,7 @@ DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero
     }
     return acc;
   }
-  return ds4_lane_dot_scalar<L, KK>(x, w, lane, nch);
+  return ds4_lane_dot_scalar<L, KK, W>(x, w, lane, nch);
 }
 
 /* ds4_lane_dot of R rows against one x at once: out[r] = x . w[r], each
@@ -786,20 +1026,20 @@ DS4_DEVICE float ds4_lane_dot(const float *x, const W *w, int lane, int64_t zero
  * rows of w2 (R = 4): a warp's next rows are already on their way while
  * it sums, where one row at a time drains the loads at every row. */
 template <int L, int64_t KK, typename W, ds4_xspace XS, int R, int UMAX>
-DS4_DEVICE void ds4_lane_dot_rows(const float *x, const W *const *w, int lane, int64_t zero, float *out)
+DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane, int64_t zero, float *out)
 {
   static_assert(XS != DS4_X_AHEAD, "several rows keep only the weights ahead");
   static_assert(R >= 1 && UMAX >= 1 && R * UMAX <= 16, "at most 16 chunks a lane in flight");
-  constexpr int V = 16 / (int)sizeof(W), U = ds4_chunks_ahead<UMAX, L, (KK + V - 1) / V>();
+  constexpr int V = ds4_wtraits<W>::V, U = ds4_chunks_ahead<UMAX, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
-  unsigned long long addr = (unsigned long long)x;
+  unsigned long long bad = 0;
 #pragma unroll
   for (int r = 0; r < R; r++)
-    addr |= (unsigned long long)w[r];
-  if (KK % V != 0 || addr % 16 != 0) {
+    bad |= ds4_misaligned(x, w[r]);
+  if (KK % V != 0 || bad != 0) {
 #pragma unroll
     for (int r = 0; r < R; r++)
-      out[r] = ds4_lane_dot_scalar<L, KK>(x, w[r], lane, nch);
+      out[r] = ds4_lane_dot_scalar<L, KK, W>(x, w[r], lane, nch);
     return;
   }
   float acc[R];
@@ -807,14 +1047,14 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const W *const *w, int lane, i
   for (int r = 0; r < R; r++)
     acc[r] = 0.0f;
   for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
-    ds4_u32x4 v[R][U];
+    typename ds4_wtraits<W>::chunk v[R][U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int64_t c = c0 + (int64_t)u * L;
       if (c < nch)
 #pragma unroll
         for (int r = 0; r < R; r++)
-          v[r][u] = *(const DS4_GLOBAL ds4_u32x4 *)(w[r] + c * V);
+          v[r][u] = ds4_load_chunk(w[r], c);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -883,14 +1123,14 @@ DS4_DEVICE float ds4_dot_ahead(const float *q, const float *k, int64_t zero)
  * the compilers do not merge the loads of a whole chunk's and a short
  * last chunk's dots (which costs registers: spills). */
 template <int NT, int L, int64_t H, int64_t F, int64_t FN, ds4_xspace XS, typename W1, typename W3, typename W2>
-DS4_DEVICE void ds4_swiglu_chunk(const float *xr, const W1 *w1, const W3 *w3, const W2 *w2, float *out, float *act,
-                                 float limit, int64_t f0, int64_t zero)
+DS4_DEVICE void ds4_swiglu_chunk(const float *xr, const void *w1, const void *w3, const void *w2, int64_t m,
+                                 float *out, float *act, float limit, int64_t f0, int64_t zero)
 {
   constexpr int NG = NT / L;
   int tid = ds4_thread(), lane = tid % L, group = tid / L;
   for (int64_t f = group; f < FN; f += NG) {
-    float g = ds4_lane_dot<L, H, W1, XS>(xr, w1 + (f0 + f) * H, lane, zero);
-    float u = ds4_lane_dot<L, H, W3, XS>(xr, w3 + (f0 + f) * H, lane, zero);
+    float g = ds4_lane_dot<L, H, W1, XS>(xr, ds4_wrow<W1>(w1, F, H, m, f0 + f), lane, zero);
+    float u = ds4_lane_dot<L, H, W3, XS>(xr, ds4_wrow<W3>(w3, F, H, m, f0 + f), lane, zero);
     g = ds4_lane_sum<L>(g);
     u = ds4_lane_sum<L>(u);
     if (lane == 0)
@@ -898,7 +1138,7 @@ DS4_DEVICE void ds4_swiglu_chunk(const float *xr, const W1 *w1, const W3 *w3, co
   }
   ds4_barrier(); /* the chunk's act[] written */
   for (int64_t c = group; c < H; c += NG) {
-    float acc = ds4_lane_dot<L, FN, W2, DS4_X_SHARED>(act, w2 + c * F + f0, lane, zero);
+    float acc = ds4_lane_dot<L, FN, W2, DS4_X_SHARED>(act, ds4_wrow<W2>(w2, H, F, m, c, f0), lane, zero);
     acc = ds4_lane_sum<L>(acc);
     if (lane == 0)
       out[c] = f0 == 0 ? acc : out[c] + acc; /* the same lane each chunk */
@@ -907,14 +1147,17 @@ DS4_DEVICE void ds4_swiglu_chunk(const float *xr, const W1 *w1, const W3 *w3, co
 
 /* One SwiGLU expert on one token, the body of swiglu_ffn and moe_experts:
  * out[c] = sum_f ds4_swiglu_act(x . w1[f], x . w3[f], limit) * w2[c, f]
- * for c < H (limit 0: no clamp), each weight float or ds4_bf16 (widened
- * exactly by ds4_f32), by a block of NT threads in groups of L lanes
+ * for c < H (limit 0: no clamp), with matrix m of each weight (w1 and w3
+ * stacks of [F, H] matrices, w2 of [H, F]), each of element type float,
+ * ds4_bf16 (widened exactly), ds4_f8e4m3 or ds4_mxfp4 (dequantized
+ * exactly: ds4_lane_dot), by a block of NT threads in groups of L lanes
  * (L = 32: a warp, or half a wavefront of 64). With XS shared, the block
  * first copies x into xs (H floats of shared memory) and reads it from
  * there; with XS global, from global memory, as each chunk is summed
  * (x too large for shared memory). The ffn rows go in chunks of FC (act, in shared memory, holds
  * one chunk's activations; FC a multiple of 8 when F > FC, so that every
- * chunk of a w2 row starts 16-byte aligned), each chunk in two phases:
+ * chunk of a w2 row starts 16-byte aligned, and of 128 for a quantized
+ * w2, so that it starts a scale block), each chunk in two phases:
  *   1. gate and up: group q takes rows q, q + NT/L, ... of the chunk; a
  *      row's g = x . w1[f] and u = x . w3[f] are each a ds4_lane_dot over
  *      H and a ds4_lane_sum, and its lane 0 stores act[f];
@@ -922,15 +1165,16 @@ DS4_DEVICE void ds4_swiglu_chunk(const float *xr, const W1 *w1, const W3 *w3, co
  *      with the chunk's part of w2[c], the same way; out[c] is the first
  *      chunk's sum, plus each later chunk's in order (one chunk when F <=
  *      FC).
- * Each weight row streams once with 16-byte loads, 8 per lane in flight.
+ * Each weight row streams once, 8 chunks per lane in flight.
  * The order depends only on H, F, FC, L and the weights' dtypes, so every
  * launch that holds an expert computes its slot with the same bits. */
 template <int NT, int L, int64_t H, int64_t F, int64_t FC, ds4_xspace XS, typename W1, typename W3, typename W2>
-DS4_DEVICE void ds4_swiglu(const float *x, float *xs, const W1 *w1, const W3 *w3, const W2 *w2, float *out,
-                           float *act, float limit, int64_t zero)
+DS4_DEVICE void ds4_swiglu(const float *x, float *xs, const void *w1, const void *w3, const void *w2, int64_t m,
+                           float *out, float *act, float limit, int64_t zero)
 {
   static_assert(NT % L == 0, "a block is a whole number of groups");
   static_assert(F <= FC || FC % 8 == 0, "every chunk of w2's rows starts 16-byte aligned");
+  static_assert(F <= FC || FC % 128 == 0 || !ds4_quantized<W2>(), "every chunk of w2's rows starts a scale block");
   constexpr int64_t NFULL = F / FC, FTAIL = F % FC;
   const float *xr = x;
   if constexpr (XS == DS4_X_SHARED) {
@@ -942,12 +1186,12 @@ DS4_DEVICE void ds4_swiglu(const float *x, float *xs, const W1 *w1, const W3 *w3
   for (int64_t k = 0; k < NFULL; k++) {
     if (k > 0)
       ds4_barrier(); /* every group has read the last chunk's act[] */
-    ds4_swiglu_chunk<NT, L, H, F, FC, XS>(xr, w1, w3, w2, out, act, limit, k * FC, zero);
+    ds4_swiglu_chunk<NT, L, H, F, FC, XS, W1, W3, W2>(xr, w1, w3, w2, m, out, act, limit, k * FC, zero);
   }
   if constexpr (FTAIL > 0) {
     if (NFULL > 0)
       ds4_barrier();
-    ds4_swiglu_chunk<NT, L, H, F, FTAIL, XS>(xr, w1, w3, w2, out, act, limit, NFULL * FC, zero);
+    ds4_swiglu_chunk<NT, L, H, F, FTAIL, XS, W1, W3, W2>(xr, w1, w3, w2, m, out, act, limit, NFULL * FC, zero);
   }
 }
 

@@ -1,9 +1,9 @@
 /* embed host kernel template: x[t] = table[ids[t]], or with NSTREAMS > 1
  * (x is [T, NSTREAMS, H]) x[t, i] = table[ids[t]] for every
  * hyper-connection stream i (MATH.md §2 step 2). The table is f32, or
- * bf16 when TABLE_BF16 is 1 (widened exactly: ds4h_weight).
+ * bf16 as TABLE_DT says (widened exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, V, H, NSTREAMS,
- * TABLE_BF16, GRID and KERNEL_NAME, and prelude.h; grid: one block per
+ * TABLE_DT, GRID and KERNEL_NAME, and prelude.h; grid: one block per
  * token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
@@ -27,5 +27,5 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   }
   for (int64_t i = 0; i < NSTREAMS; i++)
     for (int64_t c = 0; c < H; c++)
-      row[i * H + c] = ds4h_weight(table, id * H + c, TABLE_BF16);
+      row[i * H + c] = ds4h_weight(table, TABLE_DT, V, H, id * H + c);
 }

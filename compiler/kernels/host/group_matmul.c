@@ -1,10 +1,10 @@
 /* group_matmul host kernel template: a block-diagonal matmul. Output column
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
- * group g; f32, or bf16 when W_BF16 is 1, widened exactly: ds4h_weight).
+ * group g; f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, GROUPS, KG, NG,
  * N (= GROUPS * NG), TILE, ROWS (a GPU warp's columns, not used here),
- * NTILES, W_BF16, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output columns, each for every
+ * NTILES, W_DT, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output columns, each for every
  * token slot (a step's dead slots cost no blocks). Every output sums k
  * ascending, so the bits do not depend on the tiling. */
 
@@ -27,7 +27,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       float acc = 0.0f;
       if (t < ntok) /* dead slots: +0 */
         for (int64_t k = 0; k < KG; k++)
-          acc += xg[k] * ds4h_weight(w, n * KG + k, W_BF16);
+          acc += xg[k] * ds4h_weight(w, W_DT, N, KG, n * KG + k);
       yr[n] = acc;
     }
   }

@@ -1,7 +1,7 @@
 /* matmul host kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
- * f32, or bf16 when W_BF16 is 1: widened exactly to f32, a shift).
+ * f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, K, N, TILE,
- * ROWS (a GPU warp's columns, not used here), NTILES, W_BF16, GRID and
+ * ROWS (a GPU warp's columns, not used here), NTILES, W_DT, GRID and
  * KERNEL_NAME, and prelude.h (ds4h_weight, ds4h_matmul_cols);
  * grid: NTILES tiles of TILE output columns, each for every token slot
  * (a step's dead slots cost no blocks). Every output sums k ascending, so
@@ -15,6 +15,6 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   if (block >= GRID)
     return;
   int64_t n0 = (int64_t)block * TILE;
-  ds4h_matmul_cols((const float *)bufs[0], bufs[1], W_BF16, (float *)bufs[2], T, K, N, n0,
+  ds4h_matmul_cols((const float *)bufs[0], bufs[1], W_DT, (float *)bufs[2], T, K, N, n0,
                    n0 + TILE < N ? n0 + TILE : N, ntok);
 }

@@ -1,8 +1,8 @@
 /* matmul_pair host kernel template: two matmuls of one x in one launch,
  * y1[t,n] = sum_k x[t,k] * w1[n,k] and y2[t,m] = sum_k x[t,k] * w2[m,k]
- * (w1 [N1,K] and w2 [N2,K], f32, or bf16 when W1_BF16 and W2_BF16 are 1).
+ * (w1 [N1,K] and w2 [N2,K], any weight dtype, as W1_DT and W2_DT say).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, K, N1, N2,
- * TILE, ROWS (not used here), NTILES1, NTILES2, W1_BF16, W2_BF16, GRID and
+ * TILE, ROWS (not used here), NTILES1, NTILES2, W1_DT, W2_DT, GRID and
  * KERNEL_NAME, and prelude.h (ds4h_matmul_cols);
  * grid: NTILES1 tiles of y1's columns, then NTILES2 of y2's, each for
  * every token slot, summed as matmul's are. */
@@ -16,6 +16,6 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   int second = block >= NTILES1;
   int64_t N = second ? N2 : N1, n0 = (int64_t)(second ? block - NTILES1 : block) * TILE;
-  ds4h_matmul_cols((const float *)bufs[0], bufs[second ? 2 : 1], second ? W2_BF16 : W1_BF16,
+  ds4h_matmul_cols((const float *)bufs[0], bufs[second ? 2 : 1], second ? W2_DT : W1_DT,
                    (float *)bufs[second ? 4 : 3], T, K, N, n0, n0 + TILE < N ? n0 + TILE : N, ntok);
 }

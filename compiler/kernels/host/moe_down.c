@@ -4,9 +4,9 @@
  * (r = expert_rows[e] >= 0), slots[t,j,c] = act[t,j] . w2[r,c], summed f
  * ascending as moe_experts does; +0 for every other slot, so the parts of
  * a split expert op sum to the unsplit result bit for bit. w2 is f32, or
- * bf16 when W2_BF16 is 1 (widened exactly: ds4h_weight). kgen_host
+ * bf16, f8e4m3 or mxfp4 as W2_DT says (read exactly: ds4h_weight). kgen_host
  * prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows held),
- * NEXPERTS, EXPERT_ROWS, H, F, TILE, ROWS, NTILES, W2_BF16, GRID and
+ * NEXPERTS, EXPERT_ROWS, H, F, TILE, ROWS, NTILES, W2_DT, GRID and
  * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels
  * times TOPK choices, block b taking tile b % NTILES of choice b / NTILES
  * for every slot (ROWS, the GPU's channels a warp, is not used here). */
@@ -34,7 +34,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       float acc = 0.0f;
       if (r >= 0)
         for (int64_t f = 0; f < F; f++)
-          acc += act[s * F + f] * ds4h_weight(w2, (r * H + c) * F + f, W2_BF16);
+          acc += act[s * F + f] * ds4h_weight(w2, W2_DT, H, F, (r * H + c) * F + f);
       slots[s * H + c] = acc;
     }
   }

@@ -4,10 +4,10 @@
  * product when SWIGLU_LIMIT > 0, see the prelude's ds4h_swiglu_act); every other slot is
  * zero, so the parts of a split expert op sum to the unsplit result bit
  * for bit (a slot's accumulator starts at +0 and is never -0). Each
- * weight is f32, or bf16 when its W1_BF16, W3_BF16 or W2_BF16 is 1
+ * weight is f32, bf16, f8e4m3 or mxfp4 as its W1_DT, W3_DT or W2_DT says
  * (widened exactly: ds4h_weight). kgen_host prepends <stdint.h>,
  * <math.h>, the defines T, TOPK, E (rows held), NEXPERTS, EXPERT_ROWS, H,
- * F, SWIGLU_LIMIT, W1_BF16, W3_BF16, W2_BF16, GRID and KERNEL_NAME, and
+ * F, SWIGLU_LIMIT, W1_DT, W3_DT, W2_DT, GRID and KERNEL_NAME, and
  * prelude.h; grid: one block per (token slot, choice), T*TOPK. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
@@ -41,15 +41,15 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   for (int64_t f = 0; f < F; f++) {
     float g = 0.0f, u = 0.0f;
     for (int64_t c = 0; c < H; c++)
-      g += xr[c] * ds4h_weight(w1, e13 + f * H + c, W1_BF16);
+      g += xr[c] * ds4h_weight(w1, W1_DT, F, H, e13 + f * H + c);
     for (int64_t c = 0; c < H; c++)
-      u += xr[c] * ds4h_weight(w3, e13 + f * H + c, W3_BF16);
+      u += xr[c] * ds4h_weight(w3, W3_DT, F, H, e13 + f * H + c);
     act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
     float acc = 0.0f;
     for (int64_t f = 0; f < F; f++)
-      acc += act[f] * ds4h_weight(w2, e2 + c * F + f, W2_BF16);
+      acc += act[f] * ds4h_weight(w2, W2_DT, H, F, e2 + c * F + f);
     out[c] = acc;
   }
 }

@@ -4,10 +4,10 @@
  * (r = expert_rows[e] >= 0), act[t,j,f] = ds4h_swiglu_act(x[t] . w1[r,f],
  * x[t] . w3[r,f], SWIGLU_LIMIT), each dot summed c ascending as
  * moe_experts does; +0 for every other slot. Each weight is f32, or bf16
- * when its W1_BF16 or W3_BF16 is 1 (widened exactly: ds4h_weight).
+ * as its W1_DT or W3_DT says (read exactly: ds4h_weight).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows
- * held), NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, SWIGLU_LIMIT, W1_BF16,
- * W3_BF16, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of
+ * held), NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, SWIGLU_LIMIT, W1_DT,
+ * W3_DT, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of
  * TILE ffn rows, each for every choice of every slot. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
@@ -36,9 +36,9 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       if (r >= 0) {
         float g = 0.0f, u = 0.0f;
         for (int64_t c = 0; c < H; c++)
-          g += xr[c] * ds4h_weight(w1, (r * F + f) * H + c, W1_BF16);
+          g += xr[c] * ds4h_weight(w1, W1_DT, F, H, (r * F + f) * H + c);
         for (int64_t c = 0; c < H; c++)
-          u += xr[c] * ds4h_weight(w3, (r * F + f) * H + c, W3_BF16);
+          u += xr[c] * ds4h_weight(w3, W3_DT, F, H, (r * F + f) * H + c);
         a = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
       }
       act[s * F + f] = a;

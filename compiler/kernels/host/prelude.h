@@ -5,20 +5,74 @@
 
 #define DS4H_FN static inline __attribute__((unused))
 
-/* Element i of a weight as f32: a bf16 weight (bf16 nonzero) holds the
- * high 16 bits of the f32 it stands for, so widening is exact (a shift)
- * and the products and sums after it are f32's, in the order of the f32
- * path. bf16 is a template's <SLOT>_BF16, a constant: one branch remains. */
-DS4H_FN float ds4h_weight(const void *w, int64_t i, int64_t bf16)
+/* Weight dtypes, as the <SLOT>_DT defines give them (enum plan_dtype). */
+#define DS4_DT_F32 0
+#define DS4_DT_BF16 1
+#define DS4_DT_F8E4M3 4
+#define DS4_DT_MXFP4 5
+
+/* 2^k for k in [-149, 127], exactly (a subnormal below -126). */
+DS4H_FN float ds4h_exp2i(int k)
 {
-  if (bf16) {
+  union {
+    uint32_t u;
+    float f;
+  } v = {k >= -126 ? (uint32_t)(k + 127) << 23 : (uint32_t)1 << (k + 149)};
+  return v.f;
+}
+
+/* An E8M0 scale byte: 2^(s-127), exact in f32 for s < 255 (binding
+ * refuses 255, NaN); s = 0 and 1 are f32 subnormals. */
+DS4H_FN float ds4h_e8m0(uint8_t s)
+{
+  return s == 255 ? NAN : ds4h_exp2i(s - 127);
+}
+
+/* An E4M3 code (bias 7, no infinities, 0x7f and 0xff NaN). */
+DS4H_FN float ds4h_f8e4m3(uint8_t code)
+{
+  int e = code >> 3 & 15, m = code & 7;
+  float v = e == 15 && m == 7 ? NAN : e ? (float)(8 + m) * ds4h_exp2i(e - 10) : (float)m * ds4h_exp2i(-9);
+  return code & 0x80 ? -v : v;
+}
+
+/* An E2M1 code, its low 4 bits (bias 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6). */
+DS4H_FN float ds4h_fp4(uint8_t code)
+{
+  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float v = mag[code & 7];
+  return code & 8 ? -v : v;
+}
+
+/* Element i of a weight as f32, the weight a stack of [rows, cols]
+ * matrices of dtype dt (a template's <SLOT>_DT, a constant: one branch
+ * remains). bf16 holds the high 16 bits of the f32 it stands for, so
+ * widening is exact (a shift); f8e4m3 and mxfp4 are laid out as
+ * docs/PLAN.md's quantized weights, and code * 2^(s-127) is exact in f32
+ * (it overflows to inf only for scales above 246, which no release
+ * weight has), so the products and sums after it are those of the f32
+ * path with the dequantized weight, in its order. */
+DS4H_FN float ds4h_weight(const void *w, int64_t dt, int64_t rows, int64_t cols, int64_t i)
+{
+  if (dt == DS4_DT_BF16) {
     union {
       uint32_t u;
       float f;
     } v = {(uint32_t)((const uint16_t *)w)[i] << 16};
     return v.f;
   }
-  return ((const float *)w)[i];
+  if (dt != DS4_DT_F8E4M3 && dt != DS4_DT_MXFP4)
+    return ((const float *)w)[i];
+  int64_t per = rows * cols, m = i / per, r = i % per / cols, c = i % cols;
+  int64_t data = dt == DS4_DT_F8E4M3 ? per : per / 2;
+  int64_t scols = dt == DS4_DT_F8E4M3 ? (cols + 127) / 128 : (cols + 31) / 32;
+  int64_t srows = dt == DS4_DT_F8E4M3 ? (rows + 127) / 128 : rows;
+  int64_t stride = (data + srows * scols + 15) / 16 * 16;
+  const uint8_t *mat = (const uint8_t *)w + m * stride, *scale = mat + data;
+  if (dt == DS4_DT_F8E4M3)
+    return ds4h_f8e4m3(mat[r * cols + c]) * ds4h_e8m0(scale[r / 128 * scols + c / 128]);
+  uint8_t byte = mat[(r * cols + c) / 2];
+  return ds4h_fp4(c % 2 ? byte >> 4 : byte) * ds4h_e8m0(scale[r * scols + c / 32]);
 }
 
 /* PyTorch's softplus (threshold 20: above it, z itself), then the root:
@@ -172,10 +226,10 @@ DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64
 }
 
 /* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
- * [ncol,nk], f32 or bf16), every one of nt slots: k ascending from +0, a
+ * [ncol,nk], any weight dtype), every one of nt slots: k ascending from +0, a
  * dead slot's +0 (matmul.c, matmul_pair.c; lower-case names, as a kernel's
  * defines come before this file). */
-DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t bf16, float *y, int64_t nt, int64_t nk,
+DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t dt, float *y, int64_t nt, int64_t nk,
                               int64_t ncol, int64_t n0, int64_t n1, int64_t ntok)
 {
   for (int64_t t = 0; t < nt; t++) {
@@ -185,7 +239,7 @@ DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t bf16, float
       float acc = 0.0f;
       if (t < ntok) /* dead slots: +0 */
         for (int64_t k = 0; k < nk; k++)
-          acc += xr[k] * ds4h_weight(w, n * nk + k, bf16);
+          acc += xr[k] * ds4h_weight(w, dt, ncol, nk, n * nk + k);
       yr[n] = acc;
     }
   }

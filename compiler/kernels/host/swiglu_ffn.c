@@ -1,9 +1,9 @@
 /* swiglu_ffn host kernel template: y[t] = (silu(x[t].w1^T) * (x[t].w3^T)) .
  * w2^T (clamped before the product when SWIGLU_LIMIT > 0, see the prelude's
- * ds4h_swiglu_act). Each weight is f32, or bf16 when its W1_BF16, W3_BF16
- * or W2_BF16 is 1 (widened exactly: ds4h_weight). kgen_host prepends
- * <stdint.h>, <math.h>, the defines T, H, F, SWIGLU_LIMIT, W1_BF16,
- * W3_BF16, W2_BF16, GRID and KERNEL_NAME, and prelude.h; grid: one block
+ * ds4h_swiglu_act). Each weight is f32, bf16, f8e4m3 or mxfp4 as its
+ * W1_DT, W3_DT or W2_DT says (read exactly: ds4h_weight). kgen_host prepends
+ * <stdint.h>, <math.h>, the defines T, H, F, SWIGLU_LIMIT, W1_DT,
+ * W3_DT, W2_DT, GRID and KERNEL_NAME, and prelude.h; grid: one block
  * per token slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
@@ -27,15 +27,15 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   for (int64_t f = 0; f < F; f++) {
     float g = 0.0f, u = 0.0f;
     for (int64_t c = 0; c < H; c++)
-      g += xr[c] * ds4h_weight(w1, f * H + c, W1_BF16);
+      g += xr[c] * ds4h_weight(w1, W1_DT, F, H, f * H + c);
     for (int64_t c = 0; c < H; c++)
-      u += xr[c] * ds4h_weight(w3, f * H + c, W3_BF16);
+      u += xr[c] * ds4h_weight(w3, W3_DT, F, H, f * H + c);
     act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
     float acc = 0.0f;
     for (int64_t f = 0; f < F; f++)
-      acc += act[f] * ds4h_weight(w2, c * F + f, W2_BF16);
+      acc += act[f] * ds4h_weight(w2, W2_DT, H, F, c * F + f);
     yr[c] = acc;
   }
 }
