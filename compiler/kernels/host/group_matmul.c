@@ -1,7 +1,7 @@
 /* group_matmul host kernel template: a block-diagonal matmul. Output column
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
- * group g; f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight).
+ * group g; f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight_row).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, GROUPS, KG, NG,
  * N (= GROUPS * NG), TILE, ROWS (a GPU warp's columns, not used here),
  * NTILES, W_DT, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output columns, each for every
@@ -20,15 +20,16 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   int64_t n0 = (int64_t)block * TILE;
   int64_t n1 = n0 + TILE < N ? n0 + TILE : N;
-  for (int64_t t = 0; t < T; t++) {
-    float *yr = y + t * N;
-    for (int64_t n = n0; n < n1; n++) {
+  float buf[KG];
+  for (int64_t n = n0; n < n1; n++) {
+    const float *wr = ntok > 0 ? ds4h_weight_row(w, W_DT, N, KG, n, buf) : buf;
+    for (int64_t t = 0; t < T; t++) {
       const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
       float acc = 0.0f;
       if (t < ntok) /* dead slots: +0 */
         for (int64_t k = 0; k < KG; k++)
-          acc += xg[k] * ds4h_weight(w, W_DT, N, KG, n * KG + k);
-      yr[n] = acc;
+          acc += xg[k] * wr[k];
+      y[t * N + n] = acc;
     }
   }
 }

@@ -1,8 +1,8 @@
 /* matmul host kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
- * f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight).
+ * f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight_row).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, K, N, TILE,
  * ROWS (a GPU warp's columns, not used here), NTILES, W_DT, GRID and
- * KERNEL_NAME, and prelude.h (ds4h_weight, ds4h_matmul_cols);
+ * KERNEL_NAME, and prelude.h (ds4h_weight_row, ds4h_matmul_cols);
  * grid: NTILES tiles of TILE output columns, each for every token slot
  * (a step's dead slots cost no blocks). Every output sums k ascending, so
  * the bits do not depend on the tiling. */

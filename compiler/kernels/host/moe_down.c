@@ -4,7 +4,7 @@
  * (r = expert_rows[e] >= 0), slots[t,j,c] = act[t,j] . w2[r,c], summed f
  * ascending as moe_experts does; +0 for every other slot, so the parts of
  * a split expert op sum to the unsplit result bit for bit. w2 is f32, or
- * bf16, f8e4m3 or mxfp4 as W2_DT says (read exactly: ds4h_weight). kgen_host
+ * bf16, f8e4m3 or mxfp4 as W2_DT says (read exactly: ds4h_weight_row). kgen_host
  * prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows held),
  * NEXPERTS, EXPERT_ROWS, H, F, TILE, ROWS, NTILES, W2_DT, GRID and
  * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels
@@ -32,9 +32,12 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
     for (int64_t c = c0; c < c1; c++) {
       float acc = 0.0f;
-      if (r >= 0)
+      if (r >= 0) {
+        float buf[F];
+        const float *w2r = ds4h_weight_row(w2, W2_DT, H, F, r * H + c, buf);
         for (int64_t f = 0; f < F; f++)
-          acc += act[s * F + f] * ds4h_weight(w2, W2_DT, H, F, (r * H + c) * F + f);
+          acc += act[s * F + f] * w2r[f];
+      }
       slots[s * H + c] = acc;
     }
   }

@@ -5,7 +5,7 @@
  * zero, so the parts of a split expert op sum to the unsplit result bit
  * for bit (a slot's accumulator starts at +0 and is never -0). Each
  * weight is f32, bf16, f8e4m3 or mxfp4 as its W1_DT, W3_DT or W2_DT says
- * (widened exactly: ds4h_weight). kgen_host prepends <stdint.h>,
+ * (read exactly: ds4h_weight_row). kgen_host prepends <stdint.h>,
  * <math.h>, the defines T, TOPK, E (rows held), NEXPERTS, EXPERT_ROWS, H,
  * F, SWIGLU_LIMIT, W1_DT, W3_DT, W2_DT, GRID and KERNEL_NAME, and
  * prelude.h; grid: one block per (token slot, choice), T*TOPK. */
@@ -35,21 +35,22 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   }
   const float *xr = x + t * H;
-  /* Element offsets of row r in each weight. */
-  int64_t e13 = r * (F * H), e2 = r * (H * F);
-  float act[F];
+  float act[F], buf1[H], buf3[H], buf2[F];
   for (int64_t f = 0; f < F; f++) {
+    const float *w1r = ds4h_weight_row(w1, W1_DT, F, H, r * F + f, buf1);
+    const float *w3r = ds4h_weight_row(w3, W3_DT, F, H, r * F + f, buf3);
     float g = 0.0f, u = 0.0f;
     for (int64_t c = 0; c < H; c++)
-      g += xr[c] * ds4h_weight(w1, W1_DT, F, H, e13 + f * H + c);
+      g += xr[c] * w1r[c];
     for (int64_t c = 0; c < H; c++)
-      u += xr[c] * ds4h_weight(w3, W3_DT, F, H, e13 + f * H + c);
+      u += xr[c] * w3r[c];
     act[f] = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
   }
   for (int64_t c = 0; c < H; c++) {
+    const float *w2r = ds4h_weight_row(w2, W2_DT, H, F, r * H + c, buf2);
     float acc = 0.0f;
     for (int64_t f = 0; f < F; f++)
-      acc += act[f] * ds4h_weight(w2, W2_DT, H, F, e2 + c * F + f);
+      acc += act[f] * w2r[f];
     out[c] = acc;
   }
 }

@@ -4,7 +4,7 @@
  * (r = expert_rows[e] >= 0), act[t,j,f] = ds4h_swiglu_act(x[t] . w1[r,f],
  * x[t] . w3[r,f], SWIGLU_LIMIT), each dot summed c ascending as
  * moe_experts does; +0 for every other slot. Each weight is f32, or bf16
- * as its W1_DT or W3_DT says (read exactly: ds4h_weight).
+ * as its W1_DT or W3_DT says (read exactly: ds4h_weight_row).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows
  * held), NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, SWIGLU_LIMIT, W1_DT,
  * W3_DT, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of
@@ -34,11 +34,14 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     for (int64_t f = f0; f < f1; f++) {
       float a = 0.0f;
       if (r >= 0) {
+        float buf1[H], buf3[H];
+        const float *w1r = ds4h_weight_row(w1, W1_DT, F, H, r * F + f, buf1);
+        const float *w3r = ds4h_weight_row(w3, W3_DT, F, H, r * F + f, buf3);
         float g = 0.0f, u = 0.0f;
         for (int64_t c = 0; c < H; c++)
-          g += xr[c] * ds4h_weight(w1, W1_DT, F, H, (r * F + f) * H + c);
+          g += xr[c] * w1r[c];
         for (int64_t c = 0; c < H; c++)
-          u += xr[c] * ds4h_weight(w3, W3_DT, F, H, (r * F + f) * H + c);
+          u += xr[c] * w3r[c];
         a = ds4h_swiglu_act(g, u, SWIGLU_LIMIT);
       }
       act[s * F + f] = a;

@@ -28,11 +28,22 @@ DS4H_FN float ds4h_e8m0(uint8_t s)
   return s == 255 ? NAN : ds4h_exp2i(s - 127);
 }
 
-/* An E4M3 code (bias 7, no infinities, 0x7f and 0xff NaN). */
+/* An E4M3 code (bias 7, no infinities, 0x7f and 0xff NaN): a normal
+ * code's exponent and mantissa moved into an f32's (bias 127), a
+ * subnormal one m * 2^-9. */
 DS4H_FN float ds4h_f8e4m3(uint8_t code)
 {
-  int e = code >> 3 & 15, m = code & 7;
-  float v = e == 15 && m == 7 ? NAN : e ? (float)(8 + m) * ds4h_exp2i(e - 10) : (float)m * ds4h_exp2i(-9);
+  uint32_t e = code >> 3 & 15, m = code & 7;
+  float v;
+  if (e == 0) {
+    v = (float)m * 0x1p-9f;
+  } else {
+    union {
+      uint32_t u;
+      float f;
+    } b = {(e + 120) << 23 | m << 20};
+    v = e == 15 && m == 7 ? NAN : b.f;
+  }
   return code & 0x80 ? -v : v;
 }
 
@@ -73,6 +84,50 @@ DS4H_FN float ds4h_weight(const void *w, int64_t dt, int64_t rows, int64_t cols,
     return ds4h_f8e4m3(mat[r * cols + c]) * ds4h_e8m0(scale[r / 128 * scols + c / 128]);
   uint8_t byte = mat[(r * cols + c) / 2];
   return ds4h_fp4(c % 2 ? byte >> 4 : byte) * ds4h_e8m0(scale[r * scols + c / 32]);
+}
+
+/* Row r of a weight (counting the rows of every matrix of its stack in
+ * turn) as cols f32 values: ds4h_weight's values, decoded once for the
+ * dot products that read the row. An f32 weight's row is returned in
+ * place; any other is decoded into buf (cols floats). */
+DS4H_FN const float *ds4h_weight_row(const void *w, int64_t dt, int64_t rows, int64_t cols, int64_t r, float *buf)
+{
+  if (dt == DS4_DT_F32)
+    return (const float *)w + r * cols;
+  if (dt == DS4_DT_BF16) {
+    const uint16_t *src = (const uint16_t *)w + r * cols;
+    for (int64_t c = 0; c < cols; c++) {
+      union {
+        uint32_t u;
+        float f;
+      } v = {(uint32_t)src[c] << 16};
+      buf[c] = v.f;
+    }
+    return buf;
+  }
+  int64_t m = r / rows, rr = r % rows, per = rows * cols;
+  int64_t data = dt == DS4_DT_F8E4M3 ? per : per / 2;
+  int64_t scols = dt == DS4_DT_F8E4M3 ? (cols + 127) / 128 : (cols + 31) / 32;
+  int64_t srows = dt == DS4_DT_F8E4M3 ? (rows + 127) / 128 : rows;
+  int64_t stride = (data + srows * scols + 15) / 16 * 16;
+  const uint8_t *mat = (const uint8_t *)w + m * stride, *scale = mat + data;
+  int64_t block = dt == DS4_DT_F8E4M3 ? 128 : 32;
+  for (int64_t c0 = 0; c0 < cols; c0 += block) { /* one scale a block */
+    int64_t c1 = c0 + block < cols ? c0 + block : cols;
+    if (dt == DS4_DT_F8E4M3) {
+      const uint8_t *codes = mat + rr * cols;
+      float sc = ds4h_e8m0(scale[rr / 128 * scols + c0 / 128]);
+      for (int64_t c = c0; c < c1; c++)
+        buf[c] = ds4h_f8e4m3(codes[c]) * sc;
+    } else {
+      float sc = ds4h_e8m0(scale[rr * scols + c0 / 32]);
+      for (int64_t c = c0; c < c1; c++) {
+        uint8_t byte = mat[(rr * cols + c) / 2];
+        buf[c] = ds4h_fp4(c % 2 ? byte >> 4 : byte) * sc;
+      }
+    }
+  }
+  return buf;
 }
 
 /* PyTorch's softplus (threshold 20: above it, z itself), then the root:
@@ -232,15 +287,16 @@ DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64
 DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t dt, float *y, int64_t nt, int64_t nk,
                               int64_t ncol, int64_t n0, int64_t n1, int64_t ntok)
 {
-  for (int64_t t = 0; t < nt; t++) {
-    const float *xr = x + t * nk;
-    float *yr = y + t * ncol;
-    for (int64_t n = n0; n < n1; n++) {
+  float buf[nk];
+  for (int64_t n = n0; n < n1; n++) {
+    const float *wr = ntok > 0 ? ds4h_weight_row(w, dt, ncol, nk, n, buf) : buf;
+    for (int64_t t = 0; t < nt; t++) {
+      const float *xr = x + t * nk;
       float acc = 0.0f;
       if (t < ntok) /* dead slots: +0 */
         for (int64_t k = 0; k < nk; k++)
-          acc += xr[k] * ds4h_weight(w, dt, ncol, nk, n * nk + k);
-      yr[n] = acc;
+          acc += xr[k] * wr[k];
+      y[t * ncol + n] = acc;
     }
   }
 }
