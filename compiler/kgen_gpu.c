@@ -172,13 +172,13 @@ static const char *kgen_gpu_weight_type(uint32_t dtype)
   }
 }
 
-/* A quantized weight's rows are read a chunk of 4 values at a time, the
- * chunk's codes in one load (4 bytes of f8e4m3, 2 of mxfp4) and the
- * f32 path's order (prelude.h, ds4_lane_dot), so every row must start on
- * a chunk: its matrices start 16-byte aligned (plan.h's stride), and a
- * last dim (cols) that is a multiple of 4 keeps every row there. A chunk
- * then never crosses a scale block (128 or 32 columns, from a row's
- * first). Other shapes are refused here rather than read a slower way. */
+/* A quantized weight's rows are read 16 code bytes at a time where they
+ * are 16-byte aligned, else a value at a time in the same order
+ * (prelude.h, ds4_lane_dot); either way a row is found by its first code
+ * byte (ds4_wrow), so an mxfp4 row must not start inside a byte. A last
+ * dim (cols) that is a multiple of 4 keeps every row on a byte for both
+ * dtypes, and on 4-byte bounds; other shapes are refused here rather than
+ * read a slower way. */
 static int kgen_gpu_check_quantized(const ir_prog *p, const ir_op *op, const kgen_spec *s, const kgen_gpu_kind *g,
                                     dsl_diag *d)
 {
@@ -196,8 +196,8 @@ static int kgen_gpu_check_quantized(const ir_prog *p, const ir_op *op, const kge
     if (used < sizeof shape)
       snprintf(shape + used, sizeof shape - used, "]");
     return kgen_err(d, op->pos,
-                    "%s: input %s (%s) is %s of shape %s; the GPU kernels read a quantized weight's rows 4 "
-                    "values at a time, so its last dimension must be a multiple of 4",
+                    "%s: input %s (%s) is %s of shape %s; the GPU kernels start a quantized weight's rows "
+                    "on 4-value bounds, so its last dimension must be a multiple of 4",
                     s->kind, s->slot_name[i], t.path, dt == PLAN_F8E4M3 ? "f8e4m3" : "mxfp4", shape);
   }
   return 0;

@@ -5016,15 +5016,54 @@ static int qvariants(unsigned wslots, qvariant *out)
   return 4;
 }
 
+/* The GPU kernels sum a quantized row's chunks on their own and scale
+ * each once (prelude.h, "quantized weights"), so they give the f32
+ * kernel's result on the dequantized values to rounding, not to its bits:
+ * every output within 2e-5 of the f32 kernel's, relative to the larger of
+ * its own magnitude and the output's root mean square (a sum that cancels
+ * keeps the error of its terms), plus 64 of the smallest subnormal's (a
+ * subnormal sum rounds to 2^-149 at every step), and non-finite where the
+ * f32 kernel's is, with its sign. Where one of the two is within a factor
+ * of 4 of f32's largest (the special scales' 2^127 blocks) and the other
+ * an infinity of its sign, a partial sum overflowed in one order and not
+ * in the other, and that passes. */
+static void quant_close(const float *y32, const float *yq, size_t n, const char *symbol, int out, const char *dtypes,
+                        int special, int pos, int ntok)
+{
+  double ss = 0.0;
+  size_t nf = 0;
+  for (size_t j = 0; j < n; j++)
+    if (isfinite(y32[j])) {
+      ss += (double)y32[j] * y32[j];
+      nf++;
+    }
+  double rms = nf ? sqrt(ss / (double)nf) : 0.0;
+  for (size_t j = 0; j < n; j++) {
+    double a = y32[j], b = yq[j], mag = fabs(a) > rms ? fabs(a) : rms;
+    int ok;
+    if (isfinite(a) && isfinite(b))
+      ok = fabs(a - b) <= 2e-5 * mag + 0x1p-143;
+    else if (isnan(a) || isnan(b))
+      ok = isnan(a) && isnan(b);
+    else /* an infinity: the other the same, or a finite sum near it */
+      ok = (a < 0) == (b < 0) && fabs(isfinite(a) ? a : b) >= 0x1p126;
+    ck_assert_msg(ok,
+                  "%s (GPU): output %d element %zu with inputs %s%s: %.9g, the f32 kernel on the dequantized "
+                  "values %.9g (rms %.3g; pos %d, ntok %d)",
+                  symbol, out, j, dtypes, special ? ", special scales" : "", b, a, rms, pos, ntok);
+  }
+}
+
 /* Op k32 (f32 weights) against the same op with its weights of each
  * variant's dtypes, on the host or (gpu) on the GPU (its kernels on host
- * threads): for quantized (and bf16) weights the kernel must give, bit for
- * bit, what the same target's f32 kernel gives for f32 weights holding the
- * dequantized (widened) values, at every step (g_steps; two on the GPU),
- * in either block order (on the GPU, where a launch is slow, the f32
- * kernel's blocks ascending and the other's descending); on the GPU also
- * with every operand 4 bytes off its 16-byte alignment (read a value at a
- * time, in the same order). The kernel's symbol differs from the f32
+ * threads): for quantized (and bf16) weights the host kernel must give,
+ * bit for bit, what the host's f32 kernel gives for f32 weights holding
+ * the dequantized (widened) values, the GPU kernel the same to rounding
+ * (quant_close), at every step (g_steps; two on the GPU), in either block
+ * order (on the GPU, where a launch is slow, the f32 kernel's blocks
+ * ascending and the other's descending); on the GPU also with every
+ * operand 4 bytes off its 16-byte alignment, bit for bit (read a value at
+ * a time, in the same order). The kernel's symbol differs from the f32
  * one's and its source says the dtypes. i32 inputs take
  * rnd_index(ibound). */
 static void quant_case(const kt *k32, int32_t ibound, int gpu, const qvariant *vars, int nvars)
@@ -5107,11 +5146,13 @@ static void quant_case(const kt *k32, int32_t ibound, int gpu, const qvariant *v
       }
       for (int o = nin; o < nbuf; o++) {
         size_t n = (size_t)c32.op.tensors[o].bytes;
-        ck_assert_msg(memcmp(s32.b[o], sq.b[o], n) == 0,
-                      "%s (%s): output %d with inputs %s%s differs from the f32 kernel on the dequantized values "
-                      "(pos %d, ntok %d)",
-                      kq->symbol, gpu ? "GPU" : "host", o - nin, dtypes, vars[v].special ? ", special scales" : "",
-                      pos, ntok);
+        if (!gpu)
+          ck_assert_msg(memcmp(s32.b[o], sq.b[o], n) == 0,
+                        "%s (host): output %d with inputs %s%s differs from the f32 kernel on the dequantized "
+                        "values (pos %d, ntok %d)",
+                        kq->symbol, o - nin, dtypes, vars[v].special ? ", special scales" : "", pos, ntok);
+        else
+          quant_close(s32.b[o], sq.b[o], n / 4, kq->symbol, o - nin, dtypes, vars[v].special, pos, ntok);
         const float *y = sq.b[o];
         for (size_t j = 0; j < n / 4; j++)
           finite += y[j] != 0.0f && isfinite(y[j]);
@@ -5146,21 +5187,23 @@ static void quant_case(const kt *k32, int32_t ibound, int gpu, const qvariant *v
 }
 
 /* Every kind that takes a quantized weight, at small shapes whose weight
- * rows are whole chunks of 4 (what the GPU kernels need; the host's take
- * any), as f32 ops: matmul over 150 columns (a partial tile; f8e4m3's
- * second row of blocks) and 136 inputs (a partial block of either
- * dtype); matmul_pair; group_matmul (3 groups of 7 columns); swiglu_ffn;
- * moe_experts over all 5 experts and a split of two (rows out of expert
- * order); moe_up and moe_down over the split. The FFNs are clamped
+ * rows are multiples of 4 values (what the GPU kernels need; the host's
+ * take any), as f32 ops: matmul over 150 columns (a partial tile; f8e4m3's
+ * second row of blocks) and 136 inputs (a partial block of either dtype,
+ * a partial chunk of 16 or 32 codes: the GPU reads every row a value at a
+ * time); matmul_pair over 96 inputs and group_matmul (3 groups of 7
+ * columns) over 64 a group, whole chunks (read 16 bytes at a time on the
+ * GPU), f8e4m3's in one partial block; swiglu_ffn; moe_experts over all 5
+ * experts and a split of two (rows out of expert order); moe_up and
+ * moe_down over the split, with H 64 and F 96. The FFNs are clamped
  * (swiglu_limit 2), so that a special scale's large weights give finite
- * activations. Each with its
- * weight slots (bit i: input i). */
+ * activations. Each with its weight slots (bit i: input i). */
 #define NQOPS 8
 static int g_quant_split[5] = {-1, 1, -1, 0, -1};
 
 static unsigned quant_op(kt *k, int which)
 {
-  enum { T = 4, E = 5, K = 3, H = 40, F = 36 };
+  enum { T = 4, E = 5, K = 3, H = 64, F = 96 };
   switch (which) {
   case 0:
     kt_init(k, IR_OP_MATMUL);
@@ -5170,17 +5213,17 @@ static unsigned quant_op(kt *k, int which)
     return 1u << 1;
   case 1:
     kt_init(k, IR_OP_MATMUL_PAIR);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)72);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)24, (int64_t)72);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)40, (int64_t)72);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)96);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)24, (int64_t)96);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)40, (int64_t)96);
     kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)24);
     kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)40);
     return 1u << 1 | 1u << 2;
   case 2:
     kt_init(k, IR_OP_GROUP_MATMUL);
     k->op.iattr[0] = 3;
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)3 * 36);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)21, (int64_t)36);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)3 * 64);
+    kt_add(k, 0, PLAN_F32, 2, (int64_t)21, (int64_t)64);
     kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)21);
     return 1u << 1;
   case 3:
@@ -5295,9 +5338,17 @@ static void gpu_quant_kinds(int from, int to)
 START_TEST(test_gpu_quant_matmuls)
 {
   gpu_quant_kinds(0, 3);
+  /* rows of whole chunks over 16 f8e4m3 blocks (K 2048: 128 chunks of
+   * f8e4m3, 64 of mxfp4, 4 and 2 a lane, in flight together) */
+  kt k;
+  kt_init(&k, IR_OP_MATMUL);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)3, (int64_t)2048);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)40, (int64_t)2048);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)3, (int64_t)40);
+  qvariant all[4];
+  quant_case(&k, 0, 1, all, qvariants(1u << 1, all));
   /* two columns a warp with x staged (8200 columns, K 32: one mxfp4 block
    * a row) */
-  kt k;
   kt_init(&k, IR_OP_MATMUL);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)32);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)8200, (int64_t)32);
@@ -5838,15 +5889,15 @@ START_TEST(test_gpu_errors)
   kt_init(&k, IR_OP_COPY);
   expect_gpu_error(&k, "has no GPU kernel");
 
-  /* Quantized weights whose rows are not whole chunks of 4 values: refused
+  /* Quantized weights whose rows are not multiples of 4 values: refused
    * by the GPU kernels, at the op, naming the weight and its shape; the
    * host kernels take them. */
   kt_init(&k, IR_OP_MATMUL);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)30);
   kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)8, (int64_t)30);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8);
-  expect_gpu_error(&k, "matmul: input w (t1) is f8e4m3 of shape [8,30]; the GPU kernels read a quantized weight's "
-                       "rows 4 values at a time, so its last dimension must be a multiple of 4");
+  expect_gpu_error(&k, "matmul: input w (t1) is f8e4m3 of shape [8,30]; the GPU kernels start a quantized "
+                       "weight's rows on 4-value bounds, so its last dimension must be a multiple of 4");
   dsl_diag d = {0};
   kgen_kernel hk1;
   ck_assert_msg(kgen_host(&k.prog, &k.op, &hk1, &d) == 0, "kgen_host: %s", d.msg);
@@ -5856,8 +5907,8 @@ START_TEST(test_gpu_errors)
   kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
   kt_add(&k, 0, PLAN_MXFP4, 3, (int64_t)5, (int64_t)8, (int64_t)30);
   kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)8);
-  expect_gpu_error(&k, "moe_down: input w2 (t2) is mxfp4 of shape [5,8,30]; the GPU kernels read a quantized "
-                       "weight's rows 4 values at a time");
+  expect_gpu_error(&k, "moe_down: input w2 (t2) is mxfp4 of shape [5,8,30]; the GPU kernels start a quantized "
+                       "weight's rows on 4-value bounds");
   ck_assert_msg(kgen_host(&k.prog, &k.op, &hk1, &d) == 0, "kgen_host: %s", d.msg);
   kgen_kernel_free(&hk1);
   /* f8e4m3 and mxfp4 tables: embed takes neither */

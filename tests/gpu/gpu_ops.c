@@ -118,10 +118,34 @@ static uint16_t bf16_bits(float x) {
   return (uint16_t)(u >> 16);
 }
 
+/* Random bytes of a quantized weight as runtime/plan.h lays it out, from
+ * byte `from` of the tensor on: codes (no E4M3 NaN code), E8M0 scales in
+ * [120, 130] (2^-7 to 2^3), zero padding. */
+static void fill_quantized(const plan_tensor *t, uint64_t from, uint64_t bytes, uint8_t *buf) {
+  plan_quant q;
+  if (plan_quant_of(t->dtype, t->ndim, t->dim, &q)) {
+    memset(buf, 0, bytes);
+    return;
+  }
+  uint64_t nscale = q.scale_rows * q.scale_cols;
+  for (uint64_t i = 0; i < bytes; i++) {
+    uint64_t o = (from + i) % q.stride;
+    uint8_t r = (uint8_t)(next_u64() >> 56);
+    if (o < q.data_bytes) buf[i] = t->dtype == PLAN_F8E4M3 && (r & 0x7f) == 0x7f ? r ^ 1 : r;
+    else if (o < q.data_bytes + nscale) buf[i] = (uint8_t)(120 + r % 11);
+    else buf[i] = 0;
+  }
+}
+
 /* Random values for one operand: i32 operands are indices (token ids,
- * expert choices) in [0, bound); f32 and bf16 ones uniform in [-1, 1). */
+ * expert choices) in [0, bound); f32 and bf16 ones uniform in [-1, 1);
+ * quantized weights valid codes and scales (fill_quantized). */
 static void fill(const plan *p, const plan_arg *a, void *buf, int32_t bound) {
   uint32_t dt = p->tensors[a->tensor].dtype;
+  if (plan_dtype_quantized(dt)) {
+    fill_quantized(&p->tensors[a->tensor], a->offset, a->bytes, buf);
+    return;
+  }
   uint64_t n = a->bytes / plan_dtype_size(dt);
   for (uint64_t i = 0; i < n; i++) {
     if (dt == PLAN_I32) ((int32_t *)buf)[i] = (int32_t)(next_u64() % (uint64_t)bound);

@@ -10,8 +10,9 @@
  * GPU and nothing else). Threads: group g = thread / LANES (one warp of 32
  * lanes, W = NTHREADS / LANES of them) computes the ROWS columns n0 + g +
  * W * q of the tile for the live slots t < step[1] in turn, streaming
- * their rows of w a chunk at a time (16 bytes of f32 or bf16, 4 quantized
- * values; once per slot; after the first slot from cache): ds4_lane_dot (ds4_lane_dot_rows for two rows in flight
+ * their rows of w a chunk at a time (16 bytes: of f32 or bf16, or the
+ * codes of 16 or 32 quantized values; once per slot; after the first slot
+ * from cache): ds4_lane_dot (ds4_lane_dot_rows for two rows in flight
  * together) gives each lane its strided share of a row in a fixed order,
  * and ds4_lane_sum adds the lanes by a fixed tree; then it zeroes its
  * columns of the dead slots. x is read as the weights are, or, with

@@ -205,14 +205,22 @@ DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_u32x4 wv, ds4
 }
 
 /* ---- quantized weights, dequantized as they are read ----
- * A row of a quantized matrix is summed in the f32 path's order, chunks
- * of 4 elements (so that a kernel's bits are those of the same kernel on
- * an f32 weight holding the dequantized values): a chunk is 4 E4M3 codes
- * (4 bytes) or 4 E2M1 codes (2 bytes) and the scale byte of their block,
- * which is one block as long as the row starts at a block's first column
- * (every block is a whole number of chunks). A row reads 4 or 2 bytes at
- * a time where its codes and x are aligned (kgen_gpu refuses a matrix
- * whose rows would not be: a last dim that is not a multiple of 4). */
+ * A row of a quantized matrix is read 16 code bytes at a time, as f32 and
+ * bf16 rows are: a chunk is 16 E4M3 codes or 32 E2M1 codes and the scale
+ * byte of their block, which is one block as long as the row starts at a
+ * block's first column (128 and 32 columns are whole chunks). A chunk is
+ * summed on its own, then scaled once: p = the sum, in ascending order, of
+ * x[k] times code k's value over 2^8 (E4M3) or 2^14 (E2M1), each step one
+ * fused multiply-add, starting from +0; then acc + (p * 2^8 or 2^14) *
+ * 2^(s-127). The code values are exact in f32 (moved into an f16's fields,
+ * widened), and so are both multiplies by powers of two unless the result
+ * leaves f32's normal range, so this is the dot product of the exactly
+ * dequantized row in a fixed order that depends only on the row's length,
+ * the group's lanes and the dtype. A chunk holding an E4M3 NaN code (0x7f,
+ * 0xff) sums to a NaN, as the host's ds4h_weight gives the code NaN; E8M0
+ * 255 is a NaN scale. Rows read 16 bytes at a time where their codes and
+ * x are 16-byte aligned and every chunk is whole; else a value at a time,
+ * in the same order (ds4_lane_dot_scalar). */
 
 /* A row of a quantized matrix from one of its scale blocks' first column
  * on: its codes and the scale byte of its first block (the row's others
@@ -222,18 +230,20 @@ struct ds4_qrow {
   const unsigned char *codes, *scales;
 };
 
-/* One chunk of a quantized row: its codes (E4M3 code j in byte j, E2M1
- * code j in nibble j) and its scale byte. */
+/* One chunk of a quantized row: its 16 code bytes (E4M3 code j in byte j,
+ * E2M1 code j in nibble j) and its scale byte. */
 template <int DT>
 struct ds4_qchunk {
-  uint32_t codes, scale;
+  ds4_u32x4 codes;
+  uint32_t scale;
 };
 
 /* What the dot products need to know of a weight's element type W:
- * dt, its DS4_DT_*; V, the elements of a chunk (16 bytes of f32 or bf16,
- * 4 quantized values); row, what stands for a row (a pointer, or a
+ * dt, its DS4_DT_*; V, the elements of a chunk (16 bytes: 4 f32, 8 bf16,
+ * 16 E4M3 or 32 E2M1 values); row, what stands for a row (a pointer, or a
  * ds4_qrow); chunk, what a chunk loads into; and for a quantized W the
- * code bytes of a chunk and the scale blocks' rows and columns. */
+ * scale blocks' rows and columns and the power of two its chunk sums are
+ * taken over (ds4_qcode). */
 template <typename W>
 struct ds4_wtraits;
 template <>
@@ -250,13 +260,15 @@ struct ds4_wtraits<ds4_bf16> {
 };
 template <>
 struct ds4_wtraits<ds4_f8e4m3> {
-  static constexpr int dt = DS4_DT_F8E4M3, V = 4, bytes = 4, block_rows = 128, block_cols = 128;
+  static constexpr int dt = DS4_DT_F8E4M3, V = 16, block_rows = 128, block_cols = 128;
+  static constexpr float unit = 0x1p8f;
   typedef ds4_qrow<DS4_DT_F8E4M3> row;
   typedef ds4_qchunk<DS4_DT_F8E4M3> chunk;
 };
 template <>
 struct ds4_wtraits<ds4_mxfp4> {
-  static constexpr int dt = DS4_DT_MXFP4, V = 4, bytes = 2, block_rows = 1, block_cols = 32;
+  static constexpr int dt = DS4_DT_MXFP4, V = 32, block_rows = 1, block_cols = 32;
+  static constexpr float unit = 0x1p14f;
   typedef ds4_qrow<DS4_DT_MXFP4> row;
   typedef ds4_qchunk<DS4_DT_MXFP4> chunk;
 };
@@ -299,70 +311,82 @@ DS4_DEVICE float ds4_e8m0(uint32_t s)
   return __builtin_bit_cast(float, s == 255 ? 0x7fc00000u : s ? s << 23 : 0x00400000u);
 }
 
-/* An E4M3 code's sign, exponent and mantissa moved into an f32's (its low
- * byte; the rest of b is ignored): the code's value times 2^-120 (an E4M3
- * subnormal an f32 subnormal), for every code but the NaNs (0x7f, 0xff). */
-DS4_DEVICE float ds4_f8e4m3_bits(uint32_t b)
+/* The f16 in the low 16 bits of h, widened to f32 (exactly), for the
+ * finite f16 values the codes below become: the GPUs' conversion; on the
+ * host (DS4_EMU) its exponent and mantissa moved into an f32's (the value
+ * times 2^-112, an f16 subnormal an f32 subnormal) and scaled back. */
+DS4_DEVICE float ds4_f16_lo(uint32_t h)
 {
-  return __builtin_bit_cast(float, (b << 24 & 0x80000000u) | (b << 20 & 0x07f00000u));
+#if defined(__AMDGCN__) || defined(__NVPTX__)
+  return (float)__builtin_bit_cast(_Float16, (unsigned short)h);
+#else
+  float m = __builtin_bit_cast(float, (h & 0x7fffu) << 13) * 0x1p112f;
+  return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, m) | (h & 0x8000u) << 16);
+#endif
 }
 
-/* An E2M1 code (the low nibble of b) moved into an f32 the same way: its
- * value times 2^-126 (0.5, the subnormal, an f32 subnormal). */
-DS4_DEVICE float ds4_fp4_bits(uint32_t b)
+/* Two E4M3 codes, bytes 0 and 2 of w (odd: bytes 1 and 3), as an f16
+ * pair: each code's sign, exponent and mantissa moved into an f16's, so
+ * each half is the code's value times 2^-8, exactly (an E4M3 subnormal an
+ * f16 subnormal); the NaN codes come out as 480 * 2^-8 (ds4_f8_nan finds
+ * them). */
+DS4_DEVICE uint32_t ds4_f8_pair(uint32_t w, int odd)
 {
-  return __builtin_bit_cast(float, (b << 28 & 0x80000000u) | (b << 22 & 0x01c00000u));
+  if (odd)
+    return (w & 0x80008000u) | (w >> 1 & 0x3f803f80u);
+  return (w << 8 & 0x80008000u) | (w << 7 & 0x3f803f80u);
 }
 
-/* An E4M3 code (its low byte) times 2^(s-127), as the host's ds4h_weight
- * gives it: the code's exact value times the exact scale, one rounding
- * (none unless it overflows); a NaN code gives a NaN of its sign. */
-DS4_DEVICE float ds4_f8e4m3_value(uint32_t b, uint32_t s)
+/* Nonzero where a byte of w is an E4M3 NaN code (its low 7 bits 0x7f). */
+DS4_DEVICE uint32_t ds4_f8_nan(uint32_t w) { return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u; }
+
+/* Two E2M1 codes, nibbles k and k + 4 of w (k < 4), as an f16 pair the
+ * same way: each half the code's value times 2^-14, exactly (the E2M1
+ * subnormal 0.5 an f16 subnormal). */
+DS4_DEVICE uint32_t ds4_fp4_pair(uint32_t w, int k)
 {
-  if ((b & 0x7f) == 0x7f)
-    return __builtin_bit_cast(float, 0x7fc00000u | (b << 24 & 0x80000000u));
-  return ds4_f8e4m3_bits(b) * 0x1p120f * ds4_e8m0(s);
+  uint32_t sign = k < 3 ? w << (12 - 4 * k) : w;
+  uint32_t mag = k < 3 ? w << (9 - 4 * k) : w >> 3;
+  return (sign & 0x80008000u) | (mag & 0x0e000e00u);
 }
 
-/* An E2M1 code (its low nibble) times 2^(s-127), the same way. */
-DS4_DEVICE float ds4_fp4_value(uint32_t b, uint32_t s)
-{
-  return ds4_fp4_bits(b) * 0x1p126f * ds4_e8m0(s);
-}
+DS4_DEVICE float ds4_nanf(void) { return __builtin_bit_cast(float, 0x7fc00000u); }
 
-/* acc plus the products of one chunk of a quantized row, x's 4 values
- * against the 4 dequantized weights, in ascending order, as the f32
- * path's ds4_chunk_dot adds them. Where the scale keeps every value of
- * the chunk in f32's normal range and exact (E4M3: s <= 134; E2M1:
- * s <= 128) and no code is a NaN, a weight is one multiply of its moved
- * bits by 2^(s-7) or 2^(s-1), exact; else each goes through
- * ds4_f8e4m3_value or ds4_fp4_value (the same values). */
+/* acc plus one chunk's share (above): p over the chunk's values in
+ * ascending order, then acc + (p * unit) * its scale. xv holds x's V
+ * values, 4 a vector. */
 DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_qchunk<DS4_DT_F8E4M3> q, ds4_f8e4m3)
 {
-  /* bit 7 of a byte set where its low 7 bits are 0x7f: a NaN code */
-  uint32_t nan = ((q.codes & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
-  if (q.scale <= 134 && nan == 0) {
-    float a = __builtin_bit_cast(float, (q.scale + 120) << 23);
-    for (int j = 0; j < 4; j++)
-      acc = acc + xv[0][j] * (ds4_f8e4m3_bits(q.codes >> 8 * j) * a);
-    return acc;
+  float p = 0.0f;
+  uint32_t nan = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint32_t w = q.codes[i], even = ds4_f8_pair(w, 0), odd = ds4_f8_pair(w, 1);
+    nan |= ds4_f8_nan(w);
+    p = __builtin_fmaf(xv[i][0], ds4_f16_lo(even), p);
+    p = __builtin_fmaf(xv[i][1], ds4_f16_lo(odd), p);
+    p = __builtin_fmaf(xv[i][2], ds4_f16_lo(even >> 16), p);
+    p = __builtin_fmaf(xv[i][3], ds4_f16_lo(odd >> 16), p);
   }
-  for (int j = 0; j < 4; j++)
-    acc = acc + xv[0][j] * ds4_f8e4m3_value(q.codes >> 8 * j, q.scale);
-  return acc;
+  if (nan)
+    p = ds4_nanf();
+  return acc + p * ds4_wtraits<ds4_f8e4m3>::unit * ds4_e8m0(q.scale);
 }
 
 DS4_DEVICE float ds4_chunk_dot(float acc, const ds4_f32x4 *xv, ds4_qchunk<DS4_DT_MXFP4> q, ds4_mxfp4)
 {
-  if (q.scale <= 128) {
-    float a = __builtin_bit_cast(float, (q.scale + 126) << 23);
-    for (int j = 0; j < 4; j++)
-      acc = acc + xv[0][j] * (ds4_fp4_bits(q.codes >> 4 * j) * a);
-    return acc;
+  float p = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint32_t w = q.codes[i], h[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      h[k] = ds4_fp4_pair(w, k);
+#pragma unroll
+    for (int k = 0; k < 8; k++) /* value 8i + k: nibble k of word i */
+      p = __builtin_fmaf(xv[2 * i + k / 4][k % 4], ds4_f16_lo(h[k % 4] >> (k / 4 * 16)), p);
   }
-  for (int j = 0; j < 4; j++)
-    acc = acc + xv[0][j] * ds4_fp4_value(q.codes >> 4 * j, q.scale);
-  return acc;
+  return acc + p * ds4_wtraits<ds4_mxfp4>::unit * ds4_e8m0(q.scale);
 }
 
 /* Chunk c of a row (16 bytes of f32 or bf16; a quantized chunk's codes and
@@ -378,21 +402,18 @@ DS4_DEVICE ds4_u32x4 ds4_load_chunk(const ds4_bf16 *w, int64_t c)
   return *(const DS4_GLOBAL ds4_u32x4 *)(w + c * 8);
 }
 
-DS4_DEVICE ds4_qchunk<DS4_DT_F8E4M3> ds4_load_chunk(ds4_qrow<DS4_DT_F8E4M3> w, int64_t c)
+template <int DT>
+DS4_DEVICE ds4_qchunk<DT> ds4_load_chunk(ds4_qrow<DT> w, int64_t c)
 {
-  uint32_t k = (uint32_t)c; /* c >= 0, and a row has fewer than 2^31 values */
-  return {*(const DS4_GLOBAL uint32_t *)(w.codes + k * 4), *(const DS4_GLOBAL unsigned char *)(w.scales + k / 32)};
-}
-
-DS4_DEVICE ds4_qchunk<DS4_DT_MXFP4> ds4_load_chunk(ds4_qrow<DS4_DT_MXFP4> w, int64_t c)
-{
+  /* c >= 0, and a row has fewer than 2^31 values; a chunk is an eighth
+   * of an f8e4m3 block's columns, or an mxfp4 block */
   uint32_t k = (uint32_t)c;
-  return {*(const DS4_GLOBAL unsigned short *)(w.codes + k * 2), *(const DS4_GLOBAL unsigned char *)(w.scales + k / 8)};
+  return {*(const DS4_GLOBAL ds4_u32x4 *)(w.codes + k * 16),
+          *(const DS4_GLOBAL unsigned char *)(w.scales + (DT == DS4_DT_F8E4M3 ? k / 8 : k))};
 }
 
 /* What keeps x and a row from being read a chunk at a time: 0 when x is
- * 16-byte aligned and so is the row (f32, bf16), or its codes lie on a
- * chunk's bytes (4 for f8e4m3, 2 for mxfp4). */
+ * 16-byte aligned and so is the row (its values or its codes). */
 DS4_DEVICE unsigned long long ds4_misaligned(const float *x, const void *w)
 {
   return ((unsigned long long)x | (unsigned long long)w) % 16;
@@ -401,21 +422,28 @@ DS4_DEVICE unsigned long long ds4_misaligned(const float *x, const void *w)
 template <int DT>
 DS4_DEVICE unsigned long long ds4_misaligned(const float *x, ds4_qrow<DT> w)
 {
-  constexpr unsigned long long bytes = DT == DS4_DT_F8E4M3 ? 4 : 2;
-  return (unsigned long long)x % 16 | (unsigned long long)w.codes % bytes;
+  return ((unsigned long long)x | (unsigned long long)w.codes) % 16;
 }
 
-/* Element k of a row as f32, exactly: widened, or dequantized. */
+/* Element k of a row as f32, exactly: widened. */
 DS4_DEVICE float ds4_welem(const float *w, int64_t k) { return w[k]; }
 DS4_DEVICE float ds4_welem(const ds4_bf16 *w, int64_t k) { return ds4_f32(w[k]); }
-DS4_DEVICE float ds4_welem(ds4_qrow<DS4_DT_F8E4M3> w, int64_t k)
+
+/* Code k of a quantized row as ds4_chunk_dot takes it (its value over
+ * ds4_wtraits' unit, a NaN code as 480 * 2^-8), nan set where it is an
+ * E4M3 NaN code, and its block's scale byte. */
+DS4_DEVICE float ds4_qcode(ds4_qrow<DS4_DT_F8E4M3> w, int64_t k, uint32_t *nan, uint32_t *scale)
 {
-  return ds4_f8e4m3_value(w.codes[k], w.scales[k / 128]);
+  uint32_t b = w.codes[k];
+  *nan |= ds4_f8_nan(b) & 0x80u;
+  *scale = w.scales[k / 128];
+  return ds4_f16_lo(ds4_f8_pair(b, 0));
 }
-DS4_DEVICE float ds4_welem(ds4_qrow<DS4_DT_MXFP4> w, int64_t k)
+DS4_DEVICE float ds4_qcode(ds4_qrow<DS4_DT_MXFP4> w, int64_t k, uint32_t *, uint32_t *scale)
 {
   uint32_t b = w.codes[k / 2];
-  return ds4_fp4_value(k % 2 ? b >> 4 : b, w.scales[k / 32]);
+  *scale = w.scales[k / 32];
+  return ds4_f16_lo(ds4_fp4_pair(k % 2 ? b >> 4 : b, 0));
 }
 
 DS4_DEVICE float ds4_inff(void) { return __builtin_inff(); }
@@ -948,41 +976,55 @@ DS4_DEVICE void ds4_stage_row(float *xs, const float *row)
 
 /* ds4_lane_dot's order one element at a time, for rows that are not
  * aligned for chunks or not whole chunks: lane l's chunks l, l + L, ...
- * of V elements (ds4_wtraits), of the nch chunks. */
+ * of V elements (ds4_wtraits), of the nch chunks; a quantized chunk summed
+ * on its own and scaled, as ds4_chunk_dot does. */
 template <int L, int64_t KK, typename W>
 DS4_DEVICE float ds4_lane_dot_scalar(const float *x, ds4_row<W> w, int lane, int64_t nch)
 {
   constexpr int V = ds4_wtraits<W>::V;
   float acc = 0.0f;
-  for (int64_t c = lane; c < nch; c += L)
-    for (int64_t k = c * V; k < c * V + V && k < KK; k++)
-      acc = acc + x[k] * ds4_welem(w, k);
+  for (int64_t c = lane; c < nch; c += L) {
+    if constexpr (ds4_quantized<W>()) {
+      float p = 0.0f;
+      uint32_t nan = 0, scale = 0;
+      for (int64_t k = c * V; k < c * V + V && k < KK; k++)
+        p = __builtin_fmaf(x[k], ds4_qcode(w, k, &nan, &scale), p);
+      if (nan)
+        p = ds4_nanf();
+      acc = acc + p * ds4_wtraits<W>::unit * ds4_e8m0(scale);
+    } else {
+      for (int64_t k = c * V; k < c * V + V && k < KK; k++)
+        acc = acc + x[k] * ds4_welem(w, k);
+    }
+  }
   return acc;
 }
 
 /* One lane's share of x . w over KK elements, for a group of L lanes: the
  * row is cut into chunks of V elements (ds4_wtraits: 16 bytes of w, 4 f32
- * or 8 bf16, the last one short when V does not divide KK; 4 values of a
- * quantized w, as f32's chunks, dequantized as they are summed); lane l
- * sums chunks l, l + L, l + 2L, ... in ascending order, each chunk's
- * elements in ascending order, into one f32. That order depends only on
- * KK, L and V, not on how the chunks are loaded: a chunk at a time (16
- * bytes; a quantized chunk's 4 or 2 code bytes and its scale byte), U
- * chunks of w (8, or as many as the lane has) in flight before the first
- * is used, when every chunk is whole and x and the row are aligned for it
- * (ds4_misaligned); else one element at a time; x from where XS says.
- * So a quantized weight gives the bits of an f32 weight holding its
- * dequantized values.
+ * or 8 bf16, 16 E4M3 or 32 E2M1 codes, the last one short when V does not
+ * divide KK); lane l sums chunks l, l + L, l + 2L, ... in ascending order
+ * into one f32, each chunk's elements in ascending order (a quantized
+ * chunk's into a sum of its own, then scaled: "quantized weights" above).
+ * That order depends only on KK, L and the dtype, not on how the chunks
+ * are loaded: a chunk at a time (16 bytes, and a quantized chunk's scale
+ * byte), U chunks of w (8, 4 quantized ones whose decoding takes
+ * registers, or as many as the lane has) in flight before
+ * the first is used, when every chunk is whole and x and the row are
+ * aligned for it (ds4_misaligned); else one element at a time; x from
+ * where XS says (a quantized chunk's x never ahead: it is 4 or 8 vectors).
  * `zero` must be 0 at run time and unknown to the compilers (the caller
  * takes it from ds4_grid()): it is added to the chunk count, whose loads
  * are then guarded by a bound only known at run time. Under a constant
  * bound ptxas sinks each load next to its use to save registers, which
  * leaves one load in flight per lane and a GEMV far below memory
  * bandwidth; under run-time guards the U loads stay ahead of the sums. */
-template <int L, int64_t KK, typename W, ds4_xspace XS = DS4_X_AHEAD>
+template <int L, int64_t KK, typename W, ds4_xspace XS0 = DS4_X_AHEAD>
 DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t zero)
 {
-  constexpr int V = ds4_wtraits<W>::V, U = ds4_chunks_ahead<8, L, (KK + V - 1) / V>();
+  /* a quantized chunk's x is 4 or 8 vectors: read as it is summed */
+  constexpr ds4_xspace XS = ds4_quantized<W>() && XS0 == DS4_X_AHEAD ? DS4_X_GLOBAL : XS0;
+  constexpr int V = ds4_wtraits<W>::V, U = ds4_chunks_ahead<ds4_quantized<W>() ? 4 : 8, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
   float acc = 0.0f;
   if (KK % V == 0 && ds4_misaligned(x, w) == 0) {
@@ -995,6 +1037,7 @@ DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t ze
         if (c < nch) {
           wv[u] = ds4_load_chunk(w, c);
           if constexpr (XS == DS4_X_AHEAD)
+#pragma unroll
             for (int q = 0; q < V / 4; q++)
               xv[u][q] = *(const DS4_GLOBAL ds4_f32x4 *)(x + c * V + 4 * q);
         }
@@ -1007,6 +1050,7 @@ DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t ze
         if constexpr (XS == DS4_X_AHEAD) {
           acc = ds4_chunk_dot(acc, xv[u], wv[u], W{});
         } else {
+#pragma unroll
           for (int q = 0; q < V / 4; q++)
             xv[0][q] = ds4_load_x<XS>(x + c * V + 4 * q);
           acc = ds4_chunk_dot(acc, xv[0], wv[u], W{});
@@ -1020,7 +1064,8 @@ DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t ze
 
 /* ds4_lane_dot of R rows against one x at once: out[r] = x . w[r], each
  * summed in ds4_lane_dot's order (so to its bits), with U chunks of every
- * row in flight together (UMAX, or as many as a lane has). x is read as
+ * row in flight together (UMAX, half as many quantized chunks, or as many
+ * as a lane has). x is read as
  * each chunk is summed, from where XS says, once for all R rows. moe_up
  * keeps an expert's gate and up rows in flight (R = 2), moe_down four
  * rows of w2 (R = 4): a warp's next rows are already on their way while
@@ -1030,7 +1075,8 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane,
 {
   static_assert(XS != DS4_X_AHEAD, "several rows keep only the weights ahead");
   static_assert(R >= 1 && UMAX >= 1 && R * UMAX <= 16, "at most 16 chunks a lane in flight");
-  constexpr int V = ds4_wtraits<W>::V, U = ds4_chunks_ahead<UMAX, L, (KK + V - 1) / V>();
+  constexpr int V = ds4_wtraits<W>::V;
+  constexpr int U = ds4_chunks_ahead<ds4_quantized<W>() ? (UMAX + 1) / 2 : UMAX, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
   unsigned long long bad = 0;
 #pragma unroll
@@ -1062,6 +1108,7 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane,
       if (c >= nch)
         continue;
       ds4_f32x4 xv[V / 4];
+#pragma unroll
       for (int q = 0; q < V / 4; q++)
         xv[q] = ds4_load_x<XS>(x + c * V + 4 * q);
 #pragma unroll
