@@ -697,48 +697,35 @@ static uint8_t generated_scale(const plan_tensor *w) {
   return (uint8_t)(k < -127 ? 0 : k > 127 ? 254 : k + 127);
 }
 
-/* The E4M3 code nearest x, ties to even, saturating at +-448 (never a NaN
- * code; NaN becomes 0). */
-static uint8_t e4m3_code(double x) {
+/* The code nearest x of a minifloat with mbits mantissa bits and emin its
+ * least normal exponent (exponent bias 1 - emin, subnormals multiples of
+ * 2^(emin - mbits)), ties to even, saturating at the code maxcode (the
+ * largest finite magnitude; never a NaN code; NaN becomes 0); sign is the
+ * sign bit's value. */
+static uint8_t minifloat_code(double x, int mbits, int emin, uint8_t maxcode, uint8_t sign_bit) {
   if (isnan(x)) return 0;
-  uint8_t sign = signbit(x) ? 0x80 : 0;
+  uint8_t sign = signbit(x) ? sign_bit : 0;
   double a = fabs(x);
-  if (a >= 448.0) return sign | 0x7e;
   if (a == 0.0) return sign;
   int e;
   frexp(a, &e);
   e -= 1; /* a in [2^e, 2^(e+1)) */
-  if (e < -6) e = -6; /* subnormals: multiples of 2^-9 */
-  double q = nearbyint(ldexp(a, 3 - e)); /* in units of 2^(e-3): [0, 16] */
-  if (q >= 16.0) { /* rounded up into the next binade */
+  if (e < emin) e = emin;
+  double one = ldexp(1.0, mbits);
+  double q = nearbyint(ldexp(a, mbits - e)); /* in units of 2^(e-mbits): [0, 2 one] */
+  if (q >= 2 * one) { /* rounded up into the next binade */
     e++;
-    q = 8.0;
+    q = one;
   }
-  if (q < 8.0) return sign | (uint8_t)q; /* a subnormal (e is -6) */
-  int code = (e + 7) << 3 | ((int)q - 8);
-  return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+  if (q < one) return sign | (uint8_t)q; /* a subnormal (e is emin) */
+  long code = (long)(e + 1 - emin) << mbits | ((long)q - (long)one);
+  return sign | (uint8_t)(code > maxcode ? maxcode : code);
 }
 
-/* The E2M1 code nearest x, ties to even, saturating at +-6 (NaN becomes 0). */
-static uint8_t e2m1_code(double x) {
-  if (isnan(x)) return 0;
-  uint8_t sign = signbit(x) ? 8 : 0;
-  double a = fabs(x);
-  if (a >= 6.0) return sign | 7;
-  if (a == 0.0) return sign;
-  int e;
-  frexp(a, &e);
-  e -= 1;
-  if (e < 0) e = 0; /* 0.5 is the one subnormal */
-  double q = nearbyint(ldexp(a, 1 - e)); /* in units of 2^(e-1): [0, 4] */
-  if (q >= 4.0) {
-    e++;
-    q = 2.0;
-  }
-  if (q < 2.0) return sign | (uint8_t)q;
-  int code = (e + 1) << 1 | ((int)q - 2);
-  return sign | (uint8_t)(code > 7 ? 7 : code);
-}
+/* The E4M3 code nearest x, saturating at +-448 (0x7e); the E2M1 one,
+ * saturating at +-6. */
+static uint8_t e4m3_code(double x) { return minifloat_code(x, 3, -6, 0x7e, 0x80); }
+static uint8_t e2m1_code(double x) { return minifloat_code(x, 1, 0, 7, 8); }
 
 /* The generator's side of a quantized weight w (not a view). */
 typedef struct quant_gen {

@@ -870,28 +870,15 @@ rt_status st_weight_convertible(const st_weight *w, uint32_t to) {
                         encoding_name(w), plan_dtype_name(to));
 }
 
-/* f32 bits of an E4M3 code: bias 7, no infinities, S.1111.111 is NaN. */
-static uint32_t f32_bits_of_e4m3(uint32_t c) {
-  uint32_t sign = (c & 0x80) << 24, e = c >> 3 & 15, m = c & 7;
-  if (e == 15 && m == 7) return sign | 0x7fc00000;
-  if (e) return sign | (e + 120) << 23 | m << 20;
-  if (!m) return sign;
-  e = 121; /* subnormal m * 2^-9: normalise */
-  while (!(m & 8)) m <<= 1, e--;
-  return sign | e << 23 | (m & 7) << 20;
-}
-
-/* f32 bits of an E2M1 code: s.ee.m, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
-static uint32_t f32_bits_of_e2m1(uint32_t c) {
-  uint32_t sign = (c & 8) << 28, e = c >> 1 & 3, m = c & 1;
-  if (e) return sign | (e + 126) << 23 | m << 22;
-  return m ? sign | 126u << 23 : sign;
-}
-
-/* Every code's value as f32 bits (exact: at most 4 significant bits). */
+/* Every code's value as f32 bits (exact: at most 4 significant bits;
+ * runtime/plan.c's values, an E4M3 NaN code a quiet NaN of its sign). */
 static void code_table(const st_weight *w, uint32_t lut[256]) {
-  for (uint32_t c = 0; c < (w->encoding == ST_FP8_BLOCKS ? 256u : 16u); c++)
-    lut[c] = w->encoding == ST_FP8_BLOCKS ? f32_bits_of_e4m3(c) : f32_bits_of_e2m1(c);
+  int fp8 = w->encoding == ST_FP8_BLOCKS;
+  for (uint32_t c = 0; c < (fp8 ? 256u : 16u); c++) {
+    float v = (float)(fp8 ? plan_f8e4m3_value((uint8_t)c) : plan_fp4_value((uint8_t)c));
+    memcpy(&lut[c], &v, 4);
+    if (isnan(v)) lut[c] = (c & 0x80) << 24 | 0x7fc00000u;
+  }
 }
 
 /* From logical element k of a quantized w on, the elements that share a
