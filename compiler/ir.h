@@ -60,6 +60,8 @@ enum ir_opkind {
   IR_OP_HC_HEAD_SUMS,
   /* two matmuls of one x in one launch on a GPU (lower.c), likewise */
   IR_OP_MATMUL_PAIR,
+  /* moe_combine with the add that reads it, likewise */
+  IR_OP_MOE_COMBINE_ADD,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };

@@ -82,6 +82,7 @@ typedef struct kgen_kind {
   kgen_slot io[IR_MAXIO]; /* inputs, then outputs */
   int nattrs;
   kgen_attr attrs[IR_MAXATTR];
+  const char *tmpl; /* the template it shares with another kind; NULL: its own */
 } kgen_kind;
 
 static const kgen_kind kgen_kinds[IR_NOPKIND] = {
@@ -200,6 +201,11 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                          {{"x", 'f', "TK"}, {"w1", 'q', "NK", "W1_DT"}, {"w2", 'q', "MK", "W2_DT"},
                           {"y1", 'f', "TN"}, {"y2", 'f', "TM"}},
                          0, {{0}}},
+  /* moe_combine and the add after it (lower.c): y = combine(slots, w) + b,
+   * moe_combine's template with ADDEND 1 */
+  [IR_OP_MOE_COMBINE_ADD] = {"moe_combine_add", 3, 1,
+                             {{"slots", 'f', "TkH"}, {"w", 'f', "Tk"}, {"b", 'f', "TH"}, {"y", 'f', "TH"}},
+                             0, {{0}}, "moe_combine"},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -974,9 +980,11 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     break;
   }
   case IR_OP_MOE_COMBINE:
+  case IR_OP_MOE_COMBINE_ADD:
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "TOPK", v['k']);
     kgen_def_int(s, "H", v['H']);
+    kgen_def_int(s, "ADDEND", op->kind == IR_OP_MOE_COMBINE_ADD);
     break;
   case IR_OP_SWIGLU_FFN:
     kgen_def_int(s, "T", T);
@@ -1140,6 +1148,7 @@ int kgen_spec_build(const ir_prog *p, const ir_op *op, const char *target, kgen_
       return -1;
   s->op = op;
   s->kind = c.k->name;
+  s->tmpl = c.k->tmpl ? c.k->tmpl : c.k->name;
   s->nin = c.k->nin;
   s->nout = c.k->nout;
   for (int i = 0; i < s->nin + s->nout; i++) {

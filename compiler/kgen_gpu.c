@@ -86,6 +86,8 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_HC_HEAD_SUMS] = {256, 0, 0},
   /* matmul_pair (lower.c): as matmul */
   [IR_OP_MATMUL_PAIR] = {256, 32, 1u << 1 | 1u << 2, 2},
+  /* moe_combine_add (lower.c): as moe_combine */
+  [IR_OP_MOE_COMBINE_ADD] = {256, 0, 0},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -320,9 +322,9 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   if (kgen_spec_build(p, op, "GPU", &s, d))
     return -1;
   const kgen_gpu_kind *g = &kgen_gpu_kinds[op->kind];
-  const char *tmpl = ds4_template_find("gpu", s.kind);
+  const char *tmpl = ds4_template_find("gpu", s.tmpl);
   if (!tmpl || !g->nthreads) {
-    kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, s.kind);
+    kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, s.tmpl);
     kgen_spec_free(&s);
     return -1;
   }

@@ -15,9 +15,9 @@ int kgen_host(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   kgen_spec s;
   if (kgen_spec_build(p, op, "host", &s, d))
     return -1;
-  const char *tmpl = ds4_template_find("host", s.kind), *prelude = ds4_template_find("host", "prelude");
+  const char *tmpl = ds4_template_find("host", s.tmpl), *prelude = ds4_template_find("host", "prelude");
   if (!tmpl || !prelude) {
-    kgen_err(d, op->pos, "%s: no host kernel template (compiler/kernels/host/%s.c)", s.kind, s.kind);
+    kgen_err(d, op->pos, "%s: no host kernel template (compiler/kernels/host/%s.c)", s.kind, s.tmpl);
     kgen_spec_free(&s);
     return -1;
   }

@@ -32,7 +32,8 @@ typedef struct kgen_def {
 
 typedef struct kgen_spec {
   const ir_op *op;
-  const char *kind; /* the op kind: its template's name */
+  const char *kind; /* the op kind */
+  const char *tmpl; /* its template's name: the kind's, or the one it shares */
   int nin, nout;
   const char *slot_name[2 * IR_MAXIO]; /* inputs, then outputs */
   uint32_t slot_dtype[2 * IR_MAXIO];   /* plan_dtype of each, as the kernel sees it */

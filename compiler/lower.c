@@ -33,7 +33,17 @@
  * outputs, and no op between the two in program order that writes x or
  * touches the second's output or the first's (so running the second early
  * changes no value any op reads); and not an op that an ordering hint
- * names, so every hint keeps meaning what it says. */
+ * names, so every hint keeps meaning what it says.
+ *
+ * Last, a moe_combine on a GPU whose output only an add on the same device
+ * reads becomes, with that add, one launch, moe_combine_add (slots, w, b
+ * -> y: the combine's sum, then + b), in the add's place, named
+ * <combine>+<the add's last name>: the same operations in the same order,
+ * so the bits stay, and a decode layer launches one elementwise kernel
+ * where it launched two (the routed experts' combine and its add to the
+ * shared expert's output). Safe by the same rules: whole operands, the
+ * combine's output an activation no other op touches, no op between the
+ * two that writes the combine's inputs, and no op an ordering hint names. */
 #include <stdio.h>
 #include <string.h>
 
@@ -239,12 +249,68 @@ static void fuse_matmul_pairs(ir_prog *p) {
   }
 }
 
+/* Whether op's operands are whole tensors. */
+static int whole_operands(const ir_op *op) {
+  for (int i = 0; i < op->nin; i++)
+    if (op->in_row0[i] || op->in_nrows[i]) return 0;
+  for (int i = 0; i < op->nout; i++)
+    if (op->out_row0[i] || op->out_nrows[i]) return 0;
+  return 1;
+}
+
+/* The add that ops[i], a moe_combine, folds into (see the header), or -1:
+ * the one op that reads the combine's output, an add on the same GPU. */
+static int combine_add_of(const ir_prog *p, int i) {
+  const ir_op *c = &p->ops[i];
+  int m = c->out[0], add = -1;
+  if (!on_gpu(p, c) || !whole_operands(c) || hinted(p, c) || p->tensors[m].role != PLAN_ACTIVATION) return -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], m, 1)) continue;
+    if (add >= 0 || k < i || p->ops[k].kind != IR_OP_ADD || op_uses(&p->ops[k], m, 0)) return -1;
+    add = k;
+  }
+  if (add < 0) return -1;
+  const ir_op *a = &p->ops[add];
+  if (a->device != c->device || !whole_operands(a) || hinted(p, a) || a->in[0] == a->in[1]) return -1;
+  for (int k = i + 1; k < add; k++)
+    if (op_uses(&p->ops[k], c->in[0], 0) || op_uses(&p->ops[k], c->in[1], 0)) return -1;
+  return add;
+}
+
+/* Folds each moe_combine into the add that reads it: the add becomes a
+ * moe_combine_add in its own place, the combine is dropped. */
+static void fuse_combine_adds(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_MOE_COMBINE) continue;
+    int j = combine_add_of(p, i);
+    if (j < 0) continue;
+    ir_op *c = &p->ops[i], *a = &p->ops[j];
+    int other = a->in[0] == c->out[0] ? 1 : 0; /* a + b and b + a: the same bits */
+    char *path = pair_path(c->path, a->path);
+    ir_xfree(a->path);
+    a->path = path;
+    a->kind = IR_OP_MOE_COMBINE_ADD;
+    a->nin = 3;
+    a->in[2] = a->in[other];
+    a->in_pos[2] = a->in_pos[other];
+    a->in[0] = c->in[0];
+    a->in_pos[0] = c->in_pos[0];
+    a->in[1] = c->in[1];
+    a->in_pos[1] = c->in_pos[1];
+    ir_xfree(c->path);
+    memmove(c, c + 1, (size_t)(p->nops - i - 1) * sizeof *c);
+    p->nops--;
+    i--;
+  }
+}
+
 int pass_lower(ir_prog *p, dsl_diag *d) {
   (void)d;
   int n = 0;
   for (int i = 0; i < p->nops; i++) n += lowered_count(p, &p->ops[i]) - 1;
   if (!n) {
     fuse_matmul_pairs(p);
+    fuse_combine_adds(p);
     return 0;
   }
   int cap = p->nops + n, k = 0;
@@ -263,5 +329,6 @@ int pass_lower(ir_prog *p, dsl_diag *d) {
   p->nops = k;
   p->capops = cap;
   fuse_matmul_pairs(p);
+  fuse_combine_adds(p);
   return 0;
 }

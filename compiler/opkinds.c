@@ -15,6 +15,7 @@ static const char *const in_add[] = {"a", "b"};
 static const char *const in_logits[] = {"logits"};
 static const char *const in_moe[] = {"x", "idx", "w1", "w3", "w2"};
 static const char *const in_comb[] = {"slots", "w"};
+static const char *const in_comb_add[] = {"slots", "w", "b"};
 static const char *const in_parts[] = {"parts"};
 static const char *const in_ffn[] = {"x", "w1", "w3", "w2"};
 static const char *const out_x[] = {"x"};
@@ -134,6 +135,9 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     /* two matmuls that read the same x, fused for a GPU (lower.c): one
      * launch whose first blocks are the first's and the rest the second's */
     [IR_OP_MATMUL_PAIR] = {"matmul_pair", 3, 2, in_mm_pair, out_y_pair, {{0}}, 0, 0, 1},
+    /* moe_combine and the add of its output to b, fused for a GPU
+     * (lower.c): y = combine + b */
+    [IR_OP_MOE_COMBINE_ADD] = {"moe_combine_add", 3, 1, in_comb_add, out_y, {{0}}, 0, 0, 1},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 

@@ -48,8 +48,9 @@ static double sink_entry_keys(const ir_prog *p, const ir_op *op) {
  * few operations per output element (the default: 4), so their bytes
  * decide their time on every profile: rmsnorm and rmsnorm_groups (square,
  * sum, scale), rope (a rotation of 6 flops per pair, and its sin and cos,
- * over the rope_dim channels only), add, moe_combine, hash_route (a table
- * lookup and a score per slot), argmax, embed, cache_write. */
+ * over the rope_dim channels only), add, moe_combine (and moe_combine_add),
+ * hash_route (a table lookup and a score per slot), argmax, embed,
+ * cache_write. */
 static double op_flops(const ir_prog *p, const ir_op *op) {
   const ir_tensor *in0 = &p->tensors[op->in[0]], *out0 = &p->tensors[op->out[0]];
   switch (op->kind) {
@@ -211,9 +212,11 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
 
 /* The path an ordering hint sees: the op's, or for the two launches of a
  * lowered op (lower.c) the op they came from, so that a hint naming it
- * orders both. */
+ * orders both (fused ops are never ones a hint names). */
 static const char *hint_path(const ir_op *op, char *buf, size_t n) {
-  if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY || op->kind == IR_OP_MATMUL_PAIR) return op->path;
+  if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY || op->kind == IR_OP_MATMUL_PAIR ||
+      op->kind == IR_OP_MOE_COMBINE_ADD)
+    return op->path;
   snprintf(buf, n, "%s", op->path);
   char *dot = strrchr(buf, '.');
   if (dot) *dot = 0;

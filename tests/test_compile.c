@@ -704,23 +704,57 @@ START_TEST(cpu_retargets_every_device) {
   }
   ck_assert_int_eq(cpu->nstreams, gpu->nstreams);
   for (int i = 0; i < cpu->nstreams; i++) ck_assert_str_eq(cpu->streams[i].name, gpu->streams[i].name);
-  int lowered = 0, pairs = 0;
+  int lowered = 0, pairs = 0, fused = 0;
   for (int i = 0; i < gpu->nops; i++) {
     lowered += gpu->ops[i].kind == IR_OP_MOE_UP;
     pairs += gpu->ops[i].kind == IR_OP_MATMUL_PAIR;
+    fused += gpu->ops[i].kind == IR_OP_MOE_COMBINE_ADD;
   }
   ck_assert_int_gt(lowered, 0);
   ck_assert_int_gt(pairs, 0);
-  ck_assert_int_eq(cpu->nops, gpu->nops - lowered + pairs);
+  ck_assert_int_eq(cpu->nops, gpu->nops - lowered + pairs + fused);
   for (int i = 0; i < cpu->nops; i++) {
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_UP);
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MATMUL_PAIR);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_COMBINE_ADD);
     for (int j = 0; j < gpu->nops; j++)
       if (strcmp(cpu->ops[i].path, gpu->ops[j].path) == 0)
         ck_assert_str_eq(cpu->streams[cpu->ops[i].stream].name, gpu->streams[gpu->ops[j].stream].name);
   }
   ds4c_prog_free(cpu);
   ds4c_prog_free(gpu);
+}
+END_TEST
+
+/* On a GPU each decoder layer's routed combine and its add to the shared
+ * expert's output are one moe_combine_add, in the add's place and on its
+ * stream, reading the combine's inputs and the shared output (lower.c);
+ * the cpu schedule keeps both. */
+START_TEST(combine_add_fused_on_gpu) {
+  ir_prog *gpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml");
+  ir_prog *cpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml");
+  int fused = 0, layers = 0;
+  for (int i = 0; i < gpu->nops; i++) {
+    const ir_op *op = &gpu->ops[i];
+    ck_assert_int_ne(op->kind, IR_OP_MOE_COMBINE);
+    if (op->kind != IR_OP_MOE_COMBINE_ADD) continue;
+    fused++;
+    const char *tail = strstr(op->path, ".ffn.combine+add_shared");
+    ck_assert_msg(tail && !tail[strlen(".ffn.combine+add_shared")], "%s", op->path);
+    ck_assert_int_eq(op->nin, 3);
+    ck_assert(strstr(gpu->tensors[op->in[0]].path, ".slots") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[2]].path, ".shared_out") != NULL);
+    ck_assert(strstr(gpu->tensors[op->out[0]].path, ".ffn_out") != NULL);
+    ck_assert_str_eq(gpu->streams[op->stream].name, "main");
+  }
+  for (int i = 0; i < cpu->nops; i++) {
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_COMBINE_ADD);
+    layers += cpu->ops[i].kind == IR_OP_MOE_COMBINE;
+  }
+  ck_assert_int_gt(layers, 0);
+  ck_assert_int_eq(fused, layers);
+  ds4c_prog_free(gpu);
+  ds4c_prog_free(cpu);
 }
 END_TEST
 
@@ -812,6 +846,7 @@ int main(void) {
   tcase_add_test(tc, ds4c_reports_layer_launches);
   tcase_add_test(tc, ds4c_warns_idle_device_and_refuses_oversized_arena);
   tcase_add_test(tc, cpu_retargets_every_device);
+  tcase_add_test(tc, combine_add_fused_on_gpu);
   tcase_add_test(tc, decode_plan_differs_in_shapes_and_grids_only);
   tcase_add_test(tc, step_shapes_from_the_schedule);
   suite_add_tcase(s, tc);

@@ -3853,6 +3853,13 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8224, (int64_t)64);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8224);
   mp_take(m, &k);
+  /* a combine and its add as lowered for a GPU (lower.c) */
+  kt_init(&k, IR_OP_MOE_COMBINE_ADD);
+  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)2);
+  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
+  mp_take(m, &k);
   /* two matmuls of one x as lowered for a GPU (lower.c), narrow and wide */
   kt_init(&k, IR_OP_MATMUL_PAIR);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
@@ -4905,6 +4912,72 @@ static void matmul_pair_case(int64_t K, int64_t N1, int64_t N2, uint32_t wt)
     chain_unbuild(&k2);
   }
 }
+
+/* A moe_combine and the add after it as lowered for a GPU (lower.c):
+ * moe_combine_add's y bit for bit the add of the combine's output and b,
+ * on the GPU (its kernels on host threads) and on the host, with H not a
+ * multiple of a block's threads and dead slots zeroed. */
+static void combine_add_case(int64_t H, int64_t K)
+{
+  enum { T = 4 };
+  kt fused, comb, add;
+  kt_init(&fused, IR_OP_MOE_COMBINE_ADD);
+  kt_init(&comb, IR_OP_MOE_COMBINE);
+  kt_init(&add, IR_OP_ADD);
+  kt_add(&fused, 0, PLAN_F32, 3, (int64_t)T, K, H);
+  kt_add(&fused, 0, PLAN_F32, 2, (int64_t)T, K);
+  kt_add(&fused, 0, PLAN_F32, 2, (int64_t)T, H);
+  kt_add(&fused, 1, PLAN_F32, 2, (int64_t)T, H);
+  kt_add(&comb, 0, PLAN_F32, 3, (int64_t)T, K, H);
+  kt_add(&comb, 0, PLAN_F32, 2, (int64_t)T, K);
+  kt_add(&comb, 1, PLAN_F32, 2, (int64_t)T, H);
+  kt_add(&add, 0, PLAN_F32, 2, (int64_t)T, H);
+  kt_add(&add, 0, PLAN_F32, 2, (int64_t)T, H);
+  kt_add(&add, 1, PLAN_F32, 2, (int64_t)T, H);
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kf = {.op = fused}, kc = {.op = comb}, ka = {.op = add};
+    kf.op.prog.tensors = kf.op.tensors;
+    kc.op.prog.tensors = kc.op.tensors;
+    ka.op.prog.tensors = ka.op.tensors;
+    chain_build(&kf, gpu);
+    chain_build(&kc, gpu);
+    chain_build(&ka, gpu);
+    bufs bf, bc, ba;
+    bufs_alloc(&bf, &fused);
+    bufs_alloc(&bc, &comb);
+    bufs_alloc(&ba, &add);
+    for (int st = 0; st < 2; st++) {
+      int pos = g_gpu_steps[st][0], ntok = g_gpu_steps[st][1];
+      ffn_fill(&fused, &bf, NULL, 1);
+      memcpy(bc.b[0], bf.b[0], (size_t)fused.tensors[0].bytes);
+      memcpy(bc.b[1], bf.b[1], (size_t)fused.tensors[1].bytes);
+      fill_garbage(bc.b[2], kt_elems(&comb, 2));
+      chain_run(&kf, &bf, pos, ntok);
+      chain_run(&kc, &bc, pos, ntok);
+      memcpy(ba.b[0], bc.b[2], (size_t)comb.tensors[2].bytes);
+      memcpy(ba.b[1], bf.b[2], (size_t)fused.tensors[2].bytes);
+      fill_garbage(ba.b[2], kt_elems(&add, 2));
+      chain_run(&ka, &ba, pos, ntok);
+      ck_assert_msg(memcmp(bf.b[3], ba.b[2], (size_t)add.tensors[2].bytes) == 0,
+                    "%s: moe_combine_add differs from moe_combine then add (H %lld, k %lld; pos %d, ntok %d)",
+                    gpu ? "GPU" : "host", (long long)H, (long long)K, pos, ntok);
+    }
+    bufs_free(&bf);
+    bufs_free(&bc);
+    bufs_free(&ba);
+    chain_unbuild(&kf);
+    chain_unbuild(&kc);
+    chain_unbuild(&ka);
+  }
+}
+
+START_TEST(test_gpu_moe_combine_add)
+{
+  combine_add_case(300, 6);
+  combine_add_case(64, 2);
+  emu_stop();
+}
+END_TEST
 
 START_TEST(test_gpu_matmul_pair)
 {
@@ -5983,6 +6056,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);
   tcase_add_test(gpu, test_gpu_matmul_pair);
+  tcase_add_test(gpu, test_gpu_moe_combine_add);
   tcase_add_test(gpu, test_gpu_quant_matmuls);
   tcase_add_test(gpu, test_gpu_quant_ffn);
   suite_add_tcase(s, gpu);
