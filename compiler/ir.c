@@ -160,6 +160,7 @@ void ir_prog_free(ir_prog *p) {
   ir_xfree(p->tensor_slots);
   for (int i = 0; i < p->nops; i++) {
     ir_xfree(p->ops[i].path);
+    ir_xfree(p->ops[i].alias);
     ir_xfree(p->ops[i].expert_row);
   }
   ir_xfree(p->ops);

@@ -62,6 +62,11 @@ enum ir_opkind {
   IR_OP_MATMUL_PAIR,
   /* moe_combine with the add that reads it, likewise */
   IR_OP_MOE_COMBINE_ADD,
+  /* hc_pre with the rmsnorm of its x, in one launch, likewise */
+  IR_OP_HC_PRE_NORM,
+  /* rmsnorm or rmsnorm_groups with the rope of its output, likewise */
+  IR_OP_RMSNORM_ROPE,
+  IR_OP_RMSNORM_GROUPS_ROPE,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };
@@ -84,6 +89,8 @@ typedef struct ir_tensor {
 
 typedef struct ir_op {
   char *path;
+  char *alias; /* lower: the path of an op a fusion folded in that an ordering
+                  hint names; the fused op answers to it (order.c). NULL: none */
   dsl_pos pos;
   int kind; /* enum ir_opkind */
   int in[IR_MAXIO], nin;

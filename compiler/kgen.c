@@ -79,11 +79,17 @@ typedef struct kgen_attr {
 typedef struct kgen_kind {
   const char *name;
   int nin, nout;
-  kgen_slot io[IR_MAXIO]; /* inputs, then outputs */
+  kgen_slot io[2 * IR_MAXIO]; /* inputs, then outputs */
   int nattrs;
   kgen_attr attrs[IR_MAXATTR];
   const char *tmpl; /* the template it shares with another kind; NULL: its own */
 } kgen_kind;
+
+/* rope's attrs in rope's slots, which kgen_rope_freq and
+ * kgen_check_rope_attrs read (the fused norms keep them there too). */
+#define KGEN_ROPE_ATTRS                                                                                 \
+  {"heads", 0}, {"rope_dim", 0}, {"theta", 1}, {"inverse", 0, 1}, {"yarn_factor", 1, 1}, {"yarn_orig", 1, 1}, \
+      {"yarn_beta_fast", 1, 1}, {"yarn_beta_slow", 1, 1}, {"position", 0, 1}
 
 static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   /* x [T, H], or [T, N, H] for N hyper-connection streams: checked by
@@ -95,10 +101,7 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                      1, {{"eps", 1}}},
   [IR_OP_MATMUL] = {"matmul", 2, 1,
                     {{"x", 'f', "TK"}, {"w", 'q', "NK", "W_DT"}, {"y", 'f', "TN"}}, 0, {{0}}},
-  [IR_OP_ROPE] = {"rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
-                  9, {{"heads", 0}, {"rope_dim", 0}, {"theta", 1}, {"inverse", 0, 1},
-                      {"yarn_factor", 1, 1}, {"yarn_orig", 1, 1}, {"yarn_beta_fast", 1, 1},
-                      {"yarn_beta_slow", 1, 1}, {"position", 0, 1}}},
+  [IR_OP_ROPE] = {"rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}}, 9, {KGEN_ROPE_ATTRS}},
   [IR_OP_CACHE_WRITE] = {"cache_write", 1, 1,
                          {{"src", 'f', "TD"}, {"cache", 'f', "SD"}}, 0, {{0}}},
   [IR_OP_ATTENTION] = {"attention", 3, 1,
@@ -206,6 +209,17 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
   [IR_OP_MOE_COMBINE_ADD] = {"moe_combine_add", 3, 1,
                              {{"slots", 'f', "TkH"}, {"w", 'f', "Tk"}, {"b", 'f', "TH"}, {"y", 'f', "TH"}},
                              0, {{0}}, "moe_combine"},
+  /* hc_pre_sums and the rmsnorm of its x (lower.c) */
+  [IR_OP_HC_PRE_NORM] = {"hc_pre_norm", 5, 3,
+                         {{"sums", 'f', "TJ"}, {"X", 'f', "TND"}, {"base", 'f', "M"}, {"scale", 'f', "s"},
+                          {"w", 'f', "D"}, {"h", 'f', "TD"}, {"post", 'f', "TN"}, {"comb", 'f', "TNN"}},
+                         4, {{"eps", 1}, {"hc_eps", 1}, {"iters", 0}, {"norm_eps", 1}}},
+  /* a norm and the rope of its output (lower.c): the norm's template
+   * with INV_FREQ defined, rope's attrs first */
+  [IR_OP_RMSNORM_ROPE] = {"rmsnorm_rope", 2, 1, {{"x", 'f', "TH"}, {"w", 'f', "H"}, {"y", 'f', "TH"}},
+                          10, {KGEN_ROPE_ATTRS, {"eps", 1}}, "rmsnorm"},
+  [IR_OP_RMSNORM_GROUPS_ROPE] = {"rmsnorm_groups_rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
+                                 11, {KGEN_ROPE_ATTRS, {"eps", 1}, {"group", 0}}, "rmsnorm_groups"},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -445,8 +459,8 @@ static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
     s->grid_text = "one block per sum, every token slot";
     return 0;
   }
-  int pre = kind == IR_OP_HC_PRE || kind == IR_OP_HC_PRE_SUMS;
-  int from_sums = kind == IR_OP_HC_PRE_SUMS || kind == IR_OP_HC_HEAD_SUMS;
+  int pre = kind == IR_OP_HC_PRE || kind == IR_OP_HC_PRE_SUMS || kind == IR_OP_HC_PRE_NORM;
+  int from_sums = kind == IR_OP_HC_PRE_SUMS || kind == IR_OP_HC_HEAD_SUMS || kind == IR_OP_HC_PRE_NORM;
   int64_t n = v['N'], d = v['D'];
   if (n > KGEN_HC_MAXN)
     return kgen_err(c->d, c->op->pos, "%s: %" PRId64 " hyper-connection streams; the kernels take at most %d",
@@ -477,7 +491,11 @@ static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
       return kgen_attr_error(c, "iters", "must be at least 1");
     kgen_def_int(s, "ITERS", c->op->iattr[2]);
   }
-  if (from_sums) {
+  if (kind == IR_OP_HC_PRE_NORM) { /* a block per slot, the norm's eps */
+    if (kgen_finite_float(c, 3, &f))
+      return -1;
+    kgen_def_float(s, "NORM_EPS", f);
+  } else if (from_sums) {
     int64_t ncol = (d + KGEN_HC_COLS - 1) / KGEN_HC_COLS;
     kgen_def_int(s, "COLS", KGEN_HC_COLS);
     kgen_def_int(s, "NCOL", ncol);
@@ -585,6 +603,29 @@ static int kgen_check_rope_attrs(kgen_ctx *c)
   if (op->iattr[8] != 0)
     return kgen_attr_error(c, "position", "must be 0 (the token's position)");
   return kgen_check_yarn_attrs(c);
+}
+
+/* rope's own defines, for a head of hd channels: R (rope_dim, even, at
+ * most hd), THETA and INVERSE, the attrs checked; INV_FREQ follows from
+ * them (kgen_write_defines). rope and the norms fused with it. */
+static int kgen_def_rope(kgen_ctx *c, kgen_spec *s, int64_t hd)
+{
+  const ir_op *op = c->op;
+  int64_t r = op->iattr[1];
+  float f;
+  if (r < 0 || r % 2 != 0 || r > hd)
+    return kgen_err(c->d, op->pos, "%s: attr rope_dim = %" PRId64 " must be even and at most the head dim %" PRId64,
+                    c->k->name, r, hd);
+  if (kgen_finite_float(c, 2, &f))
+    return -1;
+  if (!(f > 0.0f))
+    return kgen_attr_error(c, "theta", "must be positive");
+  if (kgen_check_rope_attrs(c))
+    return -1;
+  kgen_def_int(s, "R", r);
+  kgen_def_float(s, "THETA", f);
+  kgen_def_int(s, "INVERSE", op->iattr[3]);
+  return 0;
 }
 
 /* (window, head) dot products an index_scores block computes: one per GPU
@@ -837,32 +878,36 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       s->grid = (uint64_t)(T * heads);
       s->grid_text = "token slot x head";
     } else {
-      int64_t r = op->iattr[1];
-      if (r < 0 || r % 2 != 0 || r > hd)
-        return kgen_err(c->d, op->pos, "rope: attr rope_dim = %" PRId64
-                         " must be even and at most the head dim %" PRId64, r, hd);
-      if (kgen_finite_float(c, 2, &f))
-        return -1;
-      if (!(f > 0.0f))
-        return kgen_attr_error(c, "theta", "must be positive");
-      if (kgen_check_rope_attrs(c))
+      if (kgen_def_rope(c, s, hd))
         return -1;
       kgen_def_int(s, "NH", heads);
       kgen_def_int(s, "HD", hd);
-      kgen_def_int(s, "R", r);
-      kgen_def_float(s, "THETA", f);
-      kgen_def_int(s, "INVERSE", op->iattr[3]);
       s->grid = (uint64_t)(T * heads);
       s->grid_text = "token slot x head";
     }
     break;
   }
-  case IR_OP_RMSNORM_GROUPS: {
-    int64_t C = v['C'], g = op->iattr[1] ? op->iattr[1] : C;
+  case IR_OP_RMSNORM_ROPE:
+    /* One head: the row's last R channels rotate, as rope with heads 1. */
+    if (op->iattr[0] != 1)
+      return kgen_attr_error(c, "heads", "must be 1: the norm's row is the rope's one head");
+    if (kgen_def_rope(c, s, v['H']) || kgen_finite_float(c, 9, &f))
+      return -1;
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "H", v['H']);
+    kgen_def_float(s, "EPS", f);
+    break;
+  case IR_OP_RMSNORM_GROUPS:
+  case IR_OP_RMSNORM_GROUPS_ROPE: {
+    int rope = op->kind == IR_OP_RMSNORM_GROUPS_ROPE, ga = rope ? 10 : 1;
+    int64_t C = v['C'], g = op->iattr[ga] ? op->iattr[ga] : C;
     if (g < 1 || C % g != 0)
-      return kgen_err(c->d, op->pos, "rmsnorm_groups: attr group = %" PRId64
-                       " must divide the %" PRId64 " channels (0: the whole row)", op->iattr[1], C);
-    if (kgen_finite_float(c, 0, &f))
+      return kgen_err(c->d, op->pos, "%s: attr group = %" PRId64
+                       " must divide the %" PRId64 " channels (0: the whole row)", c->k->name, op->iattr[ga], C);
+    /* A group a head: each group's last R channels rotate. */
+    if (rope && op->iattr[0] != C / g)
+      return kgen_attr_error(c, "heads", "must be the number of groups: a group is the rope's head");
+    if ((rope && kgen_def_rope(c, s, g)) || kgen_finite_float(c, rope ? 9 : 0, &f))
       return -1;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "C", C);
@@ -1029,6 +1074,7 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   case IR_OP_HC_SUMS:
   case IR_OP_HC_PRE_SUMS:
   case IR_OP_HC_HEAD_SUMS:
+  case IR_OP_HC_PRE_NORM:
     if (kgen_specialise_hc(c, s))
       return -1;
     break;
@@ -1194,6 +1240,14 @@ void kgen_write_head(kgen_buf *b, const kgen_spec *s, const char *title, const c
   kgen_printf(b, " * grid: %" PRIu64 " blocks, %s%s. */\n", s->grid, s->grid_text, extra);
 }
 
+/* The kinds that rotate by rope's table: rope, the norms fused with it,
+ * compress_pool. */
+static int kgen_has_rope_table(int kind)
+{
+  return kind == IR_OP_ROPE || kind == IR_OP_RMSNORM_ROPE || kind == IR_OP_RMSNORM_GROUPS_ROPE ||
+         kind == IR_OP_COMPRESS_POOL;
+}
+
 /* rope, compress_pool: INV_FREQ, the R/2 inverse frequencies of
  * kgen_rope_freq as exact literals, computed here once for every target
  * (the GPU targets have no powf); one 0 when R is 0, so that the table
@@ -1229,7 +1283,7 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
     kgen_printf(b, "#define EXPERT_ROWS ");
     kgen_expert_rows(s->op, kgen_spec_int(s, "E"), b);
   }
-  if (s->op->kind == IR_OP_ROPE || s->op->kind == IR_OP_COMPRESS_POOL)
+  if (kgen_has_rope_table(s->op->kind))
     kgen_rope_table(b, s);
   if (!undefs)
     return;
@@ -1238,7 +1292,7 @@ void kgen_write_defines(kgen_buf *b, const kgen_spec *s, kgen_buf *undefs)
     kgen_printf(undefs, "#undef %s\n", s->defs[i].name);
   if (kgen_has_expert_rows(s->op->kind))
     kgen_printf(undefs, "#undef EXPERT_ROWS\n");
-  if (s->op->kind == IR_OP_ROPE || s->op->kind == IR_OP_COMPRESS_POOL)
+  if (kgen_has_rope_table(s->op->kind))
     kgen_printf(undefs, "#undef INV_FREQ\n");
 }
 

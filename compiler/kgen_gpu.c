@@ -88,6 +88,12 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_MATMUL_PAIR] = {256, 32, 1u << 1 | 1u << 2, 2},
   /* moe_combine_add (lower.c): as moe_combine */
   [IR_OP_MOE_COMBINE_ADD] = {256, 0, 0},
+  /* hc_pre_norm (lower.c): a block per slot, with rmsnorm's threads (the
+   * same columns a thread, the same tree) */
+  [IR_OP_HC_PRE_NORM] = {256, 0, 1u << 4},
+  /* rmsnorm_rope, rmsnorm_groups_rope (lower.c): as their norms */
+  [IR_OP_RMSNORM_ROPE] = {256, 0, 1u << 1},
+  [IR_OP_RMSNORM_GROUPS_ROPE] = {256, 0, 0},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -263,6 +269,9 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return nt * 8;
   case IR_OP_RMSNORM_GROUPS: /* red */
     return nt * 4;
+  case IR_OP_RMSNORM_ROPE:
+  case IR_OP_RMSNORM_GROUPS_ROPE: /* red, the rotated channels */
+    return (nt + (uint64_t)kgen_spec_int(s, "R") + 1) * 4;
   case IR_OP_SINK_ATTENTION: {
     /* red, prob and row (pass 3's key rows); with select 2, cand, keep and
      * offs (select 2's list of entries: only then does the template use
@@ -303,6 +312,11 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   }
   case IR_OP_HC_HEAD_SUMS: /* pre */
     return (uint64_t)kgen_spec_int(s, "N") * 4;
+  case IR_OP_HC_PRE_NORM: { /* red, pre, the Sinkhorn's two matrices */
+    uint64_t n = (uint64_t)kgen_spec_int(s, "N"), d = (uint64_t)kgen_spec_int(s, "D");
+    kgen_gpu_define(b, undefs, "CPT", "%" PRIu64, (d + nt - 1) / nt);
+    return (nt + n + 2 * n * n) * 4;
+  }
   case IR_OP_COMPRESS_POOL: /* red, y; ring, brow: int32_t per slot */
     return (nt + (uint64_t)kgen_spec_int(s, "W")) * 4 +
            (uint64_t)((1 + kgen_spec_int(s, "OVERLAP")) * kgen_spec_int(s, "RATIO")) * 8;

@@ -23,7 +23,35 @@
  * they were. The two ops are named <op>.up and <op>.down, or <op>.sums and
  * <op>.mix; an ordering hint that names the op names both (order.c).
  *
- * Then two matmuls on one GPU stream that read the same x become one
+ * Then fuse joins two ops into one launch where that is safe by
+ * construction, in this order: an hc_pre's mix and its norm, a norm and
+ * its rope, two matmuls of one x, a routed combine and its add.
+ *
+ * An hc_pre_sums (an hc_pre's second launch) whose x only an rmsnorm on
+ * the same stream reads becomes, with that norm, one launch, hc_pre_norm
+ * (sums, X, base, scale, w -> h, post, comb), in the hc_pre_sums' place,
+ * named <hc_pre>.mix+<the norm's last name>: a block per slot computes
+ * the slot's weights, x and the norm, with hc_pre_sums' and rmsnorm's
+ * operations in their order, so the bits stay, and x never leaves the
+ * block. Safe by construction: whole operands, x an activation no other
+ * op touches, no op between the two that touches h or writes w, no op a
+ * hint names, and rows of x of at most HC_NORM_MAX_COLS.
+ *
+ * An rmsnorm or rmsnorm_groups on a GPU whose output only a rope on
+ * the same stream reads becomes, with that rope, one launch, rmsnorm_rope
+ * or rmsnorm_groups_rope (the norm's operands, the rope's output), in the
+ * norm's place, named <norm>+<the rope's last name>, where the rope's
+ * head is the norm's row (rmsnorm, rope heads 1) or group
+ * (rmsnorm_groups, rope heads = groups): the block that normalises a head
+ * rotates its last rope_dim channels with rope's operations, so the bits
+ * stay (the kv and q of a DeepSeek-V4 attention). Safe by hc_pre_norm's
+ * rules, the norm's output taking x's part, except that an ordering hint
+ * may name the rope: the rope can only run after the norm, so the fused
+ * launch takes the rope's path as its alias and answers to the hint in
+ * the rope's place (a schedule that resolves a rope early then gets the
+ * same kernels as one that does not, in another order).
+ *
+ * Two matmuls on one GPU stream that read the same x become one
  * launch, matmul_pair (x, w1, w2 -> y1, y2), in the first one's place,
  * named <first>+<the second's last name>: each part is tiled and summed as
  * its matmul is, so the bits stay, and a decode step launches one small
@@ -35,7 +63,7 @@
  * changes no value any op reads); and not an op that an ordering hint
  * names, so every hint keeps meaning what it says.
  *
- * Last, a moe_combine on a GPU whose output only an add on the same device
+ * A moe_combine on a GPU whose output only an add on the same device
  * reads becomes, with that add, one launch, moe_combine_add (slots, w, b
  * -> y: the combine's sum, then + b), in the add's place, named
  * <combine>+<the add's last name>: the same operations in the same order,
@@ -167,6 +195,10 @@ static int lowered_count(const ir_prog *p, const ir_op *op) {
   return (kind == IR_OP_MOE_EXPERTS || kind == IR_OP_HC_PRE || kind == IR_OP_HC_HEAD) && on_gpu(p, op) ? 2 : 1;
 }
 
+/* The columns of x a hc_pre_norm block holds in registers: 64 a thread of
+ * 256. */
+#define HC_NORM_MAX_COLS 16384
+
 /* Whether op k writes tensor t, or touches it at all (any). */
 static int op_uses(const ir_op *op, int t, int any) {
   for (int i = 0; i < op->nout; i++)
@@ -189,14 +221,17 @@ static int named(const dsl_str *globs, int n, const char *path) {
   return 0;
 }
 
+static int hinted_path(const dsl_schedule *s, const char *path) {
+  if (named(s->early_resolve, s->nearly_resolve, path) || named(s->submit_first, s->nsubmit_first, path)) return 1;
+  for (int i = 0; i < s->npriority; i++)
+    if (ir_glob_match(s->priority[i].key.text, path)) return 1;
+  return 0;
+}
+
+/* Whether an ordering hint names op (by its path or its alias). */
 static int hinted(const ir_prog *p, const ir_op *op) {
   const dsl_schedule *s = p->sched;
-  if (!s) return 0;
-  if (named(s->early_resolve, s->nearly_resolve, op->path) || named(s->submit_first, s->nsubmit_first, op->path))
-    return 1;
-  for (int i = 0; i < s->npriority; i++)
-    if (ir_glob_match(s->priority[i].key.text, op->path)) return 1;
-  return 0;
+  return s && (hinted_path(s, op->path) || (op->alias && hinted_path(s, op->alias)));
 }
 
 /* ops[j] joins ops[i] (i < j) as its matmul_pair: see the header. */
@@ -304,13 +339,122 @@ static void fuse_combine_adds(ir_prog *p) {
   }
 }
 
+/* The rmsnorm that ops[i], an hc_pre_sums, folds into its launch (see the
+ * header), or -1. */
+static int hc_norm_of(const ir_prog *p, int i) {
+  const ir_op *h = &p->ops[i];
+  int x = h->out[0], norm = -1;
+  if (!on_gpu(p, h) || !whole_operands(h) || hinted(p, h) || p->tensors[x].role != PLAN_ACTIVATION ||
+      p->tensors[x].dim[p->tensors[x].ndim - 1] > HC_NORM_MAX_COLS)
+    return -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], x, 1)) continue;
+    if (norm >= 0 || k < i || p->ops[k].kind != IR_OP_RMSNORM || p->ops[k].in[0] != x || p->ops[k].in[1] == x ||
+        op_uses(&p->ops[k], x, 0))
+      return -1;
+    norm = k;
+  }
+  if (norm < 0) return -1;
+  const ir_op *r = &p->ops[norm];
+  if (r->device != h->device || r->stream != h->stream || !whole_operands(r) || hinted(p, r)) return -1;
+  for (int k = i + 1; k < norm; k++)
+    if (op_uses(&p->ops[k], r->out[0], 1) || op_uses(&p->ops[k], r->in[1], 0)) return -1;
+  return norm;
+}
+
+/* Folds each GPU hc_pre_sums into the rmsnorm that reads its x: it
+ * becomes a hc_pre_norm in its own place, the norm is dropped. */
+static void fuse_hc_pre_norms(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_HC_PRE_SUMS) continue;
+    int j = hc_norm_of(p, i);
+    if (j < 0) continue;
+    ir_op *h = &p->ops[i], *r = &p->ops[j];
+    char *path = pair_path(h->path, r->path);
+    ir_xfree(h->path);
+    h->path = path;
+    h->kind = IR_OP_HC_PRE_NORM;
+    h->nin = 5;
+    h->in[4] = r->in[1];
+    h->in_pos[4] = r->in_pos[1];
+    h->out[0] = r->out[0];
+    h->out_pos[0] = r->out_pos[0];
+    h->fattr[3] = r->fattr[0];
+    ir_xfree(r->path);
+    memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
+    p->nops--;
+  }
+}
+
+/* The rope that ops[i], an rmsnorm or rmsnorm_groups, folds into its
+ * launch (see the header), or -1. */
+static int norm_rope_of(const ir_prog *p, int i) {
+  const ir_op *n = &p->ops[i];
+  int y = n->out[0], rope = -1;
+  if (!on_gpu(p, n) || !whole_operands(n) || hinted(p, n) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], y, 1)) continue;
+    if (rope >= 0 || k < i || p->ops[k].kind != IR_OP_ROPE || op_uses(&p->ops[k], y, 0)) return -1;
+    rope = k;
+  }
+  if (rope < 0) return -1;
+  const ir_op *r = &p->ops[rope];
+  if (r->device != n->device || r->stream != n->stream || !whole_operands(r) || r->iattr[1] < 2) return -1;
+  const ir_tensor *x = &p->tensors[n->in[0]];
+  int64_t row = x->dim[x->ndim - 1], group = n->kind == IR_OP_RMSNORM ? row : n->iattr[1] ? n->iattr[1] : row;
+  if (group < 1 || row % group != 0 || r->iattr[0] != row / group) return -1;
+  for (int k = i + 1; k < rope; k++)
+    if (op_uses(&p->ops[k], r->out[0], 1) || op_uses(&p->ops[k], n->in[0], 0) ||
+        (n->nin > 1 && op_uses(&p->ops[k], n->in[1], 0)))
+      return -1;
+  return rope;
+}
+
+/* Folds each GPU rmsnorm or rmsnorm_groups into the rope that reads its
+ * output: the norm becomes the fused kind in its own place, rope's attrs
+ * in rope's slots and the norm's after them; the rope is dropped. */
+static void fuse_norm_ropes(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    int kind = p->ops[i].kind;
+    if (kind != IR_OP_RMSNORM && kind != IR_OP_RMSNORM_GROUPS) continue;
+    int j = norm_rope_of(p, i);
+    if (j < 0) continue;
+    ir_op *n = &p->ops[i], *r = &p->ops[j];
+    double eps = n->fattr[0];
+    int64_t group = kind == IR_OP_RMSNORM_GROUPS ? n->iattr[1] : 0;
+    char *path = pair_path(n->path, r->path);
+    ir_xfree(n->path);
+    n->path = path;
+    n->kind = kind == IR_OP_RMSNORM ? IR_OP_RMSNORM_ROPE : IR_OP_RMSNORM_GROUPS_ROPE;
+    memcpy(n->iattr, r->iattr, sizeof n->iattr);
+    memcpy(n->fattr, r->fattr, sizeof n->fattr);
+    n->fattr[9] = eps;
+    n->iattr[10] = group;
+    n->out[0] = r->out[0];
+    n->out_pos[0] = r->out_pos[0];
+    if (hinted(p, r))
+      n->alias = r->path; /* the hint now orders the fused launch */
+    else
+      ir_xfree(r->path);
+    memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
+    p->nops--;
+  }
+}
+
+/* The fusions, once the split kinds are in place. */
+static void fuse(ir_prog *p) {
+  fuse_hc_pre_norms(p);
+  fuse_norm_ropes(p);
+  fuse_matmul_pairs(p);
+  fuse_combine_adds(p);
+}
+
 int pass_lower(ir_prog *p, dsl_diag *d) {
   (void)d;
   int n = 0;
   for (int i = 0; i < p->nops; i++) n += lowered_count(p, &p->ops[i]) - 1;
   if (!n) {
-    fuse_matmul_pairs(p);
-    fuse_combine_adds(p);
+    fuse(p);
     return 0;
   }
   int cap = p->nops + n, k = 0;
@@ -328,7 +472,6 @@ int pass_lower(ir_prog *p, dsl_diag *d) {
   p->ops = ops;
   p->nops = k;
   p->capops = cap;
-  fuse_matmul_pairs(p);
-  fuse_combine_adds(p);
+  fuse(p);
   return 0;
 }

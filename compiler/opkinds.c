@@ -55,19 +55,22 @@ static const char *const in_hc_from_sums[] = {"sums", "X", "base", "scale"};
 static const char *const out_a[] = {"a"};
 static const char *const in_mm_pair[] = {"x", "w1", "w2"};
 static const char *const out_y_pair[] = {"y1", "y2"};
+static const char *const in_hc_pre_norm[] = {"sums", "X", "base", "scale", "w"};
+static const char *const out_hc_pre_norm[] = {"h", "post", "comb"};
+
+/* rope's attrs, in the slots kgen reads them from (the fused norms keep
+ * them there too). yarn_factor 0: no YaRN (MATH.md §3.2 "compress");
+ * position 0: the token's position pos + t, the only one so far. */
+#define ROPE_ATTRS                                                                                             \
+  {"heads", IR_ATTR_INT, 1, 0}, {"rope_dim", IR_ATTR_INT, 1, 0}, {"theta", IR_ATTR_FLOAT, 0, 10000.0},            \
+      {"inverse", IR_ATTR_INT, 0, 0}, {"yarn_factor", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_orig", IR_ATTR_FLOAT, 0, 0.0}, \
+      {"yarn_beta_fast", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_beta_slow", IR_ATTR_FLOAT, 0, 0.0}, {"position", IR_ATTR_INT, 0, 0}
 
 const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_EMBED] = {"embed", 2, 1, in_embed, out_x, {{0}}, 0, 0},
     [IR_OP_RMSNORM] = {"rmsnorm", 2, 1, in_norm, out_y, {{"eps", IR_ATTR_FLOAT, 0, 1e-6}}, 1, 0},
     [IR_OP_MATMUL] = {"matmul", 2, 1, in_mm, out_y, {{0}}, 0, 0},
-    [IR_OP_ROPE] = {"rope", 1, 1, in_x, out_y,
-                    {{"heads", IR_ATTR_INT, 1, 0}, {"rope_dim", IR_ATTR_INT, 1, 0},
-                     {"theta", IR_ATTR_FLOAT, 0, 10000.0}, {"inverse", IR_ATTR_INT, 0, 0},
-                     /* yarn_factor 0: no YaRN (MATH.md §3.2 "compress") */
-                     {"yarn_factor", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_orig", IR_ATTR_FLOAT, 0, 0.0},
-                     {"yarn_beta_fast", IR_ATTR_FLOAT, 0, 0.0}, {"yarn_beta_slow", IR_ATTR_FLOAT, 0, 0.0},
-                     /* 0: the token's position pos + t, the only one so far */
-                     {"position", IR_ATTR_INT, 0, 0}}, 9, 0},
+    [IR_OP_ROPE] = {"rope", 1, 1, in_x, out_y, {ROPE_ATTRS}, 9, 0},
     [IR_OP_CACHE_WRITE] = {"cache_write", 1, 1, in_src, out_cache, {{0}}, 0, 1u},
     /* scale 0 means 1/sqrt(head_dim), resolved by infer */
     [IR_OP_ATTENTION] = {"attention", 3, 1, in_attn, out_o,
@@ -138,6 +141,16 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     /* moe_combine and the add of its output to b, fused for a GPU
      * (lower.c): y = combine + b */
     [IR_OP_MOE_COMBINE_ADD] = {"moe_combine_add", 3, 1, in_comb_add, out_y, {{0}}, 0, 0, 1},
+    /* hc_pre_sums and the rmsnorm of its x, fused for a GPU (lower.c):
+     * h = rmsnorm(x) * w in x's place */
+    [IR_OP_HC_PRE_NORM] = {"hc_pre_norm", 5, 3, in_hc_pre_norm, out_hc_pre_norm,
+                           {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6},
+                            {"iters", IR_ATTR_INT, 0, 20}, {"norm_eps", IR_ATTR_FLOAT, 0, 1e-6}}, 4, 0, 1},
+    /* a norm and the rope of its output, fused for a GPU (lower.c): rope's
+     * attrs in rope's slots, then the norm's */
+    [IR_OP_RMSNORM_ROPE] = {"rmsnorm_rope", 2, 1, in_norm, out_y, {ROPE_ATTRS, {"eps", IR_ATTR_FLOAT, 0, 1e-6}}, 10, 0, 1},
+    [IR_OP_RMSNORM_GROUPS_ROPE] = {"rmsnorm_groups_rope", 1, 1, in_x, out_y,
+                                   {ROPE_ATTRS, {"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"group", IR_ATTR_INT, 0, 0}}, 11, 0, 1},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 

@@ -48,7 +48,8 @@ static double sink_entry_keys(const ir_prog *p, const ir_op *op) {
  * few operations per output element (the default: 4), so their bytes
  * decide their time on every profile: rmsnorm and rmsnorm_groups (square,
  * sum, scale), rope (a rotation of 6 flops per pair, and its sin and cos,
- * over the rope_dim channels only), add, moe_combine (and moe_combine_add),
+ * over the rope_dim channels only), the two fused (rmsnorm_rope,
+ * rmsnorm_groups_rope), add, moe_combine (and moe_combine_add),
  * hash_route (a table lookup and a score per slot), argmax, embed,
  * cache_write. */
 static double op_flops(const ir_prog *p, const ir_op *op) {
@@ -82,7 +83,8 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
      * N·D]), the norm and the weighted sum of the N streams; Sinkhorn's
      * N×N iterations are noise. hc_head has N mixes (fn is [N, N·D]). */
     case IR_OP_HC_PRE:
-    case IR_OP_HC_HEAD: {
+    case IR_OP_HC_HEAD:
+    case IR_OP_HC_PRE_NORM: { /* fused (lower.c): the norm's 3 flops an element are noise */
       const ir_tensor *fn = &p->tensors[op->in[1]];
       return 2.0 * (double)in0->dim[0] * (double)fn->dim[0] * (double)fn->dim[1] + 4.0 * elems(in0);
     }
@@ -212,10 +214,11 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
 
 /* The path an ordering hint sees: the op's, or for the two launches of a
  * lowered op (lower.c) the op they came from, so that a hint naming it
- * orders both (fused ops are never ones a hint names). */
+ * orders both (a fused op answers to its path and its alias, hint_match). */
 static const char *hint_path(const ir_op *op, char *buf, size_t n) {
   if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY || op->kind == IR_OP_MATMUL_PAIR ||
-      op->kind == IR_OP_MOE_COMBINE_ADD)
+      op->kind == IR_OP_MOE_COMBINE_ADD || op->kind == IR_OP_HC_PRE_NORM || op->kind == IR_OP_RMSNORM_ROPE ||
+      op->kind == IR_OP_RMSNORM_GROUPS_ROPE)
     return op->path;
   snprintf(buf, n, "%s", op->path);
   char *dot = strrchr(buf, '.');
@@ -223,10 +226,17 @@ static const char *hint_path(const ir_op *op, char *buf, size_t n) {
   return buf;
 }
 
-/* 1 when a glob of the list matches the op's path. */
-static int any_match(const dsl_str *globs, int n, const char *path) {
+/* Whether a hint glob names op: its hint path, or the alias a fusion gave
+ * it (lower.c). */
+static int hint_match(const char *glob, const ir_op *op) {
+  char buf[1024];
+  return ir_glob_match(glob, hint_path(op, buf, sizeof buf)) || (op->alias && ir_glob_match(glob, op->alias));
+}
+
+/* 1 when a glob of the list names the op. */
+static int any_match(const dsl_str *globs, int n, const ir_op *op) {
   for (int i = 0; i < n; i++)
-    if (ir_glob_match(globs[i].text, path)) return 1;
+    if (hint_match(globs[i].text, op)) return 1;
   return 0;
 }
 
@@ -234,10 +244,7 @@ static int any_match(const dsl_str *globs, int n, const char *path) {
 static int check_globs(const ir_prog *p, const dsl_str *globs, int n, const char *key, dsl_diag *d) {
   for (int i = 0; i < n; i++) {
     int hit = 0;
-    for (int k = 0; k < p->nops && !hit; k++) {
-      char buf[1024];
-      hit = ir_glob_match(globs[i].text, hint_path(&p->ops[k], buf, sizeof buf));
-    }
+    for (int k = 0; k < p->nops && !hit; k++) hit = hint_match(globs[i].text, &p->ops[k]);
     if (!hit) return dsl_error(d, globs[i].pos, "%s: '%s' matches no op", key, globs[i].text);
   }
   return 0;
@@ -256,20 +263,16 @@ static int read_hints(const ir_prog *p, order_hint *h, dsl_diag *d) {
     return -1;
   for (int i = 0; i < s->npriority; i++) {
     int hit = 0;
-    for (int k = 0; k < p->nops && !hit; k++) {
-      char buf[1024];
-      hit = ir_glob_match(s->priority[i].key.text, hint_path(&p->ops[k], buf, sizeof buf));
-    }
+    for (int k = 0; k < p->nops && !hit; k++) hit = hint_match(s->priority[i].key.text, &p->ops[k]);
     if (!hit) return dsl_error(d, s->priority[i].key.pos, "priority: '%s' matches no op", s->priority[i].key.text);
   }
   for (int k = 0; k < p->nops; k++) {
-    char buf[1024];
-    const char *path = hint_path(&p->ops[k], buf, sizeof buf);
-    h[k].early = any_match(s->early_resolve, s->nearly_resolve, path);
-    h[k].first = any_match(s->submit_first, s->nsubmit_first, path);
+    const ir_op *op = &p->ops[k];
+    h[k].early = any_match(s->early_resolve, s->nearly_resolve, op);
+    h[k].first = any_match(s->submit_first, s->nsubmit_first, op);
     h[k].priority = 0;
     for (int i = 0; i < s->npriority; i++)
-      if (ir_glob_match(s->priority[i].key.text, path)) {
+      if (hint_match(s->priority[i].key.text, op)) {
         h[k].priority = strtoll(s->priority[i].value.text, NULL, 10); /* checked by the loader */
         break;
       }

@@ -758,6 +758,107 @@ START_TEST(combine_add_fused_on_gpu) {
 }
 END_TEST
 
+/* On a GPU each hc_pre is two launches, hc_sums and the mix, and the mix
+ * and the rmsnorm that reads its x are one hc_pre_norm in the mix's place
+ * and on its stream (lower.c): the sums its first input, the norm's weight
+ * its fifth, the norm's output its first output; the x between them is
+ * read by no op. The cpu schedule keeps the hc_pre and the norm. */
+START_TEST(hc_pre_norm_fused_on_gpu) {
+  ir_prog *gpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml");
+  ir_prog *cpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml");
+  int fused = 0, pres = 0;
+  for (int i = 0; i < gpu->nops; i++) {
+    const ir_op *op = &gpu->ops[i];
+    ck_assert_int_ne(op->kind, IR_OP_HC_PRE);
+    ck_assert_int_ne(op->kind, IR_OP_HC_PRE_SUMS);
+    if (op->kind != IR_OP_HC_PRE_NORM) continue;
+    fused++;
+    const char *tail = strstr(op->path, ".hc_pre.mix+norm");
+    ck_assert_msg(tail && !tail[strlen(".hc_pre.mix+norm")], "%s", op->path);
+    ck_assert_int_eq(op->nin, 5);
+    ck_assert_int_eq(op->nout, 3);
+    ck_assert_msg(strstr(gpu->tensors[op->in[0]].path, ".hc_pre.sums") != NULL, "%s", gpu->tensors[op->in[0]].path);
+    ck_assert_msg(strstr(gpu->tensors[op->in[4]].path, "_norm") != NULL, "%s", gpu->tensors[op->in[4]].path);
+    ck_assert_int_eq(gpu->ops[i - 1].kind, IR_OP_HC_SUMS);
+    ck_assert_str_eq(gpu->streams[op->stream].name, "main");
+    ck_assert(op->fattr[3] > 0.0);
+  }
+  for (int i = 0; i < cpu->nops; i++) {
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_HC_PRE_NORM);
+    if (cpu->ops[i].kind != IR_OP_HC_PRE) continue;
+    pres++;
+    int x = cpu->ops[i].out[0];
+    for (int k = 0; k < gpu->nops; k++)
+      for (int j = 0; j < gpu->ops[k].nin; j++)
+        ck_assert_msg(strcmp(gpu->tensors[gpu->ops[k].in[j]].path, cpu->tensors[x].path) != 0,
+                      "%s reads %s on the GPU", gpu->ops[k].path, cpu->tensors[x].path);
+  }
+  ck_assert_int_gt(pres, 0);
+  ck_assert_int_eq(fused, pres);
+  ds4c_prog_free(gpu);
+  ds4c_prog_free(cpu);
+}
+END_TEST
+
+/* On a GPU each attention's kv_norm and q_head_norm fold in the rope that
+ * reads their output (lower.c): rmsnorm_rope and rmsnorm_groups_rope, in
+ * the norm's place, named <norm>+<rope>, writing the rope's output, rope's
+ * attrs in rope's slots and the norm's eps after them; the other ropes
+ * (the indexer's q, o) stay. The cpu schedule keeps every norm and rope. */
+START_TEST(norm_rope_fused_on_gpu) {
+  ir_prog *gpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml");
+  ir_prog *cpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml");
+  int kv = 0, q = 0, ropes = 0, cpu_ropes = 0, cpu_kv = 0;
+  for (int i = 0; i < gpu->nops; i++) {
+    const ir_op *op = &gpu->ops[i];
+    ropes += op->kind == IR_OP_ROPE;
+    if (op->kind != IR_OP_RMSNORM_ROPE && op->kind != IR_OP_RMSNORM_GROUPS_ROPE) continue;
+    int grouped = op->kind == IR_OP_RMSNORM_GROUPS_ROPE;
+    kv += !grouped;
+    q += grouped;
+    const char *want = grouped ? ".attn.q_head_norm+q_rope" : "_rope";
+    ck_assert_msg(strstr(op->path, want) != NULL, "%s", op->path);
+    ck_assert_msg(strstr(gpu->tensors[op->out[0]].path, grouped ? ".qrot" : ".kvr") != NULL, "%s",
+                  gpu->tensors[op->out[0]].path);
+    ck_assert_int_gt(op->iattr[1], 0);
+    ck_assert(op->fattr[9] > 0.0);
+    ck_assert_str_eq(gpu->streams[op->stream].name, "main");
+  }
+  for (int i = 0; i < cpu->nops; i++) {
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_RMSNORM_ROPE);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_RMSNORM_GROUPS_ROPE);
+    cpu_ropes += cpu->ops[i].kind == IR_OP_ROPE;
+    cpu_kv += strstr(cpu->ops[i].path, ".attn.kv_norm") != NULL;
+  }
+  ck_assert_int_gt(cpu_kv, 0);
+  ck_assert_int_eq(kv, cpu_kv);
+  ck_assert_int_eq(q, cpu_kv);
+  ck_assert_int_eq(ropes, cpu_ropes - kv - q);
+  /* decode-early names the CSA layers' ropes in early_resolve: they fuse
+   * all the same, and the fused launch answers to the rope's path */
+  ir_prog *early = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-decode-early.yaml");
+  int aliased = 0, fused = 0;
+  for (int i = 0; i < early->nops; i++) {
+    const ir_op *op = &early->ops[i];
+    if (op->kind != IR_OP_RMSNORM_ROPE && op->kind != IR_OP_RMSNORM_GROUPS_ROPE) {
+      ck_assert_ptr_null(op->alias);
+      continue;
+    }
+    fused++;
+    if (!strstr(op->path, ".attn.kv_norm+") && !strstr(op->path, ".attn.q_head_norm+")) continue;
+    if (op->alias) {
+      aliased++;
+      ck_assert_msg(strstr(op->alias, ".attn.csa.") && strstr(op->alias, "_rope"), "%s", op->alias);
+    }
+  }
+  ck_assert_int_eq(fused, kv + q);
+  ck_assert_int_gt(aliased, 0);
+  ds4c_prog_free(early);
+  ds4c_prog_free(gpu);
+  ds4c_prog_free(cpu);
+}
+END_TEST
+
 /* ds4c compile of DIR/big.yaml under a one-H200 schedule written to
  * DIR/h200.sched.yaml with MEMORY appended to its device; asserts the exit
  * status and returns what it wrote to stderr. */
@@ -847,6 +948,8 @@ int main(void) {
   tcase_add_test(tc, ds4c_warns_idle_device_and_refuses_oversized_arena);
   tcase_add_test(tc, cpu_retargets_every_device);
   tcase_add_test(tc, combine_add_fused_on_gpu);
+  tcase_add_test(tc, hc_pre_norm_fused_on_gpu);
+  tcase_add_test(tc, norm_rope_fused_on_gpu);
   tcase_add_test(tc, decode_plan_differs_in_shapes_and_grids_only);
   tcase_add_test(tc, step_shapes_from_the_schedule);
   suite_add_tcase(s, tc);

@@ -178,11 +178,12 @@ START_TEST(decode_early_differs_in_order_only) {
   ck_assert_msg(!s, "%s", rt_status_msg(s));
   assert_order_only(&a, &b);
   /* the key's rope is resolved early: its consumer, the window write, is
-   * staged right behind it, ahead of the indexer query's rope and the
-   * query's head norm, which come between them without the hint */
+   * staged right behind it, ahead of the query's projection, which comes
+   * between them without the hint (on a GPU the rope is its norm's launch,
+   * which answers to the hint, lower.c) */
   for (int l = 2; l <= 4; l += 2) {
     char rope[96], write[96];
-    snprintf(rope, sizeof rope, "layers.%d.attn.csa.kv_rope", l);
+    snprintf(rope, sizeof rope, "layers.%d.attn.kv_norm+kv_rope", l);
     snprintf(write, sizeof write, "layers.%d.attn.csa.kv_write", l);
     ck_assert_int_gt(plan_command_of(&a, write), plan_command_of(&a, rope) + 1);
     ck_assert_int_eq(plan_command_of(&b, write), plan_command_of(&b, rope) + 1);

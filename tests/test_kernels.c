@@ -526,6 +526,27 @@ static void rope_op(kt *k, int heads, int hd, int r, double theta, int inverse, 
   kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)(heads * hd));
 }
 
+/* An rmsnorm (groups 0) or rmsnorm_groups of groups channels a group and
+ * the rope of its output as lower.c fuses them, on T = 4 slots of C
+ * channels: the rope's heads the norm's row or groups, theta 10000 (or
+ * DeepSeek-V4's YaRN with inverse), the norm's eps 1e-6. */
+static void norm_rope_op(kt *k, int grouped, int64_t C, int64_t group, int64_t r, int inverse)
+{
+  kt_init(k, grouped ? IR_OP_RMSNORM_GROUPS_ROPE : IR_OP_RMSNORM_ROPE);
+  k->op.iattr[0] = grouped ? C / (group ? group : C) : 1;
+  k->op.iattr[1] = r;
+  k->op.fattr[2] = inverse ? 160000.0 : 10000.0;
+  k->op.iattr[3] = inverse;
+  for (int a = 0; inverse && a < 4; a++)
+    k->op.fattr[4 + a] = g_ds4_yarn[a];
+  k->op.fattr[9] = 1e-6;
+  k->op.iattr[10] = group;
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)4, C);
+  if (!grouped)
+    kt_add(k, 0, PLAN_F32, 1, C);
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)4, C);
+}
+
 static void rope_case(int heads, int hd, int r, double theta, int pos_scale, int inverse, const double *yarn)
 {
   enum { T = 4 };
@@ -1942,6 +1963,26 @@ static void hc_pre_op(kt *k, int64_t T, int64_t N, int64_t D, int64_t iters)
   kt_add(k, 0, PLAN_F32, 2, (2 + N) * N, N * D);
   kt_add(k, 0, PLAN_F32, 1, (2 + N) * N);
   kt_add(k, 0, PLAN_F32, 1, (int64_t)3);
+  kt_add(k, 1, PLAN_F32, 2, T, D);
+  kt_add(k, 1, PLAN_F32, 2, T, N);
+  kt_add(k, 1, PLAN_F32, 3, T, N, N);
+}
+
+/* hc_pre's second launch and the rmsnorm of its x as lower.c fuses them:
+ * hc_pre's attrs, the norm's eps 1e-5. */
+static void hc_pre_norm_op(kt *k, int64_t T, int64_t N, int64_t D, int64_t iters)
+{
+  int64_t M = (2 + N) * N;
+  kt_init(k, IR_OP_HC_PRE_NORM);
+  k->op.fattr[0] = 1e-6;
+  k->op.fattr[1] = 1e-6;
+  k->op.iattr[2] = iters;
+  k->op.fattr[3] = 1e-5;
+  kt_add(k, 0, PLAN_F32, 2, T, M + 1);
+  kt_add(k, 0, PLAN_F32, 3, T, N, D);
+  kt_add(k, 0, PLAN_F32, 1, M);
+  kt_add(k, 0, PLAN_F32, 1, (int64_t)3);
+  kt_add(k, 0, PLAN_F32, 1, D);
   kt_add(k, 1, PLAN_F32, 2, T, D);
   kt_add(k, 1, PLAN_F32, 2, T, N);
   kt_add(k, 1, PLAN_F32, 3, T, N, N);
@@ -3972,6 +4013,12 @@ static void mp_all_kinds(mprog *m)
   mp_take(m, &k);
   hc_pre_op(&k, 4, 4, 64, 20);
   mp_take(m, &k);
+  hc_pre_norm_op(&k, 4, 4, 64, 20); /* hc_pre's mix and its norm as lowered for a GPU */
+  mp_take(m, &k);
+  norm_rope_op(&k, 0, 64, 0, 16, 0); /* the norms and their rope as lowered for a GPU */
+  mp_take(m, &k);
+  norm_rope_op(&k, 1, 64, 16, 8, 1);
+  mp_take(m, &k);
   kt_init(&k, IR_OP_HC_POST);
   kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
   kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)4, (int64_t)64);
@@ -5812,6 +5859,150 @@ static void hc_lowered_case(int pre, int64_t N, int64_t D, int64_t iters)
   }
 }
 
+/* A norm and the rope of its output as lowered for a GPU (lower.c): the
+ * fused kernel's y bit for bit the norm's then the rope's, on the GPU
+ * (its kernels on host threads) and on the host, in both block orders,
+ * dead slots zero: a row or group wider than a block's threads, and
+ * rope_dim channels that span several threads' columns. */
+static void norm_rope_case(int grouped, int64_t C, int64_t group, int64_t r, int inverse)
+{
+  enum { T = 4 };
+  kt fused, norm, rope;
+  norm_rope_op(&fused, grouped, C, group, r, inverse);
+  int64_t g = group ? group : C;
+  if (grouped) {
+    kt_init(&norm, IR_OP_RMSNORM_GROUPS);
+    norm.op.fattr[0] = 1e-6;
+    norm.op.iattr[1] = group;
+    kt_add(&norm, 0, PLAN_F32, 2, (int64_t)T, C);
+    kt_add(&norm, 1, PLAN_F32, 2, (int64_t)T, C);
+  } else {
+    rmsnorm_op(&norm, T, C, 1e-6);
+  }
+  rope_op(&rope, (int)(C / g), (int)g, (int)r, fused.op.fattr[2], inverse, inverse ? g_ds4_yarn : NULL);
+  int nin = fused.op.nin;
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kf = {.op = fused}, kn = {.op = norm}, kr = {.op = rope};
+    kf.op.prog.tensors = kf.op.tensors;
+    kn.op.prog.tensors = kn.op.tensors;
+    kr.op.prog.tensors = kr.op.tensors;
+    chain_build(&kf, gpu);
+    chain_build(&kn, gpu);
+    chain_build(&kr, gpu);
+    bufs bf, bn, br;
+    bufs_alloc(&bf, &fused);
+    bufs_alloc(&bn, &norm);
+    bufs_alloc(&br, &rope);
+    for (int st = 0; st < 2; st++) {
+      int pos = g_gpu_steps[st][0] + 1000 * st, ntok = g_gpu_steps[st][1];
+      ffn_fill(&fused, &bf, NULL, 1);
+      for (int i = 0; i < nin; i++)
+        memcpy(bn.b[i], bf.b[i], (size_t)fused.tensors[i].bytes);
+      fill_garbage(bn.b[nin], kt_elems(&norm, nin));
+      chain_run(&kf, &bf, pos, ntok);
+      chain_run(&kn, &bn, pos, ntok);
+      memcpy(br.b[0], bn.b[nin], (size_t)norm.tensors[nin].bytes);
+      fill_garbage(br.b[1], kt_elems(&rope, 1));
+      chain_run(&kr, &br, pos, ntok);
+      ck_assert_msg(memcmp(bf.b[nin], br.b[1], (size_t)rope.tensors[1].bytes) == 0,
+                    "%s %s: y differs from the norm then rope (C %lld, group %lld, R %lld; pos %d, ntok %d)",
+                    gpu ? "GPU" : "host", grouped ? "rmsnorm_groups_rope" : "rmsnorm_rope", (long long)C,
+                    (long long)g, (long long)r, pos, ntok);
+    }
+    bufs_free(&bf);
+    bufs_free(&bn);
+    bufs_free(&br);
+    chain_unbuild(&kf);
+    chain_unbuild(&kn);
+    chain_unbuild(&kr);
+  }
+}
+
+START_TEST(test_gpu_norm_rope)
+{
+  norm_rope_case(0, 600, 0, 64, 0);   /* kv: a row of 600, 64 rotated over two threads' columns */
+  norm_rope_case(0, 64, 0, 64, 1);    /* the whole row rotated, inverse with YaRN */
+  norm_rope_case(1, 3 * 520, 520, 64, 0); /* q: three heads of 520 */
+  norm_rope_case(1, 64, 16, 8, 1);
+  emu_stop();
+}
+END_TEST
+
+/* hc_pre's second launch and the rmsnorm of its x as lowered for a GPU
+ * (lower.c), on T = 4 slots of N streams of D: hc_pre_norm's h, post and
+ * comb bit for bit those of hc_pre_sums then rmsnorm, on the GPU (its
+ * kernels on host threads) and on the host, in both block orders, from
+ * the sums hc_sums gives (against the host kernels and the whole hc_pre by
+ * hc_lowered_case). */
+static void hc_pre_norm_case(int64_t N, int64_t D, int64_t iters)
+{
+  enum { T = 4 };
+  int64_t M = (2 + N) * N;
+  kt fused, rest, norm, sums;
+  hc_pre_norm_op(&fused, T, N, D, iters);
+  kt_init(&rest, IR_OP_HC_PRE_SUMS);
+  memcpy(rest.op.fattr, fused.op.fattr, sizeof rest.op.fattr);
+  memcpy(rest.op.iattr, fused.op.iattr, sizeof rest.op.iattr);
+  for (int i = 0; i < 8; i++) /* sums, X, base, scale; x, post, comb */
+    if (i != 4) {
+      const ir_tensor *t = &fused.tensors[i];
+      kt_add(&rest, i >= 5, PLAN_F32, t->ndim, t->dim[0], t->dim[1], t->ndim > 2 ? t->dim[2] : 0);
+    }
+  rmsnorm_op(&norm, T, D, fused.op.fattr[3]);
+  kt_init(&sums, IR_OP_HC_SUMS);
+  kt_add(&sums, 0, PLAN_F32, 3, (int64_t)T, N, D);
+  kt_add(&sums, 0, PLAN_F32, 2, M, N * D);
+  kt_add(&sums, 1, PLAN_F32, 2, (int64_t)T, M + 1);
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kf = {.op = fused}, kr = {.op = rest}, kn = {.op = norm}, ks = {.op = sums};
+    kt *ops[] = {&kf.op, &kr.op, &kn.op, &ks.op};
+    for (int i = 0; i < 4; i++)
+      ops[i]->prog.tensors = ops[i]->tensors;
+    chain_build(&kf, gpu);
+    chain_build(&kr, gpu);
+    chain_build(&kn, gpu);
+    chain_build(&ks, gpu);
+    bufs bf, br, bn, bs;
+    bufs_alloc(&bf, &fused);
+    bufs_alloc(&br, &rest);
+    bufs_alloc(&bn, &norm);
+    bufs_alloc(&bs, &sums);
+    for (int st = 0; st < 2; st++) {
+      int pos = g_gpu_steps[st][0], ntok = g_gpu_steps[st][1];
+      ffn_fill(&sums, &bs, NULL, 1);
+      chain_run(&ks, &bs, pos, ntok);
+      ffn_fill(&fused, &bf, NULL, 1);
+      memcpy(bf.b[0], bs.b[2], (size_t)sums.tensors[2].bytes);
+      memcpy(bf.b[1], bs.b[0], (size_t)sums.tensors[0].bytes);
+      for (int i = 0; i < 4; i++)
+        memcpy(br.b[i], bf.b[i], (size_t)fused.tensors[i].bytes);
+      for (int o = 4; o < 7; o++)
+        fill_garbage(br.b[o], kt_elems(&rest, o));
+      chain_run(&kf, &bf, pos, ntok);
+      chain_run(&kr, &br, pos, ntok);
+      memcpy(bn.b[0], br.b[4], (size_t)rest.tensors[4].bytes);
+      memcpy(bn.b[1], bf.b[4], (size_t)fused.tensors[4].bytes);
+      fill_garbage(bn.b[2], kt_elems(&norm, 2));
+      chain_run(&kn, &bn, pos, ntok);
+      const char *where = gpu ? "GPU" : "host";
+      ck_assert_msg(memcmp(bf.b[5], bn.b[2], (size_t)norm.tensors[2].bytes) == 0,
+                    "%s hc_pre_norm: h differs from hc_pre_sums then rmsnorm (N %lld, D %lld; pos %d, ntok %d)",
+                    where, (long long)N, (long long)D, pos, ntok);
+      ck_assert_msg(memcmp(bf.b[6], br.b[5], (size_t)fused.tensors[6].bytes) == 0 &&
+                        memcmp(bf.b[7], br.b[6], (size_t)fused.tensors[7].bytes) == 0,
+                    "%s hc_pre_norm: post or comb differs from hc_pre_sums' (pos %d, ntok %d)", where, pos, ntok);
+    }
+    bufs_free(&bf);
+    bufs_free(&br);
+    bufs_free(&bn);
+    bufs_free(&bs);
+    chain_unbuild(&kf);
+    chain_unbuild(&kr);
+    chain_unbuild(&kn);
+    chain_unbuild(&ks);
+  }
+}
+
 /* hc_pre, hc_head and hc_post on the GPU against the host kernels, and
  * the lowered forms of the first two against them; rows of 16-byte chunks
  * and (N*D = 99) not. */
@@ -5838,6 +6029,8 @@ START_TEST(test_gpu_hc)
   hc_lowered_case(1, 6, 20, 3);
   hc_lowered_case(0, 4, 40, 0);
   hc_lowered_case(0, 3, 33, 0);
+  hc_pre_norm_case(4, 300, 20); /* CPT 2, the last column of a thread past D */
+  hc_pre_norm_case(6, 20, 3);   /* 36 elements: the block's Sinkhorn */
   emu_stop();
 }
 END_TEST
@@ -6057,6 +6250,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_moe_lowered);
   tcase_add_test(gpu, test_gpu_matmul_pair);
   tcase_add_test(gpu, test_gpu_moe_combine_add);
+  tcase_add_test(gpu, test_gpu_norm_rope);
   tcase_add_test(gpu, test_gpu_quant_matmuls);
   tcase_add_test(gpu, test_gpu_quant_ffn);
   suite_add_tcase(s, gpu);

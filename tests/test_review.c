@@ -452,7 +452,7 @@ START_TEST(committed_texts_through_the_cli) {
                 &out),
       1);
   ck_assert_str_eq(last_line(out), "order only: no edge, kernel or memory changes");
-  ck_assert_ptr_nonnull(strstr(out, "\n  gpu0.main: 6 of "));
+  ck_assert_ptr_nonnull(strstr(out, "\n  gpu0.main: 4 of "));
   ck_assert_ptr_nonnull(strstr(out, "\n  gpu0.compress: 2 of "));
   free(out);
   ck_assert_int_eq(ds4c_diff("out/ds4-flash-slice-bf16--ds4-flash-2gpu.plan.txt "

@@ -914,6 +914,26 @@ DS4_DEVICE void ds4_hc_combine_col(const float *pre, const float *X, int64_t j, 
   out[j] = acc;
 }
 
+/* The rope of a norm fused with it (rmsnorm_rope, rmsnorm_groups_rope):
+ * the R normalised channels in tail (shared memory) rotate in pairs (2i,
+ * 2i+1) by fpos * inv_freq[i] (negated when inverse) into y[0..R), with
+ * rope.hip's operations. Every thread of the block calls it; it begins
+ * with the barrier after the tail's stores. */
+template <int NT, int R>
+DS4_DEVICE void ds4_rope_tail(const float *tail, float *y, float fpos, const float *inv_freq, bool inverse)
+{
+  ds4_barrier();
+  for (int64_t i = ds4_thread(); i < R / 2; i += NT) {
+    float sn, cs;
+    ds4_sincosf(fpos * inv_freq[i], &sn, &cs);
+    if (inverse)
+      sn = -sn;
+    float a = tail[2 * i], b = tail[2 * i + 1];
+    y[2 * i] = a * cs - b * sn;
+    y[2 * i + 1] = a * sn + b * cs;
+  }
+}
+
 /* ---- dot products split over the lanes of a group ---- */
 
 /* The sum of v over a group of L consecutive lanes (L a power of two, at

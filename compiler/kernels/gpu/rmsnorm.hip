@@ -1,6 +1,9 @@
 /* rmsnorm GPU kernel template: y[t,j] = x[t,j] * w[j] / sqrt(sum_j x[t,j]^2
  * / H + eps). kgen_gpu puts in front the defines T, H, EPS, GRID,
- * NTHREADS, KERNEL_NAME and W_T.
+ * NTHREADS, KERNEL_NAME and W_T; for rmsnorm_rope (an rmsnorm and the
+ * rope of its output, lower.c) also R, THETA, INVERSE and INV_FREQ: the
+ * row's last R outputs go to shared memory instead, and ds4_rope_tail
+ * rotates them as rope does a row of one head (the two kernels' bits).
  * Grid: one block per token slot t (T). Threads: thread i sums x[t,j]^2
  * over j = i, i + NTHREADS, ... in ascending order, then the block adds the
  * NTHREADS partial sums with ds4_block_sum's fixed pairwise tree; every
@@ -12,6 +15,10 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
   DS4_SHARED float red[NTHREADS];
+#ifdef INV_FREQ
+  static const float inv_freq[R / 2 + 1] = INV_FREQ;
+  DS4_SHARED float tail[R + 1];
+#endif
   const float *x = (const float *)bufs[0];
   const W_T *w = (const W_T *)bufs[1];
   float *y = (float *)bufs[2];
@@ -49,8 +56,21 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       wv[k] = j < H ? ds4_f32(w[j]) : 0.0f;
     }
 #pragma unroll
-    for (int k = 0; k < DS4_BATCH; k++)
-      if (j0 + k * NTHREADS < H)
-        yr[j0 + k * NTHREADS] = v[k] * wv[k] / den;
+    for (int k = 0; k < DS4_BATCH; k++) {
+      int64_t j = j0 + k * NTHREADS;
+      if (j >= H)
+        continue;
+      float o = v[k] * wv[k] / den;
+#ifdef INV_FREQ
+      if (j >= H - R) {
+        tail[j - (H - R)] = o;
+        continue;
+      }
+#endif
+      yr[j] = o;
+    }
   }
+#ifdef INV_FREQ
+  ds4_rope_tail<NTHREADS, R>(tail, yr + (H - R), (float)(step[0] + t), inv_freq, INVERSE != 0);
+#endif
 }

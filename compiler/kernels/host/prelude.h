@@ -280,6 +280,32 @@ DS4H_FN void ds4h_hc_combine(const float *pre, int64_t n, const float *xs, int64
   }
 }
 
+/* y[j] = x[j] * w[j] / sqrt(sum_j x[j]^2 / h + eps) over a row of h, the
+ * squares summed in ascending j (rmsnorm.c, hc_pre_norm.c). */
+DS4H_FN void ds4h_rms_row(const float *x, const float *w, int64_t h, float eps, float *y)
+{
+  float ss = 0.0f;
+  for (int64_t j = 0; j < h; j++)
+    ss += x[j] * x[j];
+  float den = sqrtf(ss / (float)h + eps);
+  for (int64_t j = 0; j < h; j++)
+    y[j] = x[j] * w[j] / den;
+}
+
+/* The rope of a norm fused with it (rmsnorm_rope, rmsnorm_groups_rope):
+ * y's R channels, already normalised, rotate in place in pairs (2i, 2i+1)
+ * by fpos * inv_freq[i] (negated when inverse), with rope.c's operations. */
+DS4H_FN void ds4h_rope_in_place(float *y, int64_t r, float fpos, const float *inv_freq, int inverse)
+{
+  for (int64_t i = 0; i < r / 2; i++) {
+    float phi = fpos * inv_freq[i];
+    float cs = cosf(phi), sn = inverse ? -sinf(phi) : sinf(phi);
+    float x0 = y[2 * i], x1 = y[2 * i + 1];
+    y[2 * i] = x0 * cs - x1 * sn;
+    y[2 * i + 1] = x0 * sn + x1 * cs;
+  }
+}
+
 /* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
  * [ncol,nk], any weight dtype), every one of nt slots: k ascending from +0, a
  * dead slot's +0 (matmul.c, matmul_pair.c; lower-case names, as a kernel's

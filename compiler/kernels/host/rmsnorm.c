@@ -1,6 +1,8 @@
 /* rmsnorm host kernel template: y[t,j] = x[t,j] * w[j] / sqrt(mean(x[t]^2) + eps).
  * kgen_host prepends <stdint.h>, <math.h> and the defines T, H, EPS, GRID
- * and KERNEL_NAME; grid: one block per token slot (T). */
+ * and KERNEL_NAME; grid: one block per token slot (T). For rmsnorm_rope
+ * (an rmsnorm and the rope of its output, lower.c) also R, THETA, INVERSE
+ * and INV_FREQ: the row's last R outputs then rotate as rope's do. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -18,11 +20,9 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
       yr[j] = 0.0f;
     return;
   }
-  const float *xr = x + t * H;
-  float ss = 0.0f;
-  for (int64_t j = 0; j < H; j++)
-    ss += xr[j] * xr[j];
-  float den = sqrtf(ss / (float)H + EPS);
-  for (int64_t j = 0; j < H; j++)
-    yr[j] = xr[j] * w[j] / den;
+  ds4h_rms_row(x + t * H, w, H, EPS, yr);
+#ifdef INV_FREQ
+  static const float inv_freq[R / 2 + 1] = INV_FREQ;
+  ds4h_rope_in_place(yr + (H - R), R, (float)(step[0] + t), inv_freq, INVERSE);
+#endif
 }

@@ -2,7 +2,10 @@
  * of a row is normalised on its own, y[t,j] = x[t,j] / sqrt(sum over j's
  * group of x[t,i]^2 / G + eps). kgen_host prepends <stdint.h>, <math.h>
  * and the defines T, C, G, NGROUPS (= C / G), EPS, GRID and KERNEL_NAME;
- * grid: one block per (token slot, group), T * NGROUPS. */
+ * grid: one block per (token slot, group), T * NGROUPS. For
+ * rmsnorm_groups_rope (the norm and the rope of its output, a group a
+ * head, lower.c) also R, THETA, INVERSE and INV_FREQ: a group's last R
+ * outputs then rotate as rope's do. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -27,4 +30,8 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   float den = sqrtf(ss / (float)G + EPS);
   for (int64_t j = 0; j < G; j++)
     yg[j] = xg[j] / den;
+#ifdef INV_FREQ
+  static const float inv_freq[R / 2 + 1] = INV_FREQ;
+  ds4h_rope_in_place(yg + (G - R), R, (float)(step[0] + t), inv_freq, INVERSE);
+#endif
 }
