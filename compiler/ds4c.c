@@ -16,6 +16,8 @@ static const char usage[] =
     "       ds4c inspect BUNDLE [--json]\n"
     "       ds4c diff A B\n"
     "       ds4c explain BUNDLE [--json]\n"
+    "       ds4c import CONFIG.json -o MODEL.yaml [--name NAME] [--extends BASE.yaml] [--max-seq N]\n"
+    "                   [--tokens N]\n"
     "\n"
     "Compiles a model and a schedule description into a bundle of two plans,\n"
     "one per step shape of the schedule's `step`: BUNDLE/ holds the prefill\n"
@@ -71,7 +73,21 @@ static const char usage[] =
     "finish and duration, its stream, and what it started after (docs/REVIEW.md);\n"
     "for the prefill plan, then the decode plan.\n"
     "\n"
-    "  --json             the same report as JSON, for scripts\n";
+    "  --json             the same report as JSON, for scripts\n"
+    "\n"
+    "import writes the model description of a DeepSeek-V4 configuration from a\n"
+    "Hugging Face config.json: every dimension, the layer kinds, the rope tables,\n"
+    "the constants and the weight dtypes, as a description that extends the\n"
+    "release's and states only what differs from it (docs/DSL.md, Importing a\n"
+    "config). A key it cannot honour is an error naming the key; keys it ignores\n"
+    "on purpose are listed at the top of the output.\n"
+    "\n"
+    "  -o MODEL.yaml      the description to write; replaced only when the import succeeds\n"
+    "  --name NAME        its model name (default: MODEL less .yaml)\n"
+    "  --extends BASE     the description it extends (default: deepseek-v4-flash.yaml\n"
+    "                     beside MODEL)\n"
+    "  --max-seq N        positions the state holds (default: the base's)\n"
+    "  --tokens N         token slots of a prefill step (default: the base's)\n";
 
 /* One line: what was wrong, and where the usage is. */
 static int bad_usage(const char *why) {
@@ -255,6 +271,48 @@ static rt_status explain_report(const char *dir, int json) {
   return expl_report(dir, json ? EXPL_JSON : EXPL_TEXT, stdout);
 }
 
+/* A count option's value: a positive integer. */
+static int count_arg(const char *opt, const char *v, long long *out) {
+  char *end;
+  *out = strtoll(v, &end, 10);
+  if (*end || *out < 1 || *out > (1 << 30)) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s takes a positive integer, not '%s'", opt, v);
+    return bad_usage(msg);
+  }
+  return 0;
+}
+
+static int cmd_import(int argc, char **argv) {
+  ds4c_import_options o = {0};
+  for (int i = 0; i < argc; i++) {
+    int has = i + 1 < argc;
+    if (strcmp(argv[i], "-o") == 0 && has) o.out_path = argv[++i];
+    else if (strcmp(argv[i], "--name") == 0 && has) o.name = argv[++i];
+    else if (strcmp(argv[i], "--extends") == 0 && has) o.base_path = argv[++i];
+    else if (strcmp(argv[i], "--max-seq") == 0 && has) {
+      if (count_arg("--max-seq", argv[++i], &o.max_seq)) return 64;
+    } else if (strcmp(argv[i], "--tokens") == 0 && has) {
+      if (count_arg("--tokens", argv[++i], &o.tokens)) return 64;
+    } else if (argv[i][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s'%s", argv[i], has ? "" : " (or its value is missing)");
+      return bad_usage(msg);
+    } else if (!o.config_path) o.config_path = argv[i];
+    else return bad_usage("too many arguments");
+  }
+  if (!o.config_path) return bad_usage("import needs CONFIG.json");
+  if (!o.out_path) return bad_usage("import needs -o MODEL.yaml");
+  dsl_diag d = {0};
+  if (ds4c_import(&o, &d)) {
+    if (strncmp(d.msg, "error:", 6) == 0 || strstr(d.msg, ": error: ")) fprintf(stderr, "%s\n", d.msg);
+    else fprintf(stderr, "ds4c: error: %s\n", d.msg);
+    return 1;
+  }
+  printf("ds4c: %s: written from %s\n", o.out_path, o.config_path);
+  return 0;
+}
+
 static int cmd_diff(int argc, char **argv) {
   const char *pos[2];
   int npos = 0;
@@ -279,6 +337,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "inspect") == 0) return bundle_report(argc - 2, argv + 2, "inspect", inspect_report);
   if (strcmp(argv[1], "diff") == 0) return cmd_diff(argc - 2, argv + 2);
   if (strcmp(argv[1], "explain") == 0) return bundle_report(argc - 2, argv + 2, "explain", explain_report);
+  if (strcmp(argv[1], "import") == 0) return cmd_import(argc - 2, argv + 2);
   char msg[256];
   snprintf(msg, sizeof msg, "unknown command '%s'", argv[1]);
   return bad_usage(msg);

@@ -110,8 +110,25 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
    * dtype param's in the tensors' dtypes. */
   ALLOC(out->params, p->nparams);
   for (int i = 0; i < p->nparams; i++)
-    if (!p->params[i].is_float && !p->params[i].is_dtype)
+    if (ir_param_is_int(&p->params[i]))
       out->params[out->nparams++] = (plan_param){intern(e, p->params[i].name), 0, p->params[i].value};
+
+  /* Float params, and a rope table's fields as NAME.FIELD (factor 0: a
+   * plain table): what a reference that follows the plan reads. */
+  ALLOC(out->fparams, 5 * (size_t)p->nparams);
+  for (int i = 0; i < p->nparams; i++) {
+    const ir_param *pa = &p->params[i];
+    if (pa->is_float) out->fparams[out->nfparams++] = (plan_fparam){intern(e, pa->name), 0, pa->fvalue};
+    if (!pa->is_rope) continue;
+    static const char *const field[5] = {"theta", "factor", "original_max_position_embeddings", "beta_fast",
+                                         "beta_slow"};
+    const double v[5] = {pa->rope.theta, pa->rope.factor, pa->rope.orig, pa->rope.beta_fast, pa->rope.beta_slow};
+    for (int k = 0; k < 5; k++) {
+      char name[256];
+      snprintf(name, sizeof name, "%s.%s", pa->name, field[k]);
+      out->fparams[out->nfparams++] = (plan_fparam){intern(e, name), 0, v[k]};
+    }
+  }
 
   ALLOC(out->devices, p->ndevices);
   for (int i = 0; i < p->ndevices; i++) {

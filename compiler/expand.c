@@ -36,7 +36,8 @@ static int lookup_param(void *ctx, const char *name, int64_t *out) {
       }
   for (int i = 0; i < s->p->nparams; i++)
     if (strcmp(s->p->params[i].name, name) == 0) {
-      if (s->p->params[i].is_float || s->p->params[i].is_dtype) return 1;
+      if (s->p->params[i].is_float) return 1;
+      if (!ir_param_is_int(&s->p->params[i])) return 2;
       *out = s->p->params[i].value;
       return 0;
     }
@@ -52,12 +53,9 @@ static int lookup_param_float(void *ctx, const char *name, double *out) {
     *out = (double)v;
     return 0;
   }
-  if (r != 1) return -1;
+  if (r != 1) return r;
   for (int i = 0; i < s->p->nparams; i++)
-    if (strcmp(s->p->params[i].name, name) == 0) {
-      if (s->p->params[i].is_dtype) return -1;
-      *out = s->p->params[i].fvalue;
-    }
+    if (strcmp(s->p->params[i].name, name) == 0) *out = s->p->params[i].fvalue;
   return 0;
 }
 
@@ -68,10 +66,58 @@ static int dtype_named(const char *name) {
   return -1;
 }
 
+/* A rope table's fields: `type` (default or yarn) and `theta`, and for
+ * yarn the four YaRN fields, by the names Hugging Face's rope_parameters
+ * give them; each a float expression over the params above. */
+static const char *const rope_fields[] = {"type", "theta", "factor", "original_max_position_embeddings",
+                                          "beta_fast", "beta_slow"};
+enum { ROPE_NFIELDS = 6 };
+
+static int eval_rope(ir_prog *p, const dsl_kv *kv, ir_rope *out, dsl_diag *d) {
+  scope s = {p, NULL, -1, 0};
+  const dsl_kv *at[ROPE_NFIELDS] = {0};
+  for (int i = 0; i < kv->nfields; i++) {
+    const dsl_kv *f = &kv->fields[i];
+    int k = 0;
+    while (k < ROPE_NFIELDS && strcmp(rope_fields[k], f->key.text) != 0) k++;
+    if (k == ROPE_NFIELDS)
+      return dsl_error(d, f->key.pos, "rope table '%s' has no field '%s' (fields: type, theta, factor, "
+                       "original_max_position_embeddings, beta_fast, beta_slow)", kv->key.text, f->key.text);
+    if (at[k]) return dsl_error(d, f->key.pos, "rope table '%s' gives '%s' twice", kv->key.text, f->key.text);
+    at[k] = f;
+  }
+  if (!at[0]) return dsl_error(d, kv->value.pos, "rope table '%s' needs a type (default or yarn)", kv->key.text);
+  int yarn = strcmp(at[0]->value.text, "yarn") == 0;
+  if (!yarn && strcmp(at[0]->value.text, "default") != 0)
+    return dsl_error(d, at[0]->value.pos, "rope table '%s' has type '%s'; the types are default and yarn",
+                     kv->key.text, at[0]->value.text);
+  double *slot[ROPE_NFIELDS] = {NULL, &out->theta, &out->factor, &out->orig, &out->beta_fast, &out->beta_slow};
+  *out = (ir_rope){0};
+  for (int k = 1; k < ROPE_NFIELDS; k++) {
+    if (!at[k] && (k == 1 || yarn))
+      return dsl_error(d, kv->value.pos, "rope table '%s' of type %s needs '%s'", kv->key.text,
+                       at[0]->value.text, rope_fields[k]);
+    if (!at[k]) continue;
+    if (!yarn && k > 1)
+      return dsl_error(d, at[k]->key.pos, "'%s' is a YaRN field; rope table '%s' has type default",
+                       rope_fields[k], kv->key.text);
+    if (dsl_eval_float(&at[k]->value, lookup_param_float, &s, slot[k], d)) return -1;
+    if (!(*slot[k] > 0.0))
+      return dsl_error(d, at[k]->value.pos, "rope table '%s': '%s' is %g; it must be positive", kv->key.text,
+                       rope_fields[k], *slot[k]);
+  }
+  return 0;
+}
+
 /* A param is an integer expression, or a float one when it holds a
- * number with a fraction or an exponent or names a float param. */
+ * number with a fraction or an exponent or names a float param; a
+ * mapping is a rope table. */
 static int eval_param(ir_prog *p, const dsl_kv *kv, ir_param *out, dsl_diag *d) {
   scope s = {p, NULL, -1, 0};
+  if (kv->fields) {
+    out->is_rope = 1;
+    return eval_rope(p, kv, &out->rope, d);
+  }
   int dt = dtype_named(kv->value.text);
   if (dt >= 0) { /* a dtype param: `fp8: f8e4m3` */
     out->is_dtype = 1;
@@ -127,7 +173,7 @@ static int eval_params(ir_prog *p, dsl_diag *d) {
     if (eval_param(p, &m->params[i], pa, d)) return -1;
     pa->name = ir_strdup(m->params[i].key.text);
     p->nparams = i + 1;
-    if (strcmp(pa->name, "tokens") == 0 && !pa->is_float && !pa->is_dtype && bind_step(p, pa, d)) return -1;
+    if (strcmp(pa->name, "tokens") == 0 && ir_param_is_int(pa) && bind_step(p, pa, d)) return -1;
   }
   return 0;
 }
@@ -272,20 +318,60 @@ static int resolve_operand(ir_prog *p, const instance *in, const dsl_str *name, 
   return 0;
 }
 
+/* The slot of attr `name` in kind k, or -1. */
+static int attr_slot(const ir_opkind_def *k, const char *name) {
+  for (int j = 0; j < k->nattrs; j++)
+    if (strcmp(k->attrs[j].name, name) == 0) return j;
+  return -1;
+}
+
+/* The attrs a rope table sets, in ir_rope's order. */
+static const char *const rope_attrs[] = {"theta", "yarn_factor", "yarn_orig", "yarn_beta_fast", "yarn_beta_slow"};
+
+/* `rope: NAME`: the rope table param NAME sets theta and the YaRN attrs
+ * (seen[] 2), which the op may then not state itself. */
+static int parse_rope_attr(const ir_prog *p, const dsl_kv *a, const ir_opkind_def *k, ir_op *op, int *seen,
+                           dsl_diag *d) {
+  if (attr_slot(k, "theta") < 0 || attr_slot(k, "yarn_factor") < 0) return -2;
+  const ir_param *table = NULL;
+  for (int i = 0; i < p->nparams; i++)
+    if (strcmp(p->params[i].name, a->value.text) == 0) table = &p->params[i];
+  if (!table || !table->is_rope)
+    return dsl_error(d, a->value.pos, "attr 'rope' takes a rope table param (`NAME: {type: yarn, theta: ...}`); "
+                     "'%s' is %s", a->value.text,
+                     !table ? "no param" : table->is_float ? "a float param" : table->is_dtype ? "a dtype param"
+                                                                                            : "an integer param");
+  const double v[5] = {table->rope.theta, table->rope.factor, table->rope.orig, table->rope.beta_fast,
+                       table->rope.beta_slow};
+  for (int i = 0; i < 5; i++) {
+    int slot = attr_slot(k, rope_attrs[i]);
+    if (seen[slot])
+      return dsl_error(d, a->key.pos, "attr 'rope' sets '%s', which this op states too", rope_attrs[i]);
+    seen[slot] = 2;
+    op->fattr[slot] = v[i];
+  }
+  return 0;
+}
+
 static int parse_attrs(ir_prog *p, const dsl_op *dop, ir_op *op, const scope *s, dsl_diag *d) {
   const ir_opkind_def *k = &ir_opkinds[op->kind];
   int seen[IR_MAXATTR] = {0};
   for (int i = 0; i < dop->nattrs; i++) {
     const dsl_kv *a = &dop->attrs[i];
-    int slot = -1;
-    for (int j = 0; j < k->nattrs; j++)
-      if (strcmp(k->attrs[j].name, a->key.text) == 0) slot = j;
+    if (strcmp(a->key.text, "rope") == 0) {
+      int rc = parse_rope_attr(p, a, k, op, seen, d);
+      if (rc == -1) return -1;
+      if (rc == 0) continue;
+    }
+    int slot = attr_slot(k, a->key.text);
+    if (slot >= 0 && seen[slot] == 2)
+      return dsl_error(d, a->key.pos, "attr '%s' is set by this op's rope table (attr 'rope') too", a->key.text);
     if (slot < 0) {
       char list[256] = "";
       for (int j = 0; j < k->nattrs; j++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? ", " : "", k->attrs[j].name);
-      return dsl_error(d, a->key.pos, "op kind '%s' has no attr '%s' (attrs: %s)", k->name, a->key.text,
-                       k->nattrs ? list : "none");
+      return dsl_error(d, a->key.pos, "op kind '%s' has no attr '%s' (attrs: %s%s)", k->name, a->key.text,
+                       k->nattrs ? list : "none", attr_slot(k, "yarn_factor") >= 0 ? ", rope" : "");
     }
     seen[slot] = 1;
     if (k->attrs[slot].type == IR_ATTR_INT) {
@@ -294,7 +380,6 @@ static int parse_attrs(ir_prog *p, const dsl_op *dop, ir_op *op, const scope *s,
       return -1;
     }
   }
-  (void)p;
   for (int j = 0; j < k->nattrs; j++) {
     if (seen[j]) continue;
     if (k->attrs[j].required)
@@ -348,6 +433,58 @@ static const dsl_block *find_block(const dsl_model *m, const char *name) {
   return NULL;
 }
 
+/* The blocks an instance of b is made of: its parts, or b alone. */
+static int block_parts(const dsl_model *m, const dsl_block *b, const dsl_block **out) {
+  if (!b->nparts) {
+    out[0] = b;
+    return 1;
+  }
+  for (int i = 0; i < b->nparts; i++) out[i] = find_block(m, b->parts[i].text);
+  return b->nparts;
+}
+
+/* "unknown block 'x'", with the closest of the model's block names. */
+static int unknown_block(const dsl_model *m, const dsl_str *name, const char *where, dsl_diag *d) {
+  const char **names = ir_xrealloc(NULL, (size_t)(m->nblocks ? m->nblocks : 1) * sizeof *names);
+  for (int i = 0; i < m->nblocks; i++) names[i] = m->blocks[i].name.text;
+  char hint[512];
+  ir_suggest(hint, sizeof hint, name->text, names, m->nblocks, "the blocks");
+  ir_xfree(names);
+  return dsl_error(d, name->pos, "unknown block '%s'%s%s", name->text, where, hint);
+}
+
+/* Every block made of parts: at most IR_MAX_PARTS, each a block of its
+ * own, made of no parts, and each carrying in what the part before it
+ * carries out. */
+static int check_composed_blocks(const dsl_model *m, dsl_diag *d) {
+  for (int i = 0; i < m->nblocks; i++) {
+    const dsl_block *b = &m->blocks[i];
+    if (b->nparts > IR_MAX_PARTS)
+      return dsl_error(d, b->parts[IR_MAX_PARTS].pos, "block '%s' has %d parts; the limit is %d", b->name.text,
+                       b->nparts, IR_MAX_PARTS);
+    for (int k = 0; k < b->nparts; k++) {
+      const dsl_str *name = &b->parts[k];
+      const dsl_block *part = find_block(m, name->text);
+      if (!part) {
+        char where[160];
+        snprintf(where, sizeof where, " in the parts of block '%s'", b->name.text);
+        return unknown_block(m, name, where, d);
+      }
+      if (part->nparts)
+        return dsl_error(d, name->pos, "part '%s' of block '%s' is made of parts itself; parts nest one level",
+                         name->text, b->name.text);
+      const dsl_block *prev = k ? find_block(m, b->parts[k - 1].text) : NULL;
+      if (prev && part->carry_in.text &&
+          (!prev->carry_out.text || strcmp(prev->carry_out.text, part->carry_in.text) != 0))
+        return dsl_error(d, name->pos, "part '%s' of block '%s' carries in '%s', but part '%s' before it carries out %s%s%s",
+                         name->text, b->name.text, part->carry_in.text, prev->name.text,
+                         prev->carry_out.text ? "'" : "", prev->carry_out.text ? prev->carry_out.text : "nothing",
+                         prev->carry_out.text ? "'" : "");
+    }
+  }
+  return 0;
+}
+
 /* The block name of instance k of a layer entry. */
 static const dsl_str *layer_block(const dsl_layer *l, int64_t k) {
   return l->nblocks ? &l->blocks[k % l->nblocks] : &l->block;
@@ -356,7 +493,7 @@ static const dsl_str *layer_block(const dsl_layer *l, int64_t k) {
 static int check_layer_blocks(const dsl_model *m, const dsl_layer *l, dsl_diag *d) {
   for (int k = 0; k < (l->nblocks ? l->nblocks : 1); k++) {
     const dsl_str *name = layer_block(l, k);
-    if (!find_block(m, name->text)) return dsl_error(d, name->pos, "unknown block '%s'", name->text);
+    if (!find_block(m, name->text)) return unknown_block(m, name, "", d);
   }
   return 0;
 }
@@ -432,27 +569,34 @@ static int expand_instance(ir_prog *p, const dsl_layer *l, const dsl_block *b, i
   if (index >= 0) snprintf(prefix, sizeof prefix, "%s.%lld", l->name.text, (long long)index);
   else snprintf(prefix, sizeof prefix, "%s", l->name.text);
   scope s = {p, l, index, 0};
-  for (int i = 0; i < b->ntensors; i++) {
-    const dsl_tensor *dt = &b->tensors[i];
-    for (int g = 0; g < p->model->ntensors; g++)
-      if (strcmp(p->model->tensors[g].name.text, dt->name.text) == 0)
-        return dsl_error(d, dt->name.pos, "tensor '%s' of block '%s' hides the global tensor declared at line %d",
-                         dt->name.text, b->name.text, p->model->tensors[g].name.pos.line);
-    if (make_tensor(p, dt, prefix, &s, d)) return -1;
-  }
-  if (b->carry_in.text && *carry < 0)
+  const dsl_block *parts[IR_MAX_PARTS] = {0};
+  int nparts = block_parts(p->model, b, parts);
+  for (int k = 0; k < nparts; k++)
+    for (int i = 0; i < parts[k]->ntensors; i++) {
+      const dsl_tensor *dt = &parts[k]->tensors[i];
+      for (int g = 0; g < p->model->ntensors; g++)
+        if (strcmp(p->model->tensors[g].name.text, dt->name.text) == 0)
+          return dsl_error(d, dt->name.pos, "tensor '%s' of block '%s' hides the global tensor declared at line %d",
+                           dt->name.text, parts[k]->name.text, p->model->tensors[g].name.pos.line);
+      if (make_tensor(p, dt, prefix, &s, d)) return -1;
+    }
+  const dsl_block *first = parts[0], *last = parts[nparts - 1];
+  if (first->carry_in.text && *carry < 0)
     return dsl_error(d, l->pos, "block '%s' carries '%s' in, but no earlier layer carries a tensor out",
-                     b->name.text, b->carry_in.text);
-  instance in = {b, prefix, b->carry_in.text ? *carry : -1};
-  for (int i = 0; i < b->nops; i++)
-    if (make_op(p, &b->ops[i], &in, &s, d)) return -1;
-  if (b->carry_out.text) {
+                     b->name.text, first->carry_in.text);
+  for (int k = 0; k < nparts; k++) {
+    /* a later part's carried tensor is the instance's own, by name */
+    instance in = {parts[k], prefix, k == 0 && first->carry_in.text ? *carry : -1};
+    for (int i = 0; i < parts[k]->nops; i++)
+      if (make_op(p, &parts[k]->ops[i], &in, &s, d)) return -1;
+  }
+  if (last->carry_out.text) {
     char path[512];
-    snprintf(path, sizeof path, "%s.%s", prefix, b->carry_out.text);
+    snprintf(path, sizeof path, "%s.%s", prefix, last->carry_out.text);
     *carry = ir_find_tensor(p, path);
     if (*carry < 0)
-      return dsl_error(d, b->carry_out.pos, "block '%s' carries out '%s', which it does not declare",
-                       b->name.text, b->carry_out.text);
+      return dsl_error(d, last->carry_out.pos, "block '%s' carries out '%s', which it does not declare",
+                       last->name.text, last->carry_out.text);
   }
   return 0;
 }
@@ -466,9 +610,12 @@ static void add_cost(const dsl_model *m, const dsl_layer *l, const layer_span *s
   c->instances += s->count;
   for (int j = 0; j < (l->nblocks ? l->nblocks : 1); j++) {
     int64_t uses = l->nblocks ? s->count / l->nblocks + (j < s->count % l->nblocks) : s->count;
-    const dsl_block *b = find_block(m, layer_block(l, j)->text);
-    c->ops += uses * b->nops;
-    c->tensors += uses * b->ntensors;
+    const dsl_block *parts[IR_MAX_PARTS] = {0};
+    int nparts = block_parts(m, find_block(m, layer_block(l, j)->text), parts);
+    for (int k = 0; k < nparts; k++) {
+      c->ops += uses * parts[k]->nops;
+      c->tensors += uses * parts[k]->ntensors;
+    }
   }
 }
 
@@ -521,6 +668,7 @@ int pass_expand(ir_prog *p, dsl_diag *d) {
   scope top = {p, NULL, -1, 0};
   for (int i = 0; i < m->ntensors; i++)
     if (make_tensor(p, &m->tensors[i], NULL, &top, d)) return -1;
+  if (check_composed_blocks(m, d)) return -1;
   layer_span *spans = ir_xrealloc(NULL, (size_t)(m->nlayers ? m->nlayers : 1) * sizeof *spans);
   int rc = check_layers(p, spans, d);
   if (rc == 0) rc = expand_layers(p, spans, d);

@@ -263,7 +263,7 @@ int ir_find_op(const ir_prog *p, const char *path) {
 
 int64_t ir_param_value(const ir_prog *p, const char *name, int64_t fallback) {
   for (int i = 0; i < p->nparams; i++)
-    if (!p->params[i].is_float && !p->params[i].is_dtype && strcmp(p->params[i].name, name) == 0)
+    if (ir_param_is_int(&p->params[i]) && strcmp(p->params[i].name, name) == 0)
       return p->params[i].value;
   return fallback;
 }

@@ -15,6 +15,8 @@
 
 #define IR_MAXDIM PLAN_MAXDIM
 #define IR_MAXIO 8
+/* The most parts a block is made of (dsl_block.parts). */
+#define IR_MAX_PARTS 8
 #define IR_MAXATTR 12 /* a compile-time bound: rope has 9 */
 /* The most ops (and layer instances) a model may expand to, and half the
  * tensors. Several passes take time and memory quadratic in them (memplan
@@ -150,6 +152,12 @@ typedef struct ir_cmd { /* sync: the command stream in submission order */
   int record; /* WAIT: index of the RECORD command it waits for */
 } ir_cmd;
 
+/* A rope table (MATH.md §3.2): theta, and YaRN's fields when factor is
+ * not 0 (a `yarn` table; a `default` one has them all 0). */
+typedef struct ir_rope {
+  double theta, factor, orig, beta_fast, beta_slow;
+} ir_rope;
+
 typedef struct ir_param {
   char *name;
   int64_t value; /* an integer param's */
@@ -160,7 +168,17 @@ typedef struct ir_param {
    * dtype fields may name; not in the plan either */
   int is_dtype;
   uint32_t dtype;
+  /* a rope table's (is_rope): a `rope` attr names it; in the plan as its
+   * fields' float params */
+  int is_rope;
+  ir_rope rope;
 } ir_param;
+
+/* An integer param: shapes and integer attrs may use it, and the plan's
+ * params hold it. */
+static inline int ir_param_is_int(const ir_param *pa) {
+  return !pa->is_float && !pa->is_dtype && !pa->is_rope;
+}
 
 typedef struct ir_prog {
   const dsl_model *model;
@@ -220,6 +238,10 @@ int ir_opkind_lookup(const char *name); /* -1 when unknown */
 const char *ir_opkind_suggest(const char *name); /* closest name, or NULL */
 /* Levenshtein distance (99 past 63 characters), for "did you mean". */
 int ir_edit_distance(const char *a, const char *b);
+/* What to say after an unknown name: "; did you mean 'X'?" for the closest
+ * of names within a third of its length in edits (at least one), else
+ * "; NOUN: a, b, c". */
+void ir_suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun);
 
 /* ---- helpers ---- */
 

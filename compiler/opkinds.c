@@ -194,3 +194,24 @@ const char *ir_opkind_suggest(const char *name) {
   }
   return best;
 }
+
+/* What to say after an unknown name: "; did you mean 'X'?" for the closest
+ * of names within a third of its length in edits (at least one), else
+ * "; NOUN: a, b, c". */
+void ir_suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun) {
+  const char *best = NULL;
+  int bestd = (int)strlen(name) / 3 + 1;
+  if (bestd < 2) bestd = 2;
+  for (int i = 0; i < count; i++) {
+    int dist = ir_edit_distance(name, names[i]);
+    if (dist < bestd) bestd = dist, best = names[i];
+  }
+  if (best) {
+    snprintf(buf, n, "; did you mean '%s'?", best);
+    return;
+  }
+  size_t len = (size_t)snprintf(buf, n, "; %s:", noun);
+  for (int i = 0; i < count && len < n; i++)
+    len += (size_t)snprintf(buf + len, n - len, "%s %s", i ? "," : "", names[i]);
+  if (count == 0) snprintf(buf + len, len < n ? n - len : 0, " none");
+}

@@ -213,9 +213,7 @@ static int emit_bundle(ir_prog *p, const char *dir, const ds4c_options *o, dsl_d
   return rc;
 }
 
-/* Create the folders above path that do not exist yet (mkdir -p of its
- * parent), so `-o out/x` works in a fresh checkout. */
-static int make_parents(const char *path, dsl_diag *d) {
+int ds4c_make_parents(const char *path, dsl_diag *d) {
   char buf[4096];
   snprintf(buf, sizeof buf, "%s", path);
   for (char *c = buf + 1; *c; c++) {
@@ -301,7 +299,7 @@ static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
   snprintf(old, sizeof old, "%s.old-%ld", o->out_dir, (long)getpid());
   snprintf(sub, sizeof sub, "%s/decode", stage);
   remove_tree(stage);
-  int rc = make_parents(o->out_dir, d);
+  int rc = ds4c_make_parents(o->out_dir, d);
   if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
   if (!rc && mkdir(sub, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", sub, strerror(errno));
   if (!rc) rc = emit_bundle(p, stage, o, d);

@@ -32,6 +32,23 @@ void ds4c_prog_free(ir_prog *p); /* frees the descriptions too */
  * place only when complete. */
 int ds4c_compile(const ds4c_options *o, dsl_diag *d);
 
+/* Create the folders above path that do not exist yet (mkdir -p of its
+ * parent), so `-o out/x` works in a fresh checkout. */
+int ds4c_make_parents(const char *path, dsl_diag *d);
+
+typedef struct ds4c_import_options {
+  const char *config_path; /* a Hugging Face DeepSeek-V4 config.json */
+  const char *out_path;    /* the description to write */
+  const char *name;        /* its model name; NULL: out_path's file name less .yaml */
+  const char *base_path;   /* the description it extends; NULL: deepseek-v4-flash.yaml beside out_path */
+  long long max_seq, tokens; /* > 0: stated; else the base's */
+} ds4c_import_options;
+
+/* ds4c import: the description of config_path's configuration, extending
+ * the base, written to out_path (a temporary file beside it, renamed into
+ * place when whole: an error leaves nothing behind). */
+int ds4c_import(const ds4c_import_options *o, dsl_diag *d);
+
 /* The names of the passes, in order, NULL-terminated. */
 extern const char *const ds4c_pass_names[];
 

@@ -91,27 +91,6 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
   return 0;
 }
 
-/* What to say after an unknown name: "; did you mean 'X'?" for the closest
- * of names within a third of its length in edits (at least one), else
- * "; NOUN: a, b, c". */
-static void suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun) {
-  const char *best = NULL;
-  int bestd = (int)strlen(name) / 3 + 1;
-  if (bestd < 2) bestd = 2;
-  for (int i = 0; i < count; i++) {
-    int dist = ir_edit_distance(name, names[i]);
-    if (dist < bestd) bestd = dist, best = names[i];
-  }
-  if (best) {
-    snprintf(buf, n, "; did you mean '%s'?", best);
-    return;
-  }
-  size_t len = (size_t)snprintf(buf, n, "; %s:", noun);
-  for (int i = 0; i < count && len < n; i++)
-    len += (size_t)snprintf(buf + len, n - len, "%s %s", i ? "," : "", names[i]);
-  if (count == 0) snprintf(buf + len, len < n ? n - len : 0, " none");
-}
-
 /* The devices' names, for suggest (at most 64). */
 static int device_names(const ir_prog *p, const char **names) {
   int n = 0;
@@ -123,7 +102,7 @@ static int device_names(const ir_prog *p, const char **names) {
 static int unknown_device(const ir_prog *p, const char *name, const char *where, dsl_pos pos, dsl_diag *d) {
   const char *names[64];
   char hint[512];
-  suggest(hint, sizeof hint, name, names, device_names(p, names), "the schedule's devices");
+  ir_suggest(hint, sizeof hint, name, names, device_names(p, names), "the schedule's devices");
   return dsl_error(d, pos, "unknown device '%s'%s%s", name, where, hint);
 }
 
@@ -166,7 +145,7 @@ static int rule_stream(const ir_prog *p, const dsl_owner *o, dsl_diag *d) {
     if (n < 64) names[n++] = p->streams[j].name;
   }
   char hint[512];
-  suggest(hint, sizeof hint, o->stream.text, names, n, "its streams");
+  ir_suggest(hint, sizeof hint, o->stream.text, names, n, "its streams");
   return dsl_error(d, o->stream.pos, "device '%s' has no stream '%s'%s", o->device.text, o->stream.text, hint), -1;
 }
 
@@ -194,7 +173,8 @@ static int selector_param(void *ctx, const char *name, int64_t *out) {
   const ir_prog *p = ctx;
   for (int i = 0; i < p->nparams; i++)
     if (strcmp(p->params[i].name, name) == 0) {
-      if (p->params[i].is_float || p->params[i].is_dtype) return 1;
+      if (p->params[i].is_float) return 1;
+      if (!ir_param_is_int(&p->params[i])) return 2;
       *out = p->params[i].value;
       return 0;
     }

@@ -119,6 +119,14 @@ static int is_uint(const char *s) {
 
 static int is_int(const char *s) { return is_uint(*s == '-' ? s + 1 : s); }
 
+/* An integer param's value, or a float param's as plan_text writes it. */
+static int is_number(const char *s) {
+  char *end;
+  if (is_int(s)) return 1;
+  (void)strtod(s, &end);
+  return end != s && *end == 0;
+}
+
 static int is_uint_n(const char *s, size_t n) {
   if (!n) return 0;
   for (size_t i = 0; i < n; i++)
@@ -207,8 +215,8 @@ static int parse_entry(pd_plan *pl, int sec, int i) {
   const char *t0 = tok(pl, i, 0);
   switch (sec) {
     case SEC_PARAMS:
-      if (n != 3 || strcmp(tok(pl, i, 1), "=") || !is_int(tok(pl, i, 2)))
-        return fail(pl, no, "expected 'NAME = INTEGER' in [params]");
+      if (n != 3 || strcmp(tok(pl, i, 1), "=") || !is_number(tok(pl, i, 2)))
+        return fail(pl, no, "expected 'NAME = NUMBER' in [params]");
       list_add(&pl->params, i);
       return 0;
     case SEC_DEVICES: {

@@ -49,7 +49,12 @@ int dsl_note(dsl_diag *d, dsl_pos pos, const char *fmt, ...) __attribute__((form
 
 typedef struct dsl_kv { /* a named value: param, attr, per-layer param */
   dsl_str key;
-  dsl_str value; /* an integer expression, or a literal for float attrs */
+  dsl_str value; /* an expression, or a name (a dtype, a param); its text is
+                    NULL for a model param whose value is a mapping */
+  /* A model param's mapping (a rope table: `{type: yarn, theta: ...}`):
+   * its keys and scalar values, with value.pos at the mapping. */
+  struct dsl_kv *fields;
+  int nfields;
 } dsl_kv;
 
 typedef struct dsl_tensor {
@@ -83,6 +88,12 @@ typedef struct dsl_block {
   int ntensors;
   dsl_op *ops;
   int nops;
+  /* A block made of other blocks (`parts: [swa_attn, hash_ffn]`): their
+   * tensors, then their ops, in one instance's scope, carrying in what the
+   * first carries in and out what the last carries out; it has no tensors,
+   * ops or carry of its own. */
+  dsl_str *parts;
+  int nparts;
 } dsl_block;
 
 typedef struct dsl_layer { /* one entry of the layer sequence */
@@ -186,6 +197,22 @@ int dsl_model_parse(const char *path, const char *text, size_t len,
 int dsl_schedule_parse(const char *path, const char *text, size_t len,
                        dsl_schedule **out_sched, dsl_diag *d);
 
+/* ---- importing a Hugging Face config.json (ds4c import) ---- */
+
+typedef struct dsl_import_opts {
+  const char *name;      /* the description's `model:` */
+  const char *extends;   /* its `extends:`, relative to the folder it is written to */
+  const dsl_model *base; /* that base, loaded: params equal to its own are left out (NULL: all stated) */
+  long long max_seq;     /* > 0: state max_seq (else the base's) */
+  long long tokens;      /* > 0: state tokens (else the base's) */
+} dsl_import_opts;
+
+/* A model description of the DeepSeek-V4 configuration in config_path (a
+ * Hugging Face config.json), extending o->extends; docs/DSL.md, "Importing
+ * a config". 0 with the text in *out_text (the caller frees it), or -1
+ * with d holding the first error at its place in the config. */
+int dsl_import_hf(const char *config_path, const dsl_import_opts *o, char **out_text, dsl_diag *d);
+
 /* ---- routing statistics (written by ds4run --routing-stats) ---- */
 
 typedef struct dsl_route_counts { /* one routing op's line */
@@ -217,8 +244,9 @@ void dsl_routing_stats_free(dsl_routing_stats *s);
 /* ---- integer and float expressions in shapes, params and attrs ---- */
 
 /* Looks a name up; returns 0 and sets *out_value when it is an integer,
- * 1 when it is a float param (an integer expression cannot use it), any
- * other value when it is unknown. */
+ * 1 when it is a float param (an integer expression cannot use it), 2 when
+ * it is a param that is no number (a dtype, a rope table), any other value
+ * when it is unknown. */
 typedef int (*dsl_lookup_fn)(void *ctx, const char *name, int64_t *out_value);
 
 /* Evaluate an expression: integers, names, + - * / % and parentheses,
@@ -228,7 +256,8 @@ int dsl_eval(const dsl_str *e, dsl_lookup_fn lookup, void *ctx,
              int64_t *out_value, dsl_diag *d);
 
 /* Looks a name up for a float expression: 0 and *out_value (an integer
- * param widened, or a float param) when known. */
+ * param widened, or a float param) when known; 2 for a param that is no
+ * number, as dsl_lookup_fn. */
 typedef int (*dsl_lookup_float_fn)(void *ctx, const char *name, double *out_value);
 
 /* Evaluate a float expression: decimal numbers (`1.0e-6`, `16`, `.5`),

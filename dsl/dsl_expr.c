@@ -70,6 +70,11 @@ static int unknown_name(expr_state *st, size_t start) {
   return expr_error(st, start, "unknown param '%.*s'", (int)(n < 200 ? n : 200), st->s + start);
 }
 
+/* A param that holds a dtype or a rope table, named in an expression. */
+static int not_a_number(expr_state *st, size_t start, const char *name) {
+  return expr_error(st, start, "param '%s' is not a number (it holds a dtype or a rope table)", name);
+}
+
 /* The '(' at st->i, within the nesting bound. */
 static int paren_open(expr_state *st) {
   if (++st->depth > EXPR_MAX_DEPTH)
@@ -116,6 +121,7 @@ static int parse_primary(expr_state *st, int64_t *out) {
     if (found == 0) return 0;
     if (found == 1)
       return expr_error(st, start, "param '%s' is a float; an integer expression takes integer params", name);
+    if (found == 2) return not_a_number(st, start, name);
     return unknown_name(st, start);
   }
   if (c == '(') return paren_open(st) || parse_sum(st, out) || paren_close(st, start);
@@ -240,8 +246,9 @@ static int fparse_primary(expr_state *st, double *out) {
   }
   if (is_ident_start(c)) {
     char name[256];
-    if (lex_name(st, name, sizeof name) && st->lookup_float && st->lookup_float(st->ctx, name, out) == 0)
-      return 0;
+    int found = lex_name(st, name, sizeof name) && st->lookup_float ? st->lookup_float(st->ctx, name, out) : -1;
+    if (found == 0) return 0;
+    if (found == 2) return not_a_number(st, start, name);
     return unknown_name(st, start);
   }
   if (c == '(') return paren_open(st) || fparse_sum(st, out) || paren_close(st, start);

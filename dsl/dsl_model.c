@@ -12,7 +12,7 @@ static const char *const model_keys[] = {"model", "extends", "params", "tensors"
 enum { MAX_EXTENDS = 8 };
 static const char *const tensor_keys[] = {"name", "shape", "dtype", "role", "checkpoint",
                                           "init_scale", "init_offset", NULL};
-static const char *const block_keys[] = {"name", "carry", "tensors", "ops", NULL};
+static const char *const block_keys[] = {"name", "carry", "tensors", "ops", "parts", NULL};
 static const char *const carry_keys[] = {"in", "out", NULL};
 static const char *const op_keys[] = {"name", "op", "in", "out", "attrs", NULL};
 static const char *const layer_keys[] = {"block", "blocks", "name", "from", "repeat", "params", NULL};
@@ -64,11 +64,14 @@ static int list_of_maps(const dy_node *parent, const char *key, const char *what
   return 0;
 }
 
-/* params of the model and of a layer: names must be usable in expressions */
+/* params of the model and of a layer: names must be usable in expressions;
+ * a model's param may also be a mapping (a rope table), a layer's not */
 static int load_params(dy_node *map, const char *what, dsl_kv **out, int *out_n, dsl_diag *d) {
   dy_node *v = dy_get(map, "params");
   if (!v) return 0;
-  if (dy_take_kvs(v, "params", what, out, out_n, d)) return -1;
+  if (strcmp(what, "model") == 0 ? dy_take_params(v, what, out, out_n, d)
+                                 : dy_take_kvs(v, "params", what, out, out_n, d))
+    return -1;
   for (int i = 0; i < *out_n; i++)
     if (!dy_is_ident((*out)[i].key.text))
       return dsl_error(d, (*out)[i].key.pos,
@@ -124,6 +127,17 @@ static int load_block(dy_node *n, dsl_block *b, dsl_diag *d) {
   b->pos = n->pos;
   if (dy_check_keys(n, "block", block_keys, d)) return -1;
   if (dy_take_req(n, "name", "block", &b->name, d)) return -1;
+  dy_node *parts = dy_get(n, "parts");
+  if (parts) {
+    static const char *const own[] = {"carry", "tensors", "ops"};
+    for (int i = 0; i < 3; i++)
+      if (dy_get(n, own[i]))
+        return dsl_error(d, dy_get(n, own[i])->pos, "block '%s' is made of parts; its '%s' are its parts'",
+                         b->name.text, own[i]);
+    if (dy_take_list(parts, "parts", "block", &b->parts, &b->nparts, d)) return -1;
+    if (b->nparts == 0) return dsl_error(d, parts->pos, "'parts' of block '%s' must not be empty", b->name.text);
+    return 0;
+  }
   dy_node *carry = dy_get(n, "carry");
   if (carry) {
     if (dy_expect(carry, DY_MAP, "carry", "block", d)) return -1;
@@ -231,6 +245,7 @@ void dsl_model_free(dsl_model *m) {
     free(b->name.text);
     free(b->carry_in.text);
     free(b->carry_out.text);
+    dsl_strs_free(b->parts, b->nparts);
     tensors_free(b->tensors, b->ntensors);
     for (int j = 0; b->ops && j < b->nops; j++) {
       dsl_op *op = &b->ops[j];
@@ -300,8 +315,12 @@ static int merge_params(dsl_model *m, dsl_model *base, dsl_diag *d) {
     param_ref key = {m->params[i].key.text, -1};
     const param_ref *hit = bsearch(&key, sorted, (size_t)base->nparams, sizeof *sorted, cmp_param_ref);
     if (hit) {
-      free(all[hit->index].value.text);
-      all[hit->index].value = m->params[i].value;
+      dsl_kv *old = &all[hit->index];
+      free(old->value.text);
+      dsl_kvs_free(old->fields, old->nfields);
+      old->value = m->params[i].value;
+      old->fields = m->params[i].fields;
+      old->nfields = m->params[i].nfields;
       free(m->params[i].key.text);
     } else {
       all[n++] = m->params[i];

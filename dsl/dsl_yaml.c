@@ -434,8 +434,8 @@ int dy_take_list(dy_node *n, const char *key, const char *what, dsl_str **out, i
   return 0;
 }
 
-int dy_take_kvs(dy_node *n, const char *key, const char *what, dsl_kv **out, int *out_n,
-                dsl_diag *d) {
+static int take_kvs(dy_node *n, const char *key, const char *what, int nested, dsl_kv **out, int *out_n,
+                    dsl_diag *d) {
   if (dy_expect(n, DY_MAP, key, what, d)) return -1;
   if (n->kind != DY_MAP || n->n == 0) return 0;
   dsl_kv *a = dsl_calloc((size_t)n->n, sizeof *a);
@@ -445,14 +445,29 @@ int dy_take_kvs(dy_node *n, const char *key, const char *what, dsl_kv **out, int
   for (int i = 0; i < n->n; i++) {
     dy_node *k = n->items[2 * i], *v = n->items[2 * i + 1];
     if (dy_take_str(k, key, what, &a[i].key, d)) return -1;
+    if (nested && v->kind == DY_MAP) {
+      a[i].value.pos = v->pos;
+      if (v->n == 0) return dsl_error(d, v->pos, "the value of '%.100s' in '%s' must not be empty", a[i].key.text, key);
+      if (take_kvs(v, a[i].key.text, key, 0, &a[i].fields, &a[i].nfields, d)) return -1;
+      continue;
+    }
     if (v->kind != DY_SCALAR)
-      return dsl_error(d, v->pos, "the value of '%.100s' in '%s' must be a scalar, not a %s",
-                       a[i].key.text, key, dy_kind_name(v));
+      return dsl_error(d, v->pos, "the value of '%.100s' in '%s' must be a scalar%s, not a %s", a[i].key.text,
+                       key, nested ? " or a mapping" : "", dy_kind_name(v));
     if (dy_is_null(v) || !v->text[0])
       return dsl_error(d, v->pos, "the value of '%.100s' in '%s' must not be empty", a[i].key.text, key);
     if (dy_take_str(v, key, what, &a[i].value, d)) return -1;
   }
   return 0;
+}
+
+int dy_take_kvs(dy_node *n, const char *key, const char *what, dsl_kv **out, int *out_n,
+                dsl_diag *d) {
+  return take_kvs(n, key, what, 0, out, out_n, d);
+}
+
+int dy_take_params(dy_node *n, const char *what, dsl_kv **out, int *out_n, dsl_diag *d) {
+  return take_kvs(n, "params", what, 1, out, out_n, d);
 }
 
 int dy_check_choice(const dsl_str *s, const char *key, const char *const *choices, dsl_diag *d) {
@@ -512,6 +527,7 @@ void dsl_kvs_free(dsl_kv *kv, int n) {
   for (int i = 0; i < n; i++) {
     free(kv[i].key.text);
     free(kv[i].value.text);
+    dsl_kvs_free(kv[i].fields, kv[i].nfields);
   }
   free(kv);
 }

@@ -71,6 +71,9 @@ int dy_take_list(dy_node *n, const char *key, const char *what, dsl_str **out, i
 /* A mapping of scalar keys to scalar values into a new dsl_kv array. */
 int dy_take_kvs(dy_node *n, const char *key, const char *what, dsl_kv **out, int *out_n,
                 dsl_diag *d);
+/* The same for a model's params, whose values may also be mappings of
+ * scalars (dsl_kv.fields). */
+int dy_take_params(dy_node *n, const char *what, dsl_kv **out, int *out_n, dsl_diag *d);
 
 /* Value checks on loaded scalars; errors list the valid choices. */
 int dy_check_choice(const dsl_str *s, const char *key, const char *const *choices, dsl_diag *d);

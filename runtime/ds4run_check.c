@@ -47,6 +47,31 @@ static rt_status param_of(const plan *p, const char *name, int *out) {
   return rt_status_make("ds4run --check: the plan has no param '%s' (the reference needs it)", name);
 }
 
+/* A float param of the plan (3.5), by name. */
+static rt_status fparam_of(const plan *p, const char *name, double *out) {
+  for (uint32_t i = 0; i < p->nfparams; i++)
+    if (strcmp(plan_str(p, p->fparams[i].name), name) == 0) {
+      *out = p->fparams[i].value;
+      return NULL;
+    }
+  return rt_status_make("ds4run --check: the plan has no float param '%s' (the reference needs it; a plan "
+                        "older than format 3.5 has none)", name);
+}
+
+/* Rope table `name` of the plan: its fields as NAME.theta, NAME.factor, ... */
+static rt_status rope_of(const plan *p, const char *name, ref_ds4_rope_table *out) {
+  static const char *const field[5] = {"theta", "factor", "original_max_position_embeddings", "beta_fast",
+                                       "beta_slow"};
+  double *slot[5] = {&out->theta, &out->yarn.factor, &out->yarn.orig_max_pos, &out->yarn.beta_fast,
+                     &out->yarn.beta_slow};
+  for (int k = 0; k < 5; k++) {
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", name, field[k]);
+    RT_TRY(fparam_of(p, key, slot[k]));
+  }
+  return NULL;
+}
+
 /* Round x to a format of `bits` significant bits whose smallest normal is
  * 2^emin (round to nearest even, subnormals, overflow to infinity). */
 static double round_bits(double x, int bits, int emin, double maxfinite) {
@@ -159,7 +184,14 @@ static rt_status build_tiny(ds4run_check *c, rt_bundle *b) {
   const plan *p = rt_bundle_plan(b);
 
   ref_tiny_params rp;
-  ref_tiny_params_init(&rp); /* eps 1e-6 and theta 10000, the YAML's attrs */
+  ref_tiny_params_init(&rp);
+  RT_TRY(fparam_of(p, "norm_eps", &rp.eps));
+  ref_ds4_rope_table rope;
+  RT_TRY(rope_of(p, "main_rope", &rope));
+  if (rope.yarn.factor != 0.0)
+    return rt_status_make("ds4run --check: main_rope has YaRN (factor %g); the tiny-moe reference has a plain "
+                          "table only", rope.yarn.factor);
+  rp.theta = rope.theta;
   RT_TRY(param_of(p, "vocab", &rp.vocab));
   RT_TRY(param_of(p, "hidden", &rp.hidden));
   RT_TRY(param_of(p, "heads", &rp.heads));
@@ -271,13 +303,20 @@ static rt_status ds4_set_weights(ds4run_check *c, rt_bundle *b) {
   return NULL;
 }
 
-/* The dimensions come from the plan's params; the float constants (norm
- * eps, hc_eps, routed scale 1.5, SwiGLU limit 10, the two rope tables) are
- * the release's, which the description's attrs state as well. */
+/* Every dimension and constant comes from the plan: the params, and the
+ * float params and rope tables the kernels were generated with (norm_eps,
+ * hc_eps, routed_scale, swiglu_limit, main_rope, compress_rope), never the
+ * release's values. */
 static rt_status build_ds4(ds4run_check *c, rt_bundle *b) {
   const plan *p = rt_bundle_plan(b);
   ref_ds4_params rp;
   ref_ds4_params_init(&rp);
+  RT_TRY(fparam_of(p, "norm_eps", &rp.eps));
+  RT_TRY(fparam_of(p, "hc_eps", &rp.hc_eps));
+  RT_TRY(fparam_of(p, "routed_scale", &rp.routed_scale));
+  RT_TRY(fparam_of(p, "swiglu_limit", &rp.swiglu_limit));
+  RT_TRY(rope_of(p, "main_rope", &rp.main_rope));
+  RT_TRY(rope_of(p, "compress_rope", &rp.compress_rope));
   RT_TRY(param_of(p, "vocab", &rp.vocab));
   RT_TRY(param_of(p, "hidden", &rp.hidden));
   RT_TRY(param_of(p, "heads", &rp.heads));

@@ -58,6 +58,9 @@ static const field_desc info_fields[] = {
 static const field_desc param_fields[] = {
     FD(plan_param, name, F_U32), FD(plan_param, reserved, F_RSV32), FD(plan_param, value, F_U64),
 };
+static const field_desc fparam_fields[] = {
+    FD(plan_fparam, name, F_U32), FD(plan_fparam, reserved, F_RSV32), FD(plan_fparam, value, F_F64),
+};
 static const field_desc device_fields[] = {
     FD(plan_device, name, F_U32),        FD(plan_device, backend, F_U32),
     FD(plan_device, arch, F_U32),        FD(plan_device, ordinal, F_U32),
@@ -132,6 +135,7 @@ static const section_desc sections[PLAN_NSECTIONS + 1] = {
     [PLAN_SEC_ARGS] = SD("args", arg_fields, plan_arg, 24),
     [PLAN_SEC_ROWS] = SD("rows", row_fields, uint32_t, 4),
     [PLAN_SEC_COSTS] = {"costs", cost_fields, 1, sizeof(double), 8, 1},
+    [PLAN_SEC_FPARAMS] = {"fparams", fparam_fields, 3, sizeof(plan_fparam), 16, 5},
 };
 
 /* The in-memory array and count behind a section. A switch rather than
@@ -152,6 +156,7 @@ static const void *sec_array(const plan *p, uint32_t id, uint32_t *count) {
   case PLAN_SEC_ARGS: *count = p->nargs; return p->args;
   case PLAN_SEC_ROWS: *count = p->nrows; return p->rows;
   case PLAN_SEC_COSTS: *count = p->ncosts; return p->costs;
+  case PLAN_SEC_FPARAMS: *count = p->nfparams; return p->fparams;
   }
   *count = 0;
   return NULL;
@@ -173,6 +178,7 @@ static void sec_set(plan *p, uint32_t id, void *arr, uint32_t count) {
   case PLAN_SEC_ARGS: p->args = arr; p->nargs = count; break;
   case PLAN_SEC_ROWS: p->rows = arr; p->nrows = count; break;
   case PLAN_SEC_COSTS: p->costs = arr; p->ncosts = count; break;
+  case PLAN_SEC_FPARAMS: p->fparams = arr; p->nfparams = count; break;
   }
 }
 
@@ -684,6 +690,12 @@ static rt_status plan_check(const char *name, const plan *p) {
     snprintf(where, sizeof where, "param %" PRIu32, i);
     RT_TRY(check_str(name, p, where, "name", p->params[i].name, false));
   }
+  for (uint32_t i = 0; i < p->nfparams; i++) {
+    snprintf(where, sizeof where, "fparam %" PRIu32, i);
+    RT_TRY(check_str(name, p, where, "name", p->fparams[i].name, false));
+    if (!isfinite(p->fparams[i].value))
+      return rt_status_make("%s: %s: value %g is not finite", name, where, p->fparams[i].value);
+  }
   for (uint32_t i = 0; i < p->ndevices; i++) {
     const plan_device *d = &p->devices[i];
     snprintf(where, sizeof where, "device %" PRIu32, i);
@@ -848,6 +860,7 @@ void plan_free(plan *p) {
   free(p->args);
   free(p->rows);
   free(p->costs);
+  free(p->fparams);
   memset(p, 0, sizeof *p);
 }
 

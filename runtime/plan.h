@@ -17,7 +17,7 @@
 
 #define PLAN_MAGIC "DS4PLAN"  /* 8 bytes with the NUL */
 #define PLAN_VERSION_MAJOR 3
-#define PLAN_VERSION_MINOR 4
+#define PLAN_VERSION_MINOR 5
 #define PLAN_MAXDIM 4
 #define PLAN_NONE 0xffffffffu /* "no index" in u32 index fields */
 /* The largest plan file: plan_encode refuses to make a bigger one and
@@ -49,7 +49,8 @@ enum plan_section_id {
   PLAN_SEC_ARGS,        /* plan_arg: the byte ranges launches and copies touch */
   PLAN_SEC_ROWS,        /* u32 source rows of weight views (plan_tensor.rows) */
   PLAN_SEC_COSTS,       /* since 3.1: f64 predicted nanoseconds per op (plan.costs) */
-  PLAN_NSECTIONS = PLAN_SEC_COSTS
+  PLAN_SEC_FPARAMS,     /* since 3.5: plan_fparam: the model's float params */
+  PLAN_NSECTIONS = PLAN_SEC_FPARAMS
 };
 
 typedef struct plan_section {
@@ -89,6 +90,17 @@ typedef struct plan_param {
   uint32_t reserved;
   int64_t value;
 } plan_param;
+
+/* A float param of the model, and each field of a rope table param NAME as
+ * NAME.theta, NAME.factor (0 for a plain table),
+ * NAME.original_max_position_embeddings, NAME.beta_fast, NAME.beta_slow:
+ * the constants the kernels were generated with, for a reference that
+ * follows the plan (ds4run --check). Since 3.5. */
+typedef struct plan_fparam {
+  uint32_t name; /* string */
+  uint32_t reserved;
+  double value;  /* finite */
+} plan_fparam;
 
 enum plan_backend { PLAN_BACKEND_CPU = 0, PLAN_BACKEND_HIP, PLAN_BACKEND_CUDA };
 
@@ -206,6 +218,7 @@ typedef struct plan {
    * never reads them. ncosts is nops, or 0 when the plan holds no
    * predictions (a 3.0 file, a plan no cost model wrote). */
   double *costs;          uint32_t ncosts;
+  plan_fparam *fparams;   uint32_t nfparams;
 } plan;
 
 /* Serialize to a file, atomically (temporary file, then rename). */

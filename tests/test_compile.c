@@ -369,6 +369,26 @@ START_TEST(shared_layer_name_numbers_globally) {
 }
 END_TEST
 
+/* A block made of parts is one instance of each part's tensors and ops,
+ * in the parts' order: the second part reads the first's output by name,
+ * the first takes the carried tensor and the last carries its own out. */
+START_TEST(block_made_of_parts) {
+  ir_prog *p = build("tests/cases/compile/block-parts-ok.yaml", "tests/cases/compile/one-cpu.sched.yaml");
+  static const char *const order[] = {"embed.embed", "layers.0.one", "layers.0.two", "layers.1.one",
+                                      "layers.1.two", "head.head", "head.sample"};
+  ck_assert_int_eq(p->nops, 7);
+  for (int i = 0; i < 7; i++) ck_assert_str_eq(p->ops[i].path, order[i]);
+  ck_assert_int_eq(p->ops[1].in[0], ir_find_tensor(p, "embed.x"));
+  ck_assert_int_eq(p->ops[2].in[0], ir_find_tensor(p, "layers.0.y"));
+  ck_assert_int_eq(p->ops[3].in[0], ir_find_tensor(p, "layers.0.z"));
+  ck_assert_int_eq(p->ops[5].in[0], ir_find_tensor(p, "layers.1.z"));
+  /* tensors: each part's, in order, in the instance's scope */
+  ck_assert_int_lt(ir_find_tensor(p, "layers.0.w1"), ir_find_tensor(p, "layers.0.w2"));
+  ck_assert_int_lt(ir_find_tensor(p, "layers.0.y"), ir_find_tensor(p, "layers.0.w2"));
+  ds4c_prog_free(p);
+}
+END_TEST
+
 /* ---- plans per step shape ---- */
 
 static void compile_pair(const char *model, const char *sched, const char *out) {
@@ -889,7 +909,7 @@ START_TEST(ds4c_warns_idle_device_and_refuses_oversized_arena) {
   char tmpl[] = "/tmp/ds4-warn-XXXXXX", cmd[2048], path[600], want[900], *out = NULL;
   tu_tmpdir_make(tmpl);
   char *hotcold = tu_slurp("schedules/ds4-flash-hotcold.yaml", NULL);
-  char *allhot = tu_replace_once(hotcold, "experts[0:experts/8] -> hot.main", "experts[0:experts] -> hot.main");
+  char *allhot = tu_replace_once(hotcold, "experts[0:(experts+7)/8] -> hot.main", "experts[0:experts] -> hot.main");
   snprintf(path, sizeof path, "%s/allhot.yaml", tmpl);
   tu_write_text(path, allhot);
   free(hotcold);
@@ -942,6 +962,7 @@ int main(void) {
   tcase_add_test(tc, state_hazards);
   tcase_add_test(tc, disjoint_rows_do_not_conflict);
   tcase_add_test(tc, shared_layer_name_numbers_globally);
+  tcase_add_test(tc, block_made_of_parts);
   tcase_add_test(tc, kernel_cache_hits_and_repairs);
   tcase_add_test(tc, ds4c_finds_its_cache);
   tcase_add_test(tc, ds4c_reports_layer_launches);

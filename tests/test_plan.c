@@ -134,6 +134,7 @@ typedef struct fixture {
   plan_arg args[7];
   uint32_t rows[2];
   double costs[3];
+  plan_fparam fparams[2];
 } fixture;
 
 static void tensor_set(plan_tensor *t, uint32_t name, uint32_t dtype, uint32_t role,
@@ -177,6 +178,8 @@ static void fixture_build(fixture *f) {
 
   f->params[0] = (plan_param){.name = str_add(s, "hidden"), .value = 8};
   f->params[1] = (plan_param){.name = str_add(s, "negative"), .value = -3};
+  f->fparams[0] = (plan_fparam){.name = str_add(s, "norm_eps"), .value = 1e-6};
+  f->fparams[1] = (plan_fparam){.name = str_add(s, "compress_rope.theta"), .value = 160000.0};
 
   uint32_t host = str_add(s, "host");
   f->devices[0] = (plan_device){.name = str_add(s, "cpu0"), .backend = PLAN_BACKEND_CPU,
@@ -251,6 +254,7 @@ static void fixture_build(fixture *f) {
   p->strings = s->buf;
   p->strings_len = s->len;
   p->params = f->params; p->nparams = 2;
+  p->fparams = f->fparams; p->nfparams = 2;
   p->devices = f->devices; p->ndevices = 2;
   p->streams = f->streams; p->nstreams = 3;
   p->tensors = f->tensors; p->ntensors = 9;
@@ -343,6 +347,11 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   for (uint32_t i = 0; i < x->nrows; i++) ck_assert_uint_eq(x->rows[i], y->rows[i]);
   ck_assert_uint_eq(x->ncosts, y->ncosts);
   for (uint32_t i = 0; i < x->ncosts; i++) ck_assert(x->costs[i] == y->costs[i]);
+  ck_assert_uint_eq(x->nfparams, y->nfparams);
+  for (uint32_t i = 0; i < x->nfparams; i++) {
+    ck_assert_str_eq(plan_str(x, x->fparams[i].name), plan_str(y, y->fparams[i].name));
+    ck_assert(x->fparams[i].value == y->fparams[i].value);
+  }
 }
 
 START_TEST(round_trip) {
@@ -687,8 +696,8 @@ START_TEST(bad_header) {
   m[3] = 'X';
   expect_fail(m, len, "bad magic");
 
-  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.4 */
-  ck_assert_uint_eq(rd32(b + 8) >> 16, 4);
+  ck_assert_uint_eq(rd32(b + 8) & 0xffff, 3); /* this format is 3.5 */
+  ck_assert_uint_eq(rd32(b + 8) >> 16, 5);
   memcpy(m, b, len);
   m[8] = 2; /* a 2.x plan: kernels named a code object, with no block */
   m[10] = 0;
@@ -738,10 +747,13 @@ START_TEST(bad_sections) {
   expect_fail(m, len, "section table (100000 sections) runs past the end");
 
   memcpy(m, b, len);
-  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop COSTS, the last entry, from the table */
+  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop FPARAMS, the last entry, from the table */
+  reseal(m, len);
+  expect_fail(m, len, "required fparams section is missing");
+  wr32(m + 12, PLAN_NSECTIONS - 2); /* and COSTS */
   reseal(m, len);
   expect_fail(m, len, "required costs section is missing");
-  wr32(m + 12, PLAN_NSECTIONS - 2); /* and ROWS */
+  wr32(m + 12, PLAN_NSECTIONS - 3); /* and ROWS */
   reseal(m, len);
   expect_fail(m, len, "required rows section is missing");
 
@@ -1262,13 +1274,14 @@ START_TEST(bad_costs) {
     expect_fail(m, len, bad[i].want);
   }
 
-  /* A 3.0 plan: no COSTS in the table decodes without costs; one with a
-   * COSTS section is damage (the section came in 3.1). */
+  /* A 3.0 plan: no COSTS (nor FPARAMS) in the table decodes without
+   * costs; one with a COSTS section is damage (the section came in 3.1). */
   memcpy(m, b, len);
   m[10] = 0;
+  wr32(m + 12, PLAN_NSECTIONS - 1);
   reseal(m, len);
   expect_fail(m, len, "section 13: unknown section id 14");
-  wr32(m + 12, PLAN_NSECTIONS - 1);
+  wr32(m + 12, PLAN_NSECTIONS - 2);
   reseal(m, len);
   plan d;
   rt_status st = plan_decode("plan.ds4p", m, len, &d);
@@ -1309,6 +1322,51 @@ START_TEST(bad_costs) {
   ck_assert_ptr_nonnull(st);
   ck_assert_str_eq(rt_status_msg(st), "plan: costs: 3 records but no array");
   rt_status_free(st);
+}
+END_TEST
+
+/* Float params (3.5): a name in the strings and a finite value; a 3.4
+ * plan has none, and one with the section is damage. */
+START_TEST(bad_fparams) {
+  enum { R_FPARAM = 16 };
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *m = malloc(len);
+  double v;
+  uint64_t bits = rd64(record_at(b, PLAN_SEC_FPARAMS, R_FPARAM, 1) + 8);
+  memcpy(&v, &bits, 8);
+  ck_assert(v == 160000.0);
+
+  static const double bad[] = {NAN, INFINITY, -INFINITY};
+  static const char *const want[] = {"plan.ds4p: fparam 1: value nan is not finite",
+                                     "plan.ds4p: fparam 1: value inf is not finite",
+                                     "plan.ds4p: fparam 1: value -inf is not finite"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    memcpy(m, b, len);
+    memcpy(&bits, &bad[i], 8);
+    wr64(record_at(m, PLAN_SEC_FPARAMS, R_FPARAM, 1) + 8, bits);
+    reseal(m, len);
+    expect_fail(m, len, want[i]);
+  }
+  memcpy(m, b, len);
+  wr32(record_at(m, PLAN_SEC_FPARAMS, R_FPARAM, 0), 0xfffffff0u);
+  reseal(m, len);
+  expect_fail(m, len, "plan.ds4p: fparam 0: name");
+
+  memcpy(m, b, len);
+  m[10] = 4;
+  reseal(m, len);
+  expect_fail(m, len, "unknown section id 15");
+  wr32(m + 12, PLAN_NSECTIONS - 1);
+  reseal(m, len);
+  plan d;
+  rt_status st = plan_decode("plan.ds4p", m, len, &d);
+  ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
+  ck_assert_uint_eq(d.nfparams, 0);
+  ck_assert_uint_eq(d.ncosts, 3);
+  plan_free(&d);
+  free(m);
+  free(b);
 }
 END_TEST
 
@@ -1560,6 +1618,7 @@ int main(void) {
   tcase_add_test(tc, arg_reserved_ignored);
   tcase_add_test(tc, bad_copies);
   tcase_add_test(tc, bad_costs);
+  tcase_add_test(tc, bad_fparams);
   tcase_add_test(tc, every_byte_flip);
   tcase_add_test(tc, encode_refuses_invalid);
   tcase_add_test(tc, write_and_read);

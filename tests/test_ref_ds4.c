@@ -896,13 +896,11 @@ START_TEST(swa_sees_relative_positions) {
 }
 END_TEST
 
-/* Logits of a one-layer model with one rope param changed. */
-static void run_one_layer(const int *ratio, double rope_theta, double compress_theta,
-                          double yarn_factor, double *out) {
+/* Logits of a one-layer model with the given rope tables. */
+static void run_one_layer(const int *ratio, ref_ds4_rope_table main_rope, ref_ds4_rope_table compress_rope, double *out) {
   ref_ds4_params p = one_layer(ratio, 0);
-  p.rope_theta = rope_theta;
-  p.compress_theta = compress_theta;
-  p.yarn_factor = yarn_factor;
+  p.main_rope = main_rope;
+  p.compress_rope = compress_rope;
   ref_ds4 *m = new_ok(&p);
   fill_random(m, p.experts, 9, NULL);
   int32_t ids[24];
@@ -912,24 +910,35 @@ static void run_one_layer(const int *ratio, double rope_theta, double compress_t
   ref_ds4_free(m);
 }
 
+/* A sliding-window layer reads the main table alone, a compressed one the
+ * compress table alone, whatever kind (plain or YaRN) each table is. */
 START_TEST(each_layer_uses_its_table) {
   static const int swa[1] = {0}, hca[1] = {8}, csa[1] = {4};
   const int *kinds[3] = {swa, hca, csa};
   static double base[24 * MINI_VOCAB], out[24 * MINI_VOCAB];
   size_t n = sizeof base / sizeof base[0];
+  const ref_ds4_yarn yarn = {16.0, 65536.0, 32.0, 1.0};
+  const ref_ds4_rope_table plain = {1e4, {0, 0, 0, 0}}, compress = {1.6e5, yarn};
+  const struct {
+    ref_ds4_rope_table main_rope, compress_rope;
+    int main_changed; /* else the compress table changed */
+    const char *what;
+  } cases[] = {
+      {{2e4, {0, 0, 0, 0}}, compress, 1, "main theta"},
+      {{1e4, yarn}, compress, 1, "main YaRN"},
+      {plain, {5e4, yarn}, 0, "compress theta"},
+      {plain, {1.6e5, {0, 0, 0, 0}}, 0, "compress YaRN off"},
+  };
   for (int k = 0; k < 3; k++) {
     int swa_layer = k == 0;
-    run_one_layer(kinds[k], 1e4, 1.6e5, 16.0, base);
-    run_one_layer(kinds[k], 2e4, 1.6e5, 16.0, out);
-    ck_assert_msg((memcmp(base, out, sizeof base) == 0) == !swa_layer, "kind %d: rope_theta %s", k,
-                  swa_layer ? "ignored" : "used");
-    run_one_layer(kinds[k], 1e4, 5e4, 16.0, out);
-    ck_assert_msg((memcmp(base, out, sizeof base) == 0) == swa_layer, "kind %d: compress_theta %s",
-                  k, swa_layer ? "used" : "ignored");
-    run_one_layer(kinds[k], 1e4, 1.6e5, 0.0, out);
-    ck_assert_msg((memcmp(base, out, sizeof base) == 0) == swa_layer, "kind %d: YaRN %s", k,
-                  swa_layer ? "used" : "ignored");
-    ck_assert(max_abs(out, n) > 0.0);
+    run_one_layer(kinds[k], plain, compress, base);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      run_one_layer(kinds[k], cases[c].main_rope, cases[c].compress_rope, out);
+      int same = memcmp(base, out, sizeof base) == 0;
+      ck_assert_msg(same == (cases[c].main_changed != swa_layer), "kind %d: %s %s", k, cases[c].what,
+                    same ? "ignored" : "used");
+      ck_assert(max_abs(out, n) > 0.0);
+    }
   }
 }
 END_TEST
@@ -1130,8 +1139,14 @@ START_TEST(params_are_validated) {
   p.eps = -1.0;
   assert_params_refused(&p, "eps");
   p = mini_params();
-  p.compress_theta = 1.0;
-  assert_params_refused(&p, "compress_theta");
+  p.compress_rope.theta = 1.0;
+  assert_params_refused(&p, "compress_rope.theta = 1");
+  p = mini_params();
+  p.main_rope.yarn.beta_fast = 32.0;
+  assert_params_refused(&p, "main_rope.yarn.beta_fast = 32");
+  p = mini_params();
+  p.compress_rope.yarn.orig_max_pos = 0.0;
+  assert_params_refused(&p, "compress_rope.yarn.orig_max_pos = 0");
   p = mini_params();
   p.compress_ratio = NULL;
   assert_params_refused(&p, "compress_ratio");

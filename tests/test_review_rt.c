@@ -54,7 +54,7 @@ static const char *mini_hotcold(void) {
   char *text = tu_slurp("schedules/ds4-flash-hotcold.yaml", NULL);
   char *a = tu_replace_once(text, "backend: hip, arch: gfx1201, ordinal: 0,", "backend: cpu, arch: host, ordinal: 0, threads: 1,");
   char *b = tu_replace_once(a, "backend: hip, arch: gfx1151, ordinal: 1,", "backend: cpu, arch: host, ordinal: 1, threads: 1,");
-  char *c = tu_replace_once(b, "experts[0:experts/8] -> hot.main", "experts[0:4] -> hot.main");
+  char *c = tu_replace_once(b, "experts[0:(experts+7)/8] -> hot.main", "experts[0:4] -> hot.main");
   tu_write_text(path, c);
   free(text);
   free(a);

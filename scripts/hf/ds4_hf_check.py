@@ -34,6 +34,10 @@ COMPRESS_THETA = 160000.0
 YARN = {"factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
+# The description language's dtypes; a param holding one is a dtype param.
+DTYPES = {"f32", "bf16", "f16", "i32", "f8e4m3", "mxfp4"}
+
+
 class CheckError(Exception):
     """A failure with a message for the user; main prints it and exits 1."""
 
@@ -102,6 +106,23 @@ def section(text, key):
     return m.group(1) if m else None
 
 
+def param_entries(body):
+    """name -> value text of a params section; a flow mapping value (a rope
+    table) may go on over the lines below it until its braces close."""
+    out, lines, k = {}, body.split("\n"), 0
+    while k < len(lines):
+        m = re.match(r"^[ \t]+(\w+):[ \t]*([^#]*)", lines[k])
+        k += 1
+        if not m:
+            continue
+        value = m.group(2).strip()
+        while value.startswith("{") and value.count("{") > value.count("}") and k < len(lines):
+            value += " " + lines[k].split("#")[0].strip()
+            k += 1
+        out[m.group(1)] = value
+    return out
+
+
 def eval_expr(expr, params, what):
     """An expression of the description language: numbers, param names,
     + - * / and parentheses; / divides integers as integers (an integer
@@ -158,9 +179,7 @@ class Description:
         raw = {}
         self.layers_text = self.blocks_text = None
         for path, text in chain:
-            body = section(text, "params")
-            for m in re.finditer(r"^[ \t]+(\w+):[ \t]*([^#\n]+)", body or "", re.M):
-                raw[m.group(1)] = m.group(2).strip()
+            raw.update(param_entries(section(text, "params") or ""))
             self.layers_text = section(text, "layers") or self.layers_text
             self.blocks_text = section(text, "blocks") or self.blocks_text
             self.path = path
@@ -168,7 +187,13 @@ class Description:
             raise CheckError(f"{self.path}: no layers or blocks section in it or its bases")
         self.params = {}
         for name, expr in raw.items():
-            self.params[name] = eval_expr(expr, self.params, f"param {name}")
+            if expr in DTYPES:  # a dtype param: its name
+                self.params[name] = expr
+            elif expr.startswith("{"):  # a rope table: its fields, type as text
+                self.params[name] = {k: v if k == "type" else eval_expr(v, self.params, f"param {name}.{k}")
+                                     for k, v in flow_map(expr).items()}
+            else:
+                self.params[name] = eval_expr(expr, self.params, f"param {name}")
         self.blocks = self._blocks()
         self.instances = self._instances()
         self.layers = [(i, b) for n, i, b in self.instances if n == "layers"]
@@ -215,6 +240,11 @@ class Description:
                     out[name] = (dtype, dims)
         return out
 
+    def attr_texts(self, key, blocks=None):
+        """Every value of op attr `key` in the given blocks, as written."""
+        return {m.group(1) for name, (text, _) in self.blocks.items() if blocks is None or name in blocks
+                for m in re.finditer(rf"\b{key}:[ \t]*([-\w.+]+)", text)}
+
     def attr_values(self, key, blocks=None):
         """Every value of op attr `key` in the given blocks (default all),
         its expression evaluated over the params."""
@@ -248,15 +278,20 @@ def check_yaml_constants(desc):
     sliding = {b for b in decoder if b.startswith("swa")}
     compressed = decoder - sliding
     expect("eps", RMS_EPS)
+    expect("hc_eps", RMS_EPS)
     expect("swiglu_limit", SWIGLU_LIMIT)
     expect("scale", ROUTED_SCALE, decoder)
-    expect("theta", MAIN_THETA, sliding)
-    expect("theta", COMPRESS_THETA, compressed)
-    if desc.attr_values("yarn_factor", sliding):
-        raise CheckError(f"{desc.path}: a sliding-window block uses YaRN; HF applies it to CSA/HCA layers only")
-    for key, want in (("yarn_factor", YARN["factor"]), ("yarn_orig", YARN["original_max_position_embeddings"]),
-                      ("yarn_beta_fast", YARN["beta_fast"]), ("yarn_beta_slow", YARN["beta_slow"])):
-        expect(key, want, compressed)
+    for key in ("theta", "yarn_factor", "yarn_orig", "yarn_beta_fast", "yarn_beta_slow"):
+        if desc.attr_texts(key):
+            raise CheckError(f"{desc.path}: an op states {key} itself; this script reads the rope tables "
+                             "(attr rope) only")
+    for blocks, want in ((sliding, {"type": "default", "theta": MAIN_THETA}),
+                         (compressed, {"type": "yarn", "theta": COMPRESS_THETA, **YARN})):
+        for name in desc.attr_texts("rope", blocks):
+            table = desc.params.get(name)
+            if not isinstance(table, dict) or {k: table.get(k) for k in want} != want \
+                    or set(table) != set(want):
+                raise CheckError(f"{desc.path}: rope table {name} is {table}; this script builds HF with {want}")
 
 
 # ------------------------------------------------------- safetensors, logits

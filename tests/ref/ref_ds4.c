@@ -92,12 +92,8 @@ void ref_ds4_params_init(ref_ds4_params *p) {
   p->hc_eps = 1e-6;
   p->routed_scale = 1.5;
   p->swiglu_limit = 10.0;
-  p->rope_theta = 10000.0;
-  p->compress_theta = 160000.0;
-  p->yarn_factor = 16.0;
-  p->yarn_orig_max_pos = 65536.0;
-  p->yarn_beta_fast = 32.0;
-  p->yarn_beta_slow = 1.0;
+  p->main_rope = (ref_ds4_rope_table){10000.0, {0, 0, 0, 0}};
+  p->compress_rope = (ref_ds4_rope_table){160000.0, {16.0, 65536.0, 32.0, 1.0}};
 }
 
 /* compress_ratios of the release's config.json less its MTP entry (§1.1) */
@@ -708,6 +704,24 @@ static int check_dims(const ref_ds4_params *p, char *err, size_t errlen) {
   return 0;
 }
 
+/* theta > 1 (log(theta) divides in YaRN's correction range); with YaRN
+ * (factor not 0) its fields positive, without them all 0. */
+static int check_rope(const ref_ds4_rope_table *r, const char *name, char *err, size_t errlen) {
+  const ref_ds4_yarn *y = &r->yarn;
+  const double field[4] = {y->factor, y->orig_max_pos, y->beta_fast, y->beta_slow};
+  static const char *const field_name[4] = {"factor", "orig_max_pos", "beta_fast", "beta_slow"};
+  if (!(r->theta > 1.0) || !isfinite(r->theta)) {
+    set_err(err, errlen, "ref_ds4: param %s.theta = %g is out of range", name, r->theta);
+    return -1;
+  }
+  for (int i = 0; i < 4; i++)
+    if (!isfinite(field[i]) || (y->factor != 0.0 ? !(field[i] > 0.0) : field[i] != 0.0)) {
+      set_err(err, errlen, "ref_ds4: param %s.yarn.%s = %g is out of range", name, field_name[i], field[i]);
+      return -1;
+    }
+  return 0;
+}
+
 static int check_reals(const ref_ds4_params *p, char *err, size_t errlen) {
   struct {
     const char *name;
@@ -718,21 +732,14 @@ static int check_reals(const ref_ds4_params *p, char *err, size_t errlen) {
       {"hc_eps", p->hc_eps, p->hc_eps >= 0.0},
       {"routed_scale", p->routed_scale, 1},
       {"swiglu_limit", p->swiglu_limit, p->swiglu_limit > 0.0},
-      /* log(theta) divides in YaRN's correction range */
-      {"rope_theta", p->rope_theta, p->rope_theta > 1.0},
-      {"compress_theta", p->compress_theta, p->compress_theta > 1.0},
-      {"yarn_factor", p->yarn_factor, p->yarn_factor >= 0.0},
-      {"yarn_orig_max_pos", p->yarn_orig_max_pos,
-       p->yarn_factor == 0.0 || p->yarn_orig_max_pos > 0.0},
-      {"yarn_beta_fast", p->yarn_beta_fast, p->yarn_factor == 0.0 || p->yarn_beta_fast > 0.0},
-      {"yarn_beta_slow", p->yarn_beta_slow, p->yarn_factor == 0.0 || p->yarn_beta_slow > 0.0},
   };
   for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
     if (!reals[i].ok || !isfinite(reals[i].value)) {
       set_err(err, errlen, "ref_ds4: param %s = %g is out of range", reals[i].name, reals[i].value);
       return -1;
     }
-  return 0;
+  return check_rope(&p->main_rope, "main_rope", err, errlen) ||
+         check_rope(&p->compress_rope, "compress_rope", err, errlen);
 }
 
 static int check_layers(const ref_ds4_params *p, char *err, size_t errlen) {
@@ -861,10 +868,10 @@ ref_ds4 *ref_ds4_new(const ref_ds4_params *p, char *err, size_t errlen) {
   memcpy(m->hash_routed, p->hash_routed, (size_t)p->n_layers * sizeof(int));
   m->p.compress_ratio = m->compress_ratio;
   m->p.hash_routed = m->hash_routed;
-  ref_ds4_yarn yarn = {p->yarn_factor, p->yarn_orig_max_pos, p->yarn_beta_fast, p->yarn_beta_slow};
-  ref_ds4_rope_omegas(p->rope_dim, p->rope_theta, NULL, m->main_omega);
-  ref_ds4_rope_omegas(p->rope_dim, p->compress_theta, p->yarn_factor > 0.0 ? &yarn : NULL,
-                      m->comp_omega);
+  ref_ds4_rope_omegas(p->rope_dim, p->main_rope.theta, p->main_rope.yarn.factor != 0.0 ? &p->main_rope.yarn : NULL,
+                      m->main_omega);
+  ref_ds4_rope_omegas(p->rope_dim, p->compress_rope.theta,
+                      p->compress_rope.yarn.factor != 0.0 ? &p->compress_rope.yarn : NULL, m->comp_omega);
   if (build_layers(m) || alloc_scratch(m)) goto oom;
   ref_ds4_reset(m);
   return m;

@@ -9,6 +9,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* YaRN's fields of a rope table (§3.2). */
+typedef struct ref_ds4_yarn {
+  double factor, orig_max_pos, beta_fast, beta_slow;
+} ref_ds4_yarn;
+
+/* A rope table: theta, and YaRN when yarn.factor is not 0 (a plain table
+ * has yarn all 0). */
+typedef struct ref_ds4_rope_table {
+  double theta;
+  ref_ds4_yarn yarn;
+} ref_ds4_rope_table;
+
 /* Every dimension of the model (§0.1, §1.1). */
 typedef struct ref_ds4_params {
   int vocab, hidden, n_layers, heads, head_dim, rope_dim;
@@ -23,10 +35,8 @@ typedef struct ref_ds4_params {
   int max_seq; /* positions 0..max_seq-1 */
   double eps;  /* every RMSNorm, the HC ones included */
   double hc_eps, routed_scale, swiglu_limit;
-  double rope_theta;     /* main table (SWA layers): never YaRN */
-  double compress_theta; /* compress table (CSA and HCA layers) */
-  /* YaRN of the compress table (§3.2); yarn_factor 0 means a plain table. */
-  double yarn_factor, yarn_orig_max_pos, yarn_beta_fast, yarn_beta_slow;
+  ref_ds4_rope_table main_rope;     /* the SWA layers' table */
+  ref_ds4_rope_table compress_rope; /* the CSA and HCA layers' table */
   /* Per layer [n_layers], copied by ref_ds4_new: compress ratio (0 SWA,
    * csa_ratio or hca_ratio) and hash routing (1 hash-routed MoE, 0 scored). */
   const int *compress_ratio;
@@ -35,8 +45,8 @@ typedef struct ref_ds4_params {
 
 /* Zero every dimension and leave the arrays NULL; the float fields take the
  * released values: eps = hc_eps = 1e-6, routed_scale 1.5, swiglu_limit 10,
- * rope_theta 1e4, compress_theta 1.6e5, YaRN factor 16, original 65536,
- * beta_fast 32, beta_slow 1. */
+ * main_rope plain at theta 1e4, compress_rope theta 1.6e5 with YaRN factor
+ * 16, original 65536, beta_fast 32, beta_slow 1. */
 void ref_ds4_params_init(ref_ds4_params *p);
 /* The released DeepSeek-V4-Flash (§1.1): 43 layers [SWA, SWA, CSA, HCA, CSA,
  * ..., CSA], hash routing in layers 0..2, max_seq 1048576. The per-layer
@@ -115,9 +125,6 @@ double ref_ds4_index_margin(const ref_ds4 *m);
 /* y = w ⊙ x / sqrt(mean(x²) + eps); w NULL is the unweighted norm (§3.1). */
 void ref_ds4_rmsnorm(const double *x, const double *w, int n, double eps, double *y);
 
-typedef struct ref_ds4_yarn {
-  double factor, orig_max_pos, beta_fast, beta_slow;
-} ref_ds4_yarn;
 /* The rope_dim/2 inverse frequencies of a table, in fp32 as HF computes them
  * (§3.2): theta^-(2i/rope_dim), blended with YaRN's interpolation when yarn
  * is not NULL. */
