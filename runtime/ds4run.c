@@ -17,7 +17,7 @@
 enum { EXIT_FAIL = 1, EXIT_CHECK = 2, EXIT_USAGE = 64 };
 
 static const char usage_text[] =
-    "usage: ds4run BUNDLE [--steps N] [--check] [--prompt 1,2,3] [--seed S]\n"
+    "usage: ds4run BUNDLE [--steps N] [--check] [--ties] [--prompt 1,2,3] [--seed S]\n"
     "              [--weights PATH] [--weights-cast] [--threads N] [--routing-stats FILE]\n"
     "              [--dump-logits FILE] [--watchdog MS] [--trace FILE] [--graph]\n"
     "              [--json]\n"
@@ -32,6 +32,9 @@ static const char usage_text[] =
     "\n"
     "  --steps N       decode steps after the prefill\n"
     "  --check         compare every step with the float64 reference\n"
+    "  --ties          report the first exact top-k tie the float64 reference meets in\n"
+    "                  a DeepSeek-V4 model's indexer or router (where another\n"
+    "                  implementation may choose otherwise)\n"
     "  --prompt IDS    comma-separated token ids\n"
     "  --seed S        weight generator seed (default: the plan's)\n"
     "  --weights PATH  weights from a safetensors file, or from every\n"
@@ -72,6 +75,7 @@ typedef struct cli {
   const char *bundle;
   int steps;
   int check;
+  int ties; /* --ties: the reference runs for its top-k ties */
   int json;
   uint64_t seed;
   const char *weights;
@@ -158,6 +162,8 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       return 0;
     } else if (!strcmp(a, "--check")) {
       c->check = 1;
+    } else if (!strcmp(a, "--ties")) {
+      c->ties = 1;
     } else if (!strcmp(a, "--json")) {
       c->json = 1;
     } else if (!strcmp(a, "--graph")) {
@@ -370,11 +376,16 @@ static void print_human(const cli *c, const plan *p, const plan *dp, const rt_we
   printf("generated:");
   for (int i = 0; i < r->ngenerated; i++) printf(" %d", r->generated[i]);
   printf("\n");
-  if (chk)
+  if (chk && c->check)
     printf("check:     %d steps vs float64 reference, max rel err %.3g (bound %.3g), "
            "%d token mismatches: %s\n",
            chk->steps, chk->max_rel_err, chk->bound, chk->token_mismatches,
            chk->passed ? "PASS" : "FAIL");
+  if (c->ties && chk && chk->tie_position >= 0)
+    printf("ties:      first exact top-k tie at position %d (layers.%d, %s); past it another implementation "
+           "may choose otherwise\n", chk->tie_position, chk->tie_layer, chk->tie_where);
+  else if (c->ties && chk)
+    printf("ties:      none met (every indexer and router top-k boundary had a gap)\n");
   if (stats)
     printf("routing:   %u routing ops counted over %d tokens, written to %s\n", rt_routing_stats_routes(stats),
            r->tokens, c->routing_stats);
@@ -416,11 +427,16 @@ static void print_json(const cli *c, const plan *p, const plan *dp, const rt_wei
   printf(", \"generated\": [");
   for (int i = 0; i < r->ngenerated; i++) printf("%s%d", i ? ", " : "", r->generated[i]);
   printf("]");
-  if (chk)
+  if (chk && c->check)
     printf(", \"check\": {\"steps\": %d, \"max_rel_err\": %.9g, \"bound\": %.9g, "
            "\"token_mismatches\": %d, \"passed\": %s}",
            chk->steps, chk->max_rel_err, chk->bound, chk->token_mismatches,
            chk->passed ? "true" : "false");
+  if (chk && c->ties) {
+    printf(", \"ties\": {\"first_position\": %d", chk->tie_position);
+    if (chk->tie_position >= 0) printf(", \"layer\": %d, \"where\": \"%s\"", chk->tie_layer, chk->tie_where);
+    printf("}");
+  }
   if (stats) {
     printf(", \"routing_stats\": {\"path\": ");
     rt_json_string(stdout, c->routing_stats);
@@ -563,7 +579,7 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
     print_human(c, p, dp, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
   fflush(stdout);
   free(r.generated);
-  return h->chk && !res.passed ? EXIT_CHECK : 0;
+  return c->check && !res.passed ? EXIT_CHECK : 0;
 }
 
 static int run(cli *c) {
@@ -578,7 +594,10 @@ static int run(cli *c) {
   if (!s) s = rt_bundle_open(c->bundle, &opts, &b);
   if (!s && c->dump_logits) s = dump_open(b, c->dump_logits, &h.dump);
   if (!s && !c->prompt) s = rt_default_prompt(rt_bundle_plan(b), &c->prompt, &c->nprompt);
-  if (!s && c->check) s = ds4run_check_open(b, &h.chk);
+  if (!s && (c->check || c->ties)) s = ds4run_check_open(b, &h.chk);
+  if (!s && c->ties && !ds4run_check_tracks_ties(h.chk))
+    s = rt_status_make("ds4run --ties: %s's reference looks for no top-k ties (a DeepSeek-V4 model's does)",
+                       plan_str(rt_bundle_plan(b), rt_bundle_plan(b)->info.model));
   if (!s && c->routing_stats) s = rt_routing_stats_open(b, &h.stats);
   if (!s && c->trace) s = rt_trace_writer_open(b, c->trace, c->bundle, c->nprompt, &h.trace);
   int rc = s ? fail(s) : generate_and_print(c, b, &h);

@@ -483,7 +483,17 @@ void ds4run_check_result_get(const ds4run_check *c, ds4run_check_result *out) {
   /* a check that compared nothing has shown nothing */
   out->passed = c->res.steps > 0 && c->res.max_rel_err <= CHECK_BOUND &&
                 c->res.token_mismatches == 0;
+  out->tracks_ties = c->ds4 != NULL;
+  out->tie_position = -1;
+  if (c->ds4) {
+    ref_ds4_tie t = ref_ds4_first_tie(c->ds4);
+    out->tie_position = t.position;
+    out->tie_layer = t.layer;
+    out->tie_where = t.where;
+  }
 }
+
+int ds4run_check_tracks_ties(const ds4run_check *c) { return c->ds4 != NULL; }
 
 void ds4run_check_close(ds4run_check *c) {
   if (!c) return;

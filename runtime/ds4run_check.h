@@ -22,8 +22,17 @@ typedef struct ds4run_check_result {
   double bound;           /* the stated bound */
   int token_mismatches;   /* next tokens differing where the reference's margin is clear */
   int passed;
+  /* The earliest position at which a top-k boundary had no gap (the
+   * DeepSeek-V4 reference's indexer or router: ref_ds4_first_tie); -1
+   * when none was met. tracks_ties is 0 for a reference that does not
+   * look (tiny-moe's). */
+  int tracks_ties;
+  int tie_position, tie_layer;
+  const char *tie_where; /* "indexer" or "router" */
 } ds4run_check_result;
 void ds4run_check_result_get(const ds4run_check *c, ds4run_check_result *out);
+/* Whether the reference looks for top-k ties (DeepSeek-V4's does). */
+int ds4run_check_tracks_ties(const ds4run_check *c);
 void ds4run_check_close(ds4run_check *c);
 
 #endif

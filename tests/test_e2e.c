@@ -46,6 +46,16 @@ START_TEST(check_passes) {
 }
 END_TEST
 
+/* --ties needs a reference that looks for top-k ties: tiny-moe's does not. */
+START_TEST(ties_need_a_deepseek_reference) {
+  char out[8192], args[700];
+  snprintf(args, sizeof args, "%s --steps 2 --ties", bundle);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "ds4run: error: ds4run --ties: tiny-moe's reference looks for no top-k ties "
+                            "(a DeepSeek-V4 model's does)"), "%s", out);
+}
+END_TEST
+
 START_TEST(corrupted_weight_fails_the_check) {
   rt_bundle *b;
   rt_status st = rt_bundle_open(bundle, &(rt_options){0}, &b);
@@ -415,6 +425,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_checked_fixture(tc, compile_fixture, remove_fixture);
   tcase_add_test(tc, check_passes);
+  tcase_add_test(tc, ties_need_a_deepseek_reference);
   tcase_add_test(tc, corrupted_weight_fails_the_check);
   tcase_add_test(tc, wrong_kernel_fails_the_check);
   tcase_add_test(tc, damaged_code_object_is_refused);

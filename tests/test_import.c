@@ -169,7 +169,17 @@ START_TEST(small_configs_match_the_reference) {
     ck_assert_int_gt(r.steps, 20);
     ck_assert_int_eq(r.token_mismatches, 0);
     ck_assert_msg(r.passed, "%s: max rel err %g over bound %g", models[i], r.max_rel_err, r.bound);
+    ck_assert(r.tracks_ties);
     if (i > 0) continue;
+    /* ds4run --ties alone: the reference's first exact top-k tie, no verdict */
+    char args[800], text[8192];
+    snprintf(args, sizeof args, "%s --steps 20 --ties", out);
+    ck_assert_int_eq(tu_ds4run(args, text, sizeof text), 0);
+    char want[128];
+    snprintf(want, sizeof want, "ties:      first exact top-k tie at position %d (layers.%d, %s)", r.tie_position,
+             r.tie_layer, r.tie_where);
+    ck_assert_msg(r.tie_position >= 0 && strstr(text, want), "want '%s' in:\n%s", want, text);
+    ck_assert_msg(!strstr(text, "check:"), "%s", text);
     set_plan_fparam(out, "main_rope.theta", 10000.0);
     r = check_run(out);
     ck_assert_msg(!r.passed && r.max_rel_err > r.bound,

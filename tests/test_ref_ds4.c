@@ -910,6 +910,55 @@ static void run_one_layer(const int *ratio, ref_ds4_rope_table main_rope, ref_ds
   ref_ds4_free(m);
 }
 
+/* Zeros into weight `name` of m. */
+static void zero_weight(ref_ds4 *m, const char *name) {
+  size_t n = 0;
+  double *w = ref_ds4_weight(m, name, &n);
+  ck_assert_msg(w != NULL, "no weight %s", name);
+  memset(w, 0, n * sizeof *w);
+}
+
+/* ref_ds4_first_tie: with the indexer's head weights zero every score is
+ * 0, a tie at the first position whose query sees more closed windows
+ * than index_topk, (K+1)*ratio - 1; with the router's gate and bias zero
+ * every key is equal, a tie at position 0; random weights meet neither
+ * before it, and a reset forgets the tie. */
+START_TEST(first_tie_is_reported) {
+  static const int csa[1] = {4};
+  ref_ds4_params p = one_layer(csa, 1);
+  ref_ds4 *m = new_ok(&p);
+  fill_random(m, p.experts, 3, NULL);
+  zero_weight(m, "layers.0.attn.indexer.weights_proj.weight");
+  int32_t ids[24];
+  random_ids(ids, 24, 5);
+  static double out[24 * MINI_VOCAB];
+  int one = 1;
+  run_chunks(m, ids, 24, &one, 1, out);
+  ref_ds4_tie t = ref_ds4_first_tie(m);
+  ck_assert_int_eq(t.position, (p.index_topk + 1) * csa[0] - 1);
+  ck_assert_int_eq(t.layer, 0);
+  ck_assert_str_eq(t.where, "indexer");
+  ref_ds4_reset(m);
+  ck_assert_int_eq(ref_ds4_first_tie(m).position, -1);
+  ref_ds4_free(m);
+
+  static const int swa[1] = {0};
+  p = one_layer(swa, 0);
+  m = new_ok(&p);
+  fill_random(m, p.experts, 3, NULL);
+  int four = 4;
+  run_chunks(m, ids, 8, &four, 1, out);
+  ck_assert_int_eq(ref_ds4_first_tie(m).position, -1);
+  zero_weight(m, "layers.0.ffn.gate.weight");
+  zero_weight(m, "layers.0.ffn.gate.bias");
+  run_chunks(m, ids, 8, &four, 1, out);
+  t = ref_ds4_first_tie(m);
+  ck_assert_int_eq(t.position, 0);
+  ck_assert_str_eq(t.where, "router");
+  ref_ds4_free(m);
+}
+END_TEST
+
 /* A sliding-window layer reads the main table alone, a compressed one the
  * compress table alone, whatever kind (plain or YaRN) each table is. */
 START_TEST(each_layer_uses_its_table) {
@@ -1254,6 +1303,7 @@ static Suite *ref_ds4_suite(void) {
   tcase_add_test(model, stateful_equals_stateless);
   tcase_add_test(model, swa_sees_relative_positions);
   tcase_add_test(model, each_layer_uses_its_table);
+  tcase_add_test(model, first_tie_is_reported);
   tcase_add_test(model, sliding_window_forgets);
   tcase_add_test(model, reset_repeats);
   tcase_add_test(model, weights_by_name);

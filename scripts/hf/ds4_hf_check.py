@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks ds4run's DeepSeek-V4 math against Hugging Face transformers'
-deepseek_v4 (5.17, fp32) on ds4-flash-mini: `make` writes a seeded random
-checkpoint, `run` writes HF's logits for a token sequence, `compare` sets
-two logits files side by side. scripts/hf/README.md gives the procedure."""
+deepseek_v4 (5.17, fp32) on ds4-flash-mini or on any configuration's
+config.json: `make` writes a seeded random checkpoint, `run` writes HF's
+logits for a token sequence, `compare` sets two logits files side by side.
+scripts/hf/README.md gives the procedure."""
 
 import argparse
 import ast
@@ -201,14 +202,25 @@ class Description:
             raise CheckError(f"{self.path}: decoder layer indices are not 0..n-1: {self.layers}")
 
     def _blocks(self):
-        """block name -> (its text, [(tensor, dtype, shape expr, checkpoint)])."""
-        blocks = {}
+        """block name -> (its text, [(tensor, dtype, shape expr, checkpoint)]);
+        a block made of parts (`- {name: X, parts: [A, B]}`) is its parts'
+        texts and weights in order."""
+        blocks, composed = {}, {}
         parts = re.split(r"^  - name:[ \t]*(\w+)[ \t]*\n", self.blocks_text, flags=re.M)
+        for m in re.finditer(r"^  - (\{name:[^\n]*parts:[^\n]*\})[ \t]*(?:#.*)?$", self.blocks_text, re.M):
+            entry = flow_map(m.group(1))
+            composed[entry["name"]] = entry["parts"]
         for name, text in zip(parts[1::2], parts[2::2]):
+            text = re.sub(r"^  - \{name:[^\n]*parts:.*$", "", text, flags=re.M)
             weights = [(e["name"], e["dtype"], e["shape"], e["checkpoint"])
                        for e in flow_entries(text)
                        if e.get("role") == "weight" and "checkpoint" in e]
             blocks[name] = (text, weights)
+        for name, names in composed.items():
+            missing = [n for n in names if n not in blocks]
+            if missing:
+                raise CheckError(f"{self.path}: block {name} is made of unknown blocks {missing}")
+            blocks[name] = ("".join(blocks[n][0] for n in names), [w for n in names for w in blocks[n][1]])
         return blocks
 
     def _instances(self):
@@ -435,11 +447,25 @@ def expected_inv_freq(rope_dim, theta, yarn):
     return out
 
 
+def desc_rope(desc, name):
+    """theta and the YaRN fields (None for a default table) of the
+    description's rope table param `name`."""
+    table = desc.params.get(name)
+    if not isinstance(table, dict):
+        raise CheckError(f"{desc.path}: no rope table param {name}")
+    if table.get("type") == "default":
+        return table["theta"], None
+    return table["theta"], {k: table[k] for k in ("factor", "original_max_position_embeddings",
+                                                  "beta_fast", "beta_slow")}
+
+
 def check_rope_tables(model, desc):
-    """HF's two rope tables against docs/MATH.md §3.2 (relative 1e-6: HF builds
-    them in fp32), and no cos/sin scaling on either."""
+    """HF's two rope tables against docs/MATH.md §3.2 with the description's
+    main_rope and compress_rope (relative 1e-6: HF builds them in fp32), and
+    no cos/sin scaling on either."""
     rot = model.model.rotary_emb
-    for table, theta, yarn in (("main", MAIN_THETA, None), ("compress", COMPRESS_THETA, YARN)):
+    for table, (theta, yarn) in (("main", desc_rope(desc, "main_rope")),
+                                 ("compress", desc_rope(desc, "compress_rope"))):
         got = getattr(rot, f"{table}_inv_freq").double().tolist()
         want = expected_inv_freq(desc.params["rope_dim"], theta, yarn)
         bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if abs(g - w) > 1e-6 * abs(w)]
@@ -491,15 +517,16 @@ def fill_value(name, shape, gen, torch, experts, distinct):
     raise CheckError(f"no fill rule for HF tensor '{name}' {list(shape)}: a transformers change? extend fill_value")
 
 
-def fill_model(model, seed, torch, experts, distinct):
+def fill_model(model, seed, torch, experts, distinct, round_bf16=True):
     """Every persistent entry of the model, seeded; bf16-stored weights
-    rounded to bf16 values (nearest even) and kept fp32."""
+    rounded to bf16 values (nearest even) and kept fp32, unless round_bf16
+    is off (a description whose matrices are f32)."""
     gen = torch.Generator().manual_seed(seed)
     rounded = []
     with torch.no_grad():
         for name, t in model.state_dict(keep_vars=True).items():
             value = fill_value(name, tuple(t.shape), gen, torch, experts, distinct)
-            if is_bf16_weight(name):
+            if round_bf16 and is_bf16_weight(name):
                 value = value.to(torch.bfloat16).to(torch.float32)
                 rounded.append(name)
             t.data.copy_(value.to(t.dtype))
@@ -561,16 +588,43 @@ def print_written_names(outdir, desc):
         print(f"  {name}")
 
 
+def config_from_json(path, desc):
+    """A DeepseekV4Config from a config.json, which must give the dimensions
+    and layer kinds of the description ds4c import wrote from it."""
+    from transformers import DeepseekV4Config
+    config = DeepseekV4Config.from_json_file(str(path))
+    p = desc.params
+    blocks = [b for _, b in desc.layers]
+    problems = [f"{field} {getattr(config, field)}, the description's {key} {p[key]}"
+                for field, key in (("vocab_size", "vocab"), ("hidden_size", "hidden"),
+                                   ("num_attention_heads", "heads"), ("head_dim", "head_dim"),
+                                   ("n_routed_experts", "experts"), ("num_experts_per_tok", "top_k"),
+                                   ("sliding_window", "window"), ("hc_mult", "hc"))
+                if getattr(config, field) != p[key]]
+    if list(config.layer_types) != [attention_kind(b) for b in blocks]:
+        problems.append(f"layer_types {list(config.layer_types)}")
+    if [t == "hash_moe" for t in config.mlp_layer_types] != [b.endswith("_hash") for b in blocks]:
+        problems.append(f"mlp_layer_types {list(config.mlp_layer_types)}")
+    if problems:
+        raise CheckError(f"{path} and {desc.path} disagree (import the config again?): " + "; ".join(problems))
+    return config
+
+
 def cmd_make(args):
     desc = Description(args.model)
-    check_yaml_constants(desc)
     transformers, torch = require_hf()
     from safetensors.torch import save_file
     from transformers import DeepseekV4ForCausalLM
-    config = make_config(desc)
+    if args.config:  # any configuration: its own constants, the description ds4c import wrote from it
+        config = config_from_json(args.config, desc)
+    else:
+        check_yaml_constants(desc)
+        config = make_config(desc)
     model = DeepseekV4ForCausalLM(config).to(torch.float32).eval()
     check_rope_tables(model, desc)
-    rounded = fill_model(model, args.seed, torch, desc.params["experts"], not args.tid2eid_repeats)
+    # a description holding its matrices in f32 gets them unrounded
+    rounded = fill_model(model, args.seed, torch, desc.params["experts"], not args.tid2eid_repeats,
+                         desc.params.get("bf16w", "bf16") != "f32")
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     for old in outdir.glob("*.safetensors"):
@@ -743,7 +797,22 @@ def cmd_compare(args):
     note = "" if first_disagree is None else f"; first argmax difference at {first_disagree}"
     print(f"summary: {len(ref)} positions, worst rel {worst:.3e} at {worst_pos} (tol {args.tol:g}), "
           f"argmax agrees at {agree}/{len(ref)}{note}: {'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
+    if args.first_tie is None:
+        return 0 if ok else 1
+    # Past an exact top-k tie the two sides may choose other entries or
+    # experts; the verdict is on the positions before it.
+    before = [(max(abs(x - y) for x, y in zip(a, b)), max(abs(y) for y in b), a, b)
+              for a, b in list(zip(ours, ref))[:args.first_tie]]
+    rels = [e / s if s > 0 else e for e, s, _, _ in before]
+    rels = [math.inf if math.isnan(r) else r for r in rels]
+    worst_before = max(rels, default=0.0)
+    agree_before = sum(max(range(vocab), key=a.__getitem__) == max(range(vocab), key=b.__getitem__)
+                       for _, _, a, b in before)
+    ok_before = worst_before <= args.tol and len(before) > 0
+    print(f"before the first tie (position {args.first_tie}): {len(before)} positions, worst rel "
+          f"{worst_before:.3e} (tol {args.tol:g}), argmax agrees at {agree_before}/{len(before)}: "
+          f"{'PASS' if ok_before else 'FAIL'}")
+    return 0 if ok_before else 1
 
 
 # ---------------------------------------------------------------- main
@@ -752,7 +821,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    mk = sub.add_parser("make", help="write a seeded random ds4-flash-mini checkpoint with HF's save_pretrained")
+    mk = sub.add_parser("make", help="write a seeded random checkpoint with HF's save_pretrained")
     mk.add_argument("--out", required=True, help="output folder (its *.safetensors are replaced)")
     mk.add_argument("--model", default=str(DEFAULT_MODEL), help="model description (default: %(default)s)")
     mk.add_argument("--seed", type=int, default=1, help="torch.Generator seed (default: %(default)s)")
@@ -760,6 +829,9 @@ def main(argv=None):
                     help="store the bf16-rounded weights as BF16, as the release does (default: F32)")
     mk.add_argument("--tid2eid-repeats", action="store_true",
                     help="let a tid2eid row name an expert twice (default: distinct experts per row)")
+    mk.add_argument("--config", default=None,
+                    help="build HF's model from this config.json (any DeepSeek-V4 configuration; --model is "
+                         "then the description `ds4c import` wrote from it) instead of from --model's params")
 
     rn = sub.add_parser("run", help="HF's fp32 logits for a token sequence")
     rn.add_argument("--weights", required=True, help="the folder `make` wrote")
@@ -783,6 +855,9 @@ def main(argv=None):
     cp.add_argument("--tail", type=int, default=0, help="compare only the last N rows of each file")
     cp.add_argument("--head", type=int, default=0,
                     help="then only the first N of those rows (e.g. up to the first indexer tie `run` reports)")
+    cp.add_argument("--first-tie", type=int, default=None,
+                    help="the first position of an exact top-k tie (the earlier of `ds4run --ties` and "
+                         "`run`'s): judge the positions before it only")
 
     args = ap.parse_args(argv)
     if args.cmd == "run" and args.chunk < 0:

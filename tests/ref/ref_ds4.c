@@ -62,6 +62,7 @@ struct ref_ds4 {
   ds4_layer *layers;
   int len;
   double route_margin, index_margin;
+  ref_ds4_tie tie; /* the first exact top-k tie since the last reset */
   /* one token's scratch */
   const double **keys;
   double *iscore, *qi, *iw, *o, *u, *att, *hc_tmp, *post, *comb, *xn, *xf, *glogit, *rw, *eo, *moe;
@@ -930,11 +931,23 @@ void ref_ds4_reset(ref_ds4 *m) {
   m->len = 0;
   m->route_margin = INFINITY;
   m->index_margin = INFINITY;
+  m->tie = (ref_ds4_tie){-1, -1, NULL};
 }
 
 const char *ref_ds4_error(const ref_ds4 *m) { return m->err; }
 int ref_ds4_len(const ref_ds4 *m) { return m->len; }
 double ref_ds4_route_margin(const ref_ds4 *m) { return m->route_margin; }
+ref_ds4_tie ref_ds4_first_tie(const ref_ds4 *m) { return m->tie; }
+
+/* A top-k boundary with no gap at `position` of layer L: kept when it is
+ * the earliest position met (the lower layer at one position). */
+static void note_tie(ref_ds4 *m, const ds4_layer *L, int position, const char *where) {
+  int layer = (int)(L - m->layers);
+  if (m->tie.position >= 0 &&
+      (m->tie.position < position || (m->tie.position == position && m->tie.layer <= layer)))
+    return;
+  m->tie = (ref_ds4_tie){position, layer, where};
+}
 double ref_ds4_index_margin(const ref_ds4 *m) { return m->index_margin; }
 
 int ref_ds4_entries(const ref_ds4 *m, int layer) {
@@ -1056,6 +1069,7 @@ static int csa_select(ref_ds4 *m, const ds4_layer *L, const double *qr, const do
   for (int w = 0; w < nvis; w++)
     m->iscore[w] = ref_ds4_index_score(m->qi, m->iw, L->icomp.entries + (size_t)w * dI, HI, dI);
   double margin = ref_ds4_topk(m->iscore, nvis, K, m->isel);
+  if (margin == 0.0) note_tie(m, L, position, "indexer");
   if (margin == 0.0 && m->iscore[m->isel[K - 1]] == 0.0) {
     margin = INFINITY;
     for (int w = 0; w < nvis; w++) {
@@ -1141,7 +1155,7 @@ static void attention_block(ref_ds4 *m, ds4_layer *L, ds4_chunk *c, int ntok, in
 }
 
 /* §5's MoE half (§10) for one token. */
-static void ffn_block(ref_ds4 *m, const ds4_layer *L, double *X, int32_t id) {
+static void ffn_block(ref_ds4 *m, const ds4_layer *L, double *X, int32_t id, int position) {
   const ref_ds4_params *p = &m->p;
   int D = p->hidden, F = p->moe_ffn, k = p->top_k;
   ref_ds4_hc_pre(X, p->hc_mult, D, L->hc_ffn_fn->data, L->hc_ffn_base->data, L->hc_ffn_scale->data,
@@ -1155,6 +1169,7 @@ static void ffn_block(ref_ds4 *m, const ds4_layer *L, double *X, int32_t id) {
     double margin = ref_ds4_score_route(m->glogit, L->gate_bias->data, p->experts, k,
                                         p->routed_scale, m->ridx, m->rw);
     if (margin < m->route_margin) m->route_margin = margin;
+    if (margin == 0.0) note_tie(m, L, position, "router");
   }
   for (int i = 0; i < D; i++) m->moe[i] = 0.0;
   for (int j = 0; j < k; j++) {
@@ -1311,7 +1326,7 @@ int ref_ds4_step(ref_ds4 *m, const int32_t *ids, int ntok, int pos, double *out_
   for (int l = 0; l < p->n_layers; l++) {
     ds4_layer *L = &m->layers[l];
     attention_block(m, L, &c, ntok, pos);
-    for (int t = 0; t < ntok; t++) ffn_block(m, L, c.X + t * nd, ids[t]);
+    for (int t = 0; t < ntok; t++) ffn_block(m, L, c.X + t * nd, ids[t], pos + t);
   }
   for (int t = 0; t < ntok; t++) head_row(m, c.X + t * nd, out_logits + (size_t)t * p->vocab);
   m->len = pos + ntok;

@@ -120,6 +120,20 @@ const double *ref_ds4_index_key(const ref_ds4 *m, int layer, int w);
 double ref_ds4_route_margin(const ref_ds4 *m);
 double ref_ds4_index_margin(const ref_ds4 *m);
 
+/* The earliest position since the last reset at which a top-k boundary
+ * had no gap at all: the index_topk-th indexer score equal to the best
+ * unchosen one (`where` "indexer"; relu makes ties at 0 common), or the
+ * top_k-th router key s+b equal to the best unchosen one ("router"), with
+ * its layer (the lower one at one position). position -1 when none. Past
+ * it another implementation may choose other entries or experts (this
+ * reference takes the lower index, torch.topk need not), so logits after
+ * it need not agree. */
+typedef struct ref_ds4_tie {
+  int position, layer;
+  const char *where;
+} ref_ds4_tie;
+ref_ds4_tie ref_ds4_first_tie(const ref_ds4 *m);
+
 /* ---- the primitives, pure float64, for per-op tests ---- */
 
 /* y = w ⊙ x / sqrt(mean(x²) + eps); w NULL is the unweighted norm (§3.1). */
