@@ -763,6 +763,28 @@ def cmd_run(args):
     return 0
 
 
+# ------------------------------------------------------------- teacher
+
+def cmd_teacher(args):
+    """make --config, then run over a seeded random prompt of --tokens ids
+    in one stateless forward (teacher-forced: every position's logits from
+    the prompt itself), writing OUT/hf (the checkpoint), OUT/ids.txt and
+    OUT/hf.bin."""
+    import random
+    out = Path(args.out)
+    code = cmd_make(argparse.Namespace(out=str(out / "hf"), model=args.model, seed=args.seed, store_bf16=False,
+                                       tid2eid_repeats=False, config=args.config))
+    if code:
+        return code
+    vocab = Description(args.model).params["vocab"]
+    rng = random.Random(args.seed)
+    ids = ",".join(str(rng.randrange(vocab)) for _ in range(args.tokens))
+    (out / "ids.txt").write_text(ids + "\n")
+    return cmd_run(argparse.Namespace(weights=str(out / "hf"), ids=ids, prompt_len=args.tokens, chunk=0,
+                                      stateless=True, generate=0, out=str(out / "hf.bin"), device=args.device,
+                                      load="pretrained"))
+
+
 # ------------------------------------------------------------- compare
 
 def cmd_compare(args):
@@ -846,6 +868,15 @@ def main(argv=None):
                     help="from_pretrained, checked against make's reference state dict (default), "
                          "or that state dict itself")
 
+    tf = sub.add_parser("teacher", help="make --config, then HF's logits over a seeded random prompt "
+                                        "(teacher-forced, one forward)")
+    tf.add_argument("--config", required=True, help="a DeepSeek-V4 config.json")
+    tf.add_argument("--model", required=True, help="the description `ds4c import` wrote from it")
+    tf.add_argument("--out", required=True, help="folder for hf/ (the checkpoint), ids.txt and hf.bin")
+    tf.add_argument("--tokens", type=int, default=64, help="prompt length (default: %(default)s)")
+    tf.add_argument("--seed", type=int, default=1, help="weights' and prompt's seed (default: %(default)s)")
+    tf.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+
     cp = sub.add_parser("compare", help="two logits files, per position; exit 1 above --tol")
     cp.add_argument("ours", help="ds4run's --dump-logits file")
     cp.add_argument("reference", help="run's --out file (the denominator of rel)")
@@ -863,7 +894,7 @@ def main(argv=None):
     if args.cmd == "run" and args.chunk < 0:
         ap.error("--chunk must be >= 0")
     try:
-        return {"make": cmd_make, "run": cmd_run, "compare": cmd_compare}[args.cmd](args)
+        return {"make": cmd_make, "run": cmd_run, "teacher": cmd_teacher, "compare": cmd_compare}[args.cmd](args)
     except (CheckError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
