@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calibrate.h"
 #include "explain.h"
 #include "inspect.h"
 #include "passes.h"
@@ -18,6 +19,7 @@ static const char usage[] =
     "       ds4c explain BUNDLE [--json]\n"
     "       ds4c import CONFIG.json -o MODEL.yaml [--name NAME] [--extends BASE.yaml] [--max-seq N]\n"
     "                   [--tokens N]\n"
+    "       ds4c calibrate TRACE.json -o PROFILE.yaml [--bundle BUNDLE] [--name NAME]\n"
     "\n"
     "Compiles a model and a schedule description into a bundle of two plans,\n"
     "one per step shape of the schedule's `step`: BUNDLE/ holds the prefill\n"
@@ -87,7 +89,18 @@ static const char usage[] =
     "  --extends BASE     the description it extends (default: deepseek-v4-flash.yaml\n"
     "                     beside MODEL)\n"
     "  --max-seq N        positions the state holds (default: the base's)\n"
-    "  --tokens N         token slots of a prefill step (default: the base's)\n";
+    "  --tokens N         token slots of a prefill step (default: the base's)\n"
+    "\n"
+    "calibrate fits each device's cost profile (bandwidth, flops, launch, and\n"
+    "copy_bandwidth and copy_launch where its streams copied two sizes or more)\n"
+    "to a trace ds4run --trace wrote, from the bytes and FLOPs the bundle's plans\n"
+    "charge each op, and prints each plan's step as the schedule's profile and the\n"
+    "fitted one predict it beside the measured one, by op kind too. A schedule\n"
+    "takes the profile with `profile: PROFILE.yaml` (docs/SCHEDULES.md).\n"
+    "\n"
+    "  -o PROFILE.yaml    the profile to write; replaced only when the fit succeeds\n"
+    "  --bundle BUNDLE    the bundle the trace ran (default: the one it names)\n"
+    "  --name NAME        the profile's name (default: the schedule's, -calibrated)\n";
 
 /* One line: what was wrong, and where the usage is. */
 static int bad_usage(const char *why) {
@@ -313,6 +326,31 @@ static int cmd_import(int argc, char **argv) {
   return 0;
 }
 
+static int cmd_calibrate(int argc, char **argv) {
+  calib_options o = {0};
+  for (int i = 0; i < argc; i++) {
+    int has = i + 1 < argc;
+    if (strcmp(argv[i], "-o") == 0 && has) o.out = argv[++i];
+    else if (strcmp(argv[i], "--bundle") == 0 && has) o.bundle = argv[++i];
+    else if (strcmp(argv[i], "--name") == 0 && has) o.name = argv[++i];
+    else if (argv[i][0] == '-') {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown option '%s'%s", argv[i], has ? "" : " (or its value is missing)");
+      return bad_usage(msg);
+    } else if (!o.trace) o.trace = argv[i];
+    else return bad_usage("too many arguments");
+  }
+  if (!o.trace) return bad_usage("calibrate needs TRACE.json");
+  if (!o.out) return bad_usage("calibrate needs -o PROFILE.yaml");
+  rt_status st = calib_run(&o, stdout);
+  if (st) {
+    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
+    rt_status_free(st);
+    return 1;
+  }
+  return 0;
+}
+
 static int cmd_diff(int argc, char **argv) {
   const char *pos[2];
   int npos = 0;
@@ -338,6 +376,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "diff") == 0) return cmd_diff(argc - 2, argv + 2);
   if (strcmp(argv[1], "explain") == 0) return bundle_report(argc - 2, argv + 2, "explain", explain_report);
   if (strcmp(argv[1], "import") == 0) return cmd_import(argc - 2, argv + 2);
+  if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
   char msg[256];
   snprintf(msg, sizeof msg, "unknown command '%s'", argv[1]);
   return bad_usage(msg);

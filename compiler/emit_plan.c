@@ -195,14 +195,16 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out) {
   if (!index) emit_oom(e);
   ALLOC(out->ops, p->nops);
   ALLOC(out->costs, p->nops);
+  ALLOC(out->work, p->nops);
   for (int r = 0; r < p->nops; r++) {
     const ir_op *op = &p->ops[p->order[r]];
     index[p->order[r]] = r;
     out->ops[r] = (plan_op){intern(e, op->path), (uint32_t)op->stream,
                             op->kernel < 0 ? PLAN_NONE : (uint32_t)op->kernel, 0};
     out->costs[r] = op->cost * 1e9; /* the order pass predicts seconds; the plan holds ns */
+    out->work[r] = (plan_work){op->work_bytes, op->work_flops};
   }
-  out->nops = out->ncosts = (uint32_t)p->nops;
+  out->nops = out->ncosts = out->nwork = (uint32_t)p->nops;
 
   ALLOC(out->edges, p->nedges);
   for (int i = 0; i < p->nedges; i++) {

@@ -114,6 +114,8 @@ typedef struct ir_op {
   int rank;           /* order: position in the submission order */
   int kernel;         /* emit: index into the kernel table, -1 for copies */
   double cost;        /* order: predicted seconds on its device */
+  double work_bytes;  /* order: the bytes the cost model charges it (a copy's: moved) */
+  double work_flops;  /* order: its FLOPs (0 for a copy) */
   int seq;            /* sync: position among its stream's ops */
 } ir_op;
 
@@ -131,6 +133,7 @@ typedef struct ir_device {
   int ordinal, threads;
   int64_t memory;
   double bandwidth, flops, launch; /* cost profile */
+  double copy_bandwidth, copy_launch; /* its copies' rate and cost each; 0: bandwidth and launch */
   int64_t arena_bytes;              /* memplan */
 } ir_device;
 

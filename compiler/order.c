@@ -190,11 +190,14 @@ static double operand_bytes(const ir_prog *p, const ir_op *op, int slot) {
   }
 }
 
-static double op_cost(const ir_prog *p, const ir_op *op) {
+/* An op's predicted seconds; its bytes and FLOPs go to op->work_* (the
+ * plan's WORK section, from which ds4c calibrate fits profiles). */
+static double op_cost(const ir_prog *p, ir_op *op) {
   const ir_device *dv = &p->devices[op->device];
   double bytes = 0;
   if (op->kind == IR_OP_COPY) {
-    /* A copy moves its bytes at the slower of the two ends' bandwidths. */
+    /* A copy moves its bytes at its device's copy rate when the profile
+     * states one, else at the slower of the two ends' bandwidths. */
     double bw = dv->bandwidth;
     for (int i = 0; i < op->nout; i++) {
       int64_t off, len;
@@ -205,10 +208,15 @@ static double op_cost(const ir_prog *p, const ir_op *op) {
       if (a->bandwidth < bw) bw = a->bandwidth;
       if (b->bandwidth < bw) bw = b->bandwidth;
     }
+    op->work_bytes = bytes;
+    op->work_flops = 0;
+    if (dv->copy_bandwidth > 0) return dv->copy_launch * op->nout + bytes / dv->copy_bandwidth;
     return dv->launch * op->nout + bytes / bw;
   }
   for (int i = 0; i < op->nin + op->nout; i++) bytes += operand_bytes(p, op, i);
-  double t_mem = bytes / dv->bandwidth, t_math = op_flops(p, op) / dv->flops;
+  op->work_bytes = bytes;
+  op->work_flops = op_flops(p, op);
+  double t_mem = bytes / dv->bandwidth, t_math = op->work_flops / dv->flops;
   return dv->launch + (t_mem > t_math ? t_mem : t_math);
 }
 

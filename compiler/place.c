@@ -48,6 +48,7 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
   if (s->ndevices < 1) return dsl_error(d, s->name.pos, "schedule '%s' has no devices", s->name.text);
   p->devices = ir_xrealloc(NULL, (size_t)s->ndevices * sizeof *p->devices);
   memset(p->devices, 0, (size_t)s->ndevices * sizeof *p->devices);
+  int ncpu = 0; /* cpu devices so far, as the schedule writes them */
   for (int i = 0; i < s->ndevices; i++) {
     const dsl_device *sd = &s->devices[i];
     ir_device *dv = &p->devices[i];
@@ -79,6 +80,13 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     int64_t v = 0;
     if (parse_int(&sd->ordinal, 0, 1024, &v, d)) return -1;
     dv->ordinal = (int)v;
+    /* the host has no device index: a cpu device's ordinal only numbers
+     * the schedule's cpu devices, in order (ds4c diff matches devices by
+     * backend, arch and ordinal) */
+    if (!to_cpu && dv->backend == PLAN_BACKEND_CPU && v != ncpu)
+      return dsl_error(d, sd->ordinal.pos, "cpu device '%s': a cpu device's ordinal numbers the schedule's cpu "
+                       "devices in order, from 0; this is cpu device %d, not %lld", dv->name, ncpu, (long long)v);
+    ncpu += !to_cpu && dv->backend == PLAN_BACKEND_CPU;
     v = 1;
     if (sd->threads.text && parse_int(&sd->threads, 1, 1024, &v, d)) return -1;
     dv->threads = (int)v;
@@ -86,6 +94,10 @@ static int place_devices(ir_prog *p, dsl_diag *d) {
     if (to_cpu) dv->memory = 0;
     if (parse_cost(&sd->bandwidth, 1, &dv->bandwidth, d) || parse_cost(&sd->flops, 1, &dv->flops, d) ||
         parse_cost(&sd->launch, 0, &dv->launch, d))
+      return -1;
+    dv->copy_launch = dv->launch;
+    if ((sd->copy_bandwidth.text && parse_cost(&sd->copy_bandwidth, 1, &dv->copy_bandwidth, d)) ||
+        (sd->copy_launch.text && parse_cost(&sd->copy_launch, 0, &dv->copy_launch, d)))
       return -1;
   }
   return 0;

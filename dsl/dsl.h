@@ -134,6 +134,7 @@ typedef struct dsl_device {
   dsl_str ordinal, threads;    /* integers; threads only for cpu */
   dsl_str memory;              /* optional integer bytes */
   dsl_str bandwidth, flops, launch; /* cost profile: bytes/s, FLOP/s, seconds */
+  dsl_str copy_bandwidth, copy_launch; /* optional: its copies' bytes/s and seconds each */
 } dsl_device;
 
 typedef struct dsl_stream {
@@ -181,6 +182,12 @@ typedef struct dsl_schedule {
   dsl_str step_decode;  /* token slots of the decode plan (1) */
   dsl_str step_prompt;  /* tokens of the seeded default prompt */
   dsl_hot_experts *hot_experts; /* optional: NULL when absent */
+  /* `profile: FILE` (relative to the schedule's folder): a device profile
+   * file (ds4c calibrate writes one) whose values replace the devices'
+   * bandwidth, flops, launch, copy_bandwidth and copy_launch; those fields'
+   * positions are then in profile_src. */
+  dsl_str profile;
+  dsl_source *profile_src;
 } dsl_schedule;
 
 /* Load and validate the YAML structure (keys, required fields, types,

@@ -9,9 +9,13 @@
 
 static const char *const sched_keys[] = {"schedule", "model", "devices", "streams", "owners",
                                          "early_resolve", "submit_first", "priority", "copies",
-                                         "step", "hot_experts", NULL};
+                                         "step", "hot_experts", "profile", NULL};
 static const char *const device_keys[] = {"name", "backend", "arch", "ordinal", "threads", "memory",
-                                          "bandwidth", "flops", "launch", NULL};
+                                          "bandwidth", "flops", "launch", "copy_bandwidth", "copy_launch",
+                                          NULL};
+static const char *const profile_keys[] = {"profile", "devices", NULL};
+static const char *const profile_device_keys[] = {"name", "bandwidth", "flops", "launch", "copy_bandwidth",
+                                                  "copy_launch", NULL};
 static const char *const stream_keys[] = {"name", "device", NULL};
 static const char *const step_keys[] = {"prefill", "decode", "prompt", NULL};
 static const char *const hot_keys[] = {"stats", "device", "budget", "cold", NULL};
@@ -33,6 +37,14 @@ static int list_of_maps(const dy_node *parent, const char *key, dy_node **out, d
                        dy_kind_name(v->items[i]));
   *out = v;
   return 0;
+}
+
+/* copy_bandwidth (> 0) and copy_launch (>= 0), both optional. */
+static int load_copy_costs(dy_node *n, dsl_device *dev, dsl_diag *d) {
+  if (dy_take_opt(n, "copy_bandwidth", "device", &dev->copy_bandwidth, d)) return -1;
+  if (dev->copy_bandwidth.text && dy_check_number(&dev->copy_bandwidth, "copy_bandwidth", 2, d)) return -1;
+  if (dy_take_opt(n, "copy_launch", "device", &dev->copy_launch, d)) return -1;
+  return dev->copy_launch.text ? dy_check_number(&dev->copy_launch, "copy_launch", 1, d) : 0;
 }
 
 static int load_device(dy_node *n, dsl_device *dev, dsl_diag *d) {
@@ -59,7 +71,68 @@ static int load_device(dy_node *n, dsl_device *dev, dsl_diag *d) {
   if (dy_check_number(&dev->flops, "flops", 2, d)) return -1;
   if (dy_take_req(n, "launch", "device", &dev->launch, d)) return -1;
   if (dy_check_number(&dev->launch, "launch", 1, d)) return -1;
-  return 0;
+  return load_copy_costs(n, dev, d);
+}
+
+
+/* Moves profile device p's cost fields into schedule device dev: those
+ * it gives replace the schedule's. */
+static int apply_profile_device(dy_node *p, dsl_device *dev, dsl_diag *d) {
+  static const char *const keys[] = {"bandwidth", "flops", "launch"};
+  dsl_str *fields[] = {&dev->bandwidth, &dev->flops, &dev->launch};
+  static const int min_kind[] = {2, 2, 1};
+  for (int k = 0; k < 3; k++) {
+    if (!dy_get(p, keys[k])) continue;
+    dsl_str v = {0};
+    if (dy_take_opt(p, keys[k], "profile device", &v, d)) return -1;
+    dsl_str_free(fields[k]);
+    *fields[k] = v;
+    if (dy_check_number(fields[k], keys[k], min_kind[k], d)) return -1;
+  }
+  if (dy_get(p, "copy_bandwidth")) dsl_str_free(&dev->copy_bandwidth);
+  if (dy_get(p, "copy_launch")) dsl_str_free(&dev->copy_launch);
+  return load_copy_costs(p, dev, d);
+}
+
+/* `profile: FILE`: a device profile (docs/SCHEDULES.md, "Calibration"),
+ * its path relative to the schedule's folder; each of its devices names a
+ * device of the schedule. */
+static int load_profile(dy_node *v, dsl_schedule *s, dsl_diag *d) {
+  if (dy_take_str(v, "profile", "schedule", &s->profile, d)) return -1;
+  const char *sched = s->src->path, *slash = strrchr(sched, '/');
+  size_t dir = slash && s->profile.text[0] != '/' ? (size_t)(slash - sched) + 1 : 0;
+  char *path = dsl_malloc(dir + strlen(s->profile.text) + 1);
+  if (!path) return oom(d);
+  memcpy(path, sched, dir);
+  strcpy(path + dir, s->profile.text);
+  char *text;
+  size_t len;
+  int rc = dy_read_file(path, &text, &len, d);
+  dy_node *root = NULL;
+  if (!rc) {
+    rc = dy_parse(path, text, len, &s->profile_src, &root, d);
+    free(text);
+  }
+  free(path);
+  if (rc) return dsl_note(d, s->profile.pos, "the profile is named here");
+  dy_node *list;
+  rc = dy_expect(root, DY_MAP, "profile", "profile file", d) || dy_check_keys(root, "profile", profile_keys, d) ||
+       list_of_maps(root, "devices", &list, d);
+  for (int i = 0; !rc && list && i < list->n; i++) {
+    dy_node *p = list->items[i];
+    dsl_str name = {0};
+    rc = dy_check_keys(p, "profile device", profile_device_keys, d) ||
+         dy_take_req(p, "name", "profile device", &name, d);
+    dsl_device *dev = NULL;
+    for (int j = 0; !rc && j < s->ndevices; j++)
+      if (strcmp(s->devices[j].name.text, name.text) == 0) dev = &s->devices[j];
+    if (!rc && !dev)
+      rc = dsl_error(d, name.pos, "profile device '%s' is not a device of schedule '%s'", name.text, s->name.text);
+    if (!rc) rc = apply_profile_device(p, dev, d);
+    dsl_str_free(&name);
+  }
+  dy_free(root);
+  return rc ? -1 : 0;
 }
 
 static int load_stream(dy_node *n, dsl_stream *s, dsl_diag *d) {
@@ -194,7 +267,7 @@ static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
   if (dy_take_req(root, "schedule", "schedule", &s->name, d)) return -1;
   if (dy_take_req(root, "model", "schedule", &s->model, d)) return -1;
 
-  dy_node *list;
+  dy_node *list, *v0;
   if (list_of_maps(root, "devices", &list, d)) return -1;
   if (list && list->n) {
     s->devices = dsl_calloc((size_t)list->n, sizeof *s->devices);
@@ -203,6 +276,7 @@ static int load_schedule(dy_node *root, dsl_schedule *s, dsl_diag *d) {
     for (int i = 0; i < list->n; i++)
       if (load_device(list->items[i], &s->devices[i], d)) return -1;
   }
+  if ((v0 = dy_get(root, "profile")) && load_profile(v0, s, d)) return -1;
   if (list_of_maps(root, "streams", &list, d)) return -1;
   if (list && list->n) {
     s->streams = dsl_calloc((size_t)list->n, sizeof *s->streams);
@@ -265,7 +339,11 @@ void dsl_schedule_free(dsl_schedule *s) {
     free(dev->bandwidth.text);
     free(dev->flops.text);
     free(dev->launch.text);
+    free(dev->copy_bandwidth.text);
+    free(dev->copy_launch.text);
   }
+  free(s->profile.text);
+  dsl_source_free(s->profile_src);
   free(s->devices);
   for (int i = 0; s->streams && i < s->nstreams; i++) {
     free(s->streams[i].name.text);

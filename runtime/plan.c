@@ -107,6 +107,7 @@ static const field_desc arg_fields[] = {
 };
 static const field_desc row_fields[] = {{0, F_U32}};
 static const field_desc cost_fields[] = {{0, F_F64}};
+static const field_desc work_fields[] = {FD(plan_work, bytes, F_F64), FD(plan_work, flops, F_F64)};
 
 typedef struct section_desc {
   const char *name;           /* plural, for section-level messages */
@@ -136,6 +137,7 @@ static const section_desc sections[PLAN_NSECTIONS + 1] = {
     [PLAN_SEC_ROWS] = SD("rows", row_fields, uint32_t, 4),
     [PLAN_SEC_COSTS] = {"costs", cost_fields, 1, sizeof(double), 8, 1},
     [PLAN_SEC_FPARAMS] = {"fparams", fparam_fields, 3, sizeof(plan_fparam), 16, 5},
+    [PLAN_SEC_WORK] = {"work", work_fields, 2, sizeof(plan_work), 16, 5},
 };
 
 /* The in-memory array and count behind a section. A switch rather than
@@ -157,6 +159,7 @@ static const void *sec_array(const plan *p, uint32_t id, uint32_t *count) {
   case PLAN_SEC_ROWS: *count = p->nrows; return p->rows;
   case PLAN_SEC_COSTS: *count = p->ncosts; return p->costs;
   case PLAN_SEC_FPARAMS: *count = p->nfparams; return p->fparams;
+  case PLAN_SEC_WORK: *count = p->nwork; return p->work;
   }
   *count = 0;
   return NULL;
@@ -179,6 +182,7 @@ static void sec_set(plan *p, uint32_t id, void *arr, uint32_t count) {
   case PLAN_SEC_ROWS: p->rows = arr; p->nrows = count; break;
   case PLAN_SEC_COSTS: p->costs = arr; p->ncosts = count; break;
   case PLAN_SEC_FPARAMS: p->fparams = arr; p->nfparams = count; break;
+  case PLAN_SEC_WORK: p->work = arr; p->nwork = count; break;
   }
 }
 
@@ -733,6 +737,13 @@ static rt_status plan_check(const char *name, const plan *p) {
     if (!isfinite(p->costs[i]) || p->costs[i] < 0)
       return rt_status_make("%s: cost %" PRIu32 ": %g ns (must be finite and >= 0)", name, i,
                             p->costs[i]);
+  if (p->nwork != 0 && p->nwork != p->nops)
+    return rt_status_make("%s: work: %" PRIu32 " records for %" PRIu32 " ops (one per op, or none)", name,
+                          p->nwork, p->nops);
+  for (uint32_t i = 0; i < p->nwork; i++)
+    if (!isfinite(p->work[i].bytes) || p->work[i].bytes < 0 || !isfinite(p->work[i].flops) || p->work[i].flops < 0)
+      return rt_status_make("%s: work %" PRIu32 ": %g bytes, %g flops (each must be finite and >= 0)", name, i,
+                            p->work[i].bytes, p->work[i].flops);
   for (uint32_t i = 0; i < p->nedges; i++) {
     const plan_edge *e = &p->edges[i];
     snprintf(where, sizeof where, "edge %" PRIu32, i);
@@ -861,6 +872,7 @@ void plan_free(plan *p) {
   free(p->rows);
   free(p->costs);
   free(p->fparams);
+  free(p->work);
   memset(p, 0, sizeof *p);
 }
 

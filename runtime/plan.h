@@ -50,7 +50,8 @@ enum plan_section_id {
   PLAN_SEC_ROWS,        /* u32 source rows of weight views (plan_tensor.rows) */
   PLAN_SEC_COSTS,       /* since 3.1: f64 predicted nanoseconds per op (plan.costs) */
   PLAN_SEC_FPARAMS,     /* since 3.5: plan_fparam: the model's float params */
-  PLAN_NSECTIONS = PLAN_SEC_FPARAMS
+  PLAN_SEC_WORK,        /* since 3.5: plan_work per op: the bytes and FLOPs behind its cost */
+  PLAN_NSECTIONS = PLAN_SEC_WORK
 };
 
 typedef struct plan_section {
@@ -101,6 +102,14 @@ typedef struct plan_fparam {
   uint32_t reserved;
   double value;  /* finite */
 } plan_fparam;
+
+/* What the cost model charged op i (the record's index): bytes read and
+ * written (a copy's: moved) and FLOPs (0 for a copy), both finite and
+ * >= 0. With the schedule's device profile they give COSTS; ds4c
+ * calibrate fits a profile from them and a trace. Since 3.5. */
+typedef struct plan_work {
+  double bytes, flops;
+} plan_work;
 
 enum plan_backend { PLAN_BACKEND_CPU = 0, PLAN_BACKEND_HIP, PLAN_BACKEND_CUDA };
 
@@ -219,6 +228,9 @@ typedef struct plan {
    * predictions (a 3.0 file, a plan no cost model wrote). */
   double *costs;          uint32_t ncosts;
   plan_fparam *fparams;   uint32_t nfparams;
+  /* work[i]: op i's bytes and FLOPs under the cost model; nwork is nops,
+   * or 0 when the plan holds none (older than 3.5). */
+  plan_work *work;        uint32_t nwork;
 } plan;
 
 /* Serialize to a file, atomically (temporary file, then rename). */

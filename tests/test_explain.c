@@ -546,12 +546,12 @@ START_TEST(refusals) {
   assert_report_fails(dir, "/nocosts/plan.ds4p: the plan holds no predicted costs (plans before format 3.1 carry "
                            "none); recompile the bundle with ds4c compile");
 
-  /* A 3.0 file: no COSTS nor FPARAMS (the last two of the table), minor 0. */
+  /* A 3.0 file: no COSTS, FPARAMS or WORK (the last three of the table), minor 0. */
   hand_build(&h);
   uint8_t *bytes;
   size_t len;
   ck_assert_ptr_null(plan_encode(&h.p, &bytes, &len));
-  bytes[12] = PLAN_NSECTIONS - 2;
+  bytes[12] = PLAN_NSECTIONS - 3;
   bytes[10] = 0;
   rt_sha256(bytes + 64, len - 64, bytes + 24);
   char path[300];

@@ -135,6 +135,7 @@ typedef struct fixture {
   uint32_t rows[2];
   double costs[3];
   plan_fparam fparams[2];
+  plan_work work[3];
 } fixture;
 
 static void tensor_set(plan_tensor *t, uint32_t name, uint32_t dtype, uint32_t role,
@@ -255,6 +256,8 @@ static void fixture_build(fixture *f) {
   p->strings_len = s->len;
   p->params = f->params; p->nparams = 2;
   p->fparams = f->fparams; p->nfparams = 2;
+  f->work[0] = (plan_work){4096, 8192}; f->work[1] = (plan_work){64, 0}; f->work[2] = (plan_work){1e9, 0.5};
+  p->work = f->work; p->nwork = 3;
   p->devices = f->devices; p->ndevices = 2;
   p->streams = f->streams; p->nstreams = 3;
   p->tensors = f->tensors; p->ntensors = 9;
@@ -347,6 +350,9 @@ static void assert_plans_equal(const plan *x, const plan *y) {
   for (uint32_t i = 0; i < x->nrows; i++) ck_assert_uint_eq(x->rows[i], y->rows[i]);
   ck_assert_uint_eq(x->ncosts, y->ncosts);
   for (uint32_t i = 0; i < x->ncosts; i++) ck_assert(x->costs[i] == y->costs[i]);
+  ck_assert_uint_eq(x->nwork, y->nwork);
+  for (uint32_t i = 0; i < x->nwork; i++)
+    ck_assert(x->work[i].bytes == y->work[i].bytes && x->work[i].flops == y->work[i].flops);
   ck_assert_uint_eq(x->nfparams, y->nfparams);
   for (uint32_t i = 0; i < x->nfparams; i++) {
     ck_assert_str_eq(plan_str(x, x->fparams[i].name), plan_str(y, y->fparams[i].name));
@@ -747,13 +753,16 @@ START_TEST(bad_sections) {
   expect_fail(m, len, "section table (100000 sections) runs past the end");
 
   memcpy(m, b, len);
-  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop FPARAMS, the last entry, from the table */
+  wr32(m + 12, PLAN_NSECTIONS - 1); /* drop WORK, the last entry, from the table */
+  reseal(m, len);
+  expect_fail(m, len, "required work section is missing");
+  wr32(m + 12, PLAN_NSECTIONS - 2); /* and FPARAMS */
   reseal(m, len);
   expect_fail(m, len, "required fparams section is missing");
-  wr32(m + 12, PLAN_NSECTIONS - 2); /* and COSTS */
+  wr32(m + 12, PLAN_NSECTIONS - 3); /* and COSTS */
   reseal(m, len);
   expect_fail(m, len, "required costs section is missing");
-  wr32(m + 12, PLAN_NSECTIONS - 3); /* and ROWS */
+  wr32(m + 12, PLAN_NSECTIONS - 4); /* and ROWS */
   reseal(m, len);
   expect_fail(m, len, "required rows section is missing");
 
@@ -1274,14 +1283,15 @@ START_TEST(bad_costs) {
     expect_fail(m, len, bad[i].want);
   }
 
-  /* A 3.0 plan: no COSTS (nor FPARAMS) in the table decodes without
-   * costs; one with a COSTS section is damage (the section came in 3.1). */
+  /* A 3.0 plan: no COSTS (nor FPARAMS and WORK) in the table decodes
+   * without costs; one with a COSTS section is damage (the section came in
+   * 3.1). */
   memcpy(m, b, len);
   m[10] = 0;
-  wr32(m + 12, PLAN_NSECTIONS - 1);
+  wr32(m + 12, PLAN_NSECTIONS - 2);
   reseal(m, len);
   expect_fail(m, len, "section 13: unknown section id 14");
-  wr32(m + 12, PLAN_NSECTIONS - 2);
+  wr32(m + 12, PLAN_NSECTIONS - 3);
   reseal(m, len);
   plan d;
   rt_status st = plan_decode("plan.ds4p", m, len, &d);
@@ -1357,14 +1367,52 @@ START_TEST(bad_fparams) {
   m[10] = 4;
   reseal(m, len);
   expect_fail(m, len, "unknown section id 15");
-  wr32(m + 12, PLAN_NSECTIONS - 1);
+  wr32(m + 12, PLAN_NSECTIONS - 2);
   reseal(m, len);
   plan d;
   rt_status st = plan_decode("plan.ds4p", m, len, &d);
   ck_assert_msg(st == NULL, "%s", rt_status_msg(st));
   ck_assert_uint_eq(d.nfparams, 0);
+  ck_assert_uint_eq(d.nwork, 0);
   ck_assert_uint_eq(d.ncosts, 3);
   plan_free(&d);
+  free(m);
+  free(b);
+}
+END_TEST
+
+/* Work (3.5): one record per op or none, each finite and >= 0. */
+START_TEST(bad_work) {
+  size_t len;
+  uint8_t *b = encode_fixture(&len);
+  uint8_t *m = malloc(len);
+  uint64_t bits = rd64(record_at(b, PLAN_SEC_WORK, 16, 2));
+  double v;
+  memcpy(&v, &bits, 8);
+  ck_assert(v == 1e9);
+  static const struct {
+    int field;
+    double value;
+    const char *want;
+  } bad[] = {
+      {0, -1.0, "plan.ds4p: work 1: -1 bytes, 0 flops (each must be finite and >= 0)"},
+      {8, NAN, "plan.ds4p: work 1: 64 bytes, nan flops (each must be finite and >= 0)"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    memcpy(m, b, len);
+    memcpy(&bits, &bad[i].value, 8);
+    wr64(record_at(m, PLAN_SEC_WORK, 16, 1) + bad[i].field, bits);
+    reseal(m, len);
+    expect_fail(m, len, bad[i].want);
+  }
+  fixture f;
+  fixture_build(&f);
+  f.p.nwork = 2;
+  uint8_t *bytes;
+  rt_status st = plan_encode(&f.p, &bytes, &len);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_str_eq(rt_status_msg(st), "plan: work: 2 records for 3 ops (one per op, or none)");
+  rt_status_free(st);
   free(m);
   free(b);
 }
@@ -1619,6 +1667,7 @@ int main(void) {
   tcase_add_test(tc, bad_copies);
   tcase_add_test(tc, bad_costs);
   tcase_add_test(tc, bad_fparams);
+  tcase_add_test(tc, bad_work);
   tcase_add_test(tc, every_byte_flip);
   tcase_add_test(tc, encode_refuses_invalid);
   tcase_add_test(tc, write_and_read);

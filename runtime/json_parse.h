@@ -1,8 +1,9 @@
-/* json_parse.h - a strict JSON (RFC 8259) parser for tests that read what
- * ds4run writes (traces, --json output): a tree of values, numbers kept
- * with their text so that a test can read them back exactly. */
-#ifndef DS4_TEST_JSON_PARSE_H
-#define DS4_TEST_JSON_PARSE_H
+/* json_parse.h - a strict JSON (RFC 8259) parser for what ds4run writes
+ * (traces, --json output), read back by ds4c calibrate and the tests: a
+ * tree of values, numbers kept with their text so that they read back
+ * exactly. */
+#ifndef DS4_JSON_PARSE_H
+#define DS4_JSON_PARSE_H
 
 #include <stddef.h>
 
