@@ -245,6 +245,8 @@ int ir_edit_distance(const char *a, const char *b);
  * of names within a third of its length in edits (at least one), else
  * "; NOUN: a, b, c". */
 void ir_suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun);
+/* The closest of names by that rule, or NULL. */
+const char *ir_closest(const char *name, const char *const *names, int count);
 
 /* ---- helpers ---- */
 

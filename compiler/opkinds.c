@@ -198,7 +198,7 @@ const char *ir_opkind_suggest(const char *name) {
 /* What to say after an unknown name: "; did you mean 'X'?" for the closest
  * of names within a third of its length in edits (at least one), else
  * "; NOUN: a, b, c". */
-void ir_suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun) {
+const char *ir_closest(const char *name, const char *const *names, int count) {
   const char *best = NULL;
   int bestd = (int)strlen(name) / 3 + 1;
   if (bestd < 2) bestd = 2;
@@ -206,6 +206,11 @@ void ir_suggest(char *buf, size_t n, const char *name, const char *const *names,
     int dist = ir_edit_distance(name, names[i]);
     if (dist < bestd) bestd = dist, best = names[i];
   }
+  return best;
+}
+
+void ir_suggest(char *buf, size_t n, const char *name, const char *const *names, int count, const char *noun) {
+  const char *best = ir_closest(name, names, count);
   if (best) {
     snprintf(buf, n, "; did you mean '%s'?", best);
     return;

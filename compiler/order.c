@@ -248,12 +248,23 @@ static int any_match(const dsl_str *globs, int n, const ir_op *op) {
   return 0;
 }
 
-/* A hint glob that matches nothing is a typo, not a no-op. */
+/* A hint glob that matches nothing is a typo, not a no-op: said with the
+ * op path nearest to it, if one is near. */
+static int no_match(const ir_prog *p, const dsl_str *glob, const char *key, dsl_diag *d) {
+  const char **paths = ir_xrealloc(NULL, (size_t)(p->nops ? p->nops : 1) * sizeof *paths);
+  for (int k = 0; k < p->nops; k++) paths[k] = p->ops[k].path;
+  const char *near = ir_closest(glob->text, paths, p->nops);
+  int rc = near ? dsl_error(d, glob->pos, "%s: '%s' matches no op; did you mean '%s'?", key, glob->text, near)
+                : dsl_error(d, glob->pos, "%s: '%s' matches no op", key, glob->text);
+  ir_xfree(paths);
+  return rc;
+}
+
 static int check_globs(const ir_prog *p, const dsl_str *globs, int n, const char *key, dsl_diag *d) {
   for (int i = 0; i < n; i++) {
     int hit = 0;
     for (int k = 0; k < p->nops && !hit; k++) hit = hint_match(globs[i].text, &p->ops[k]);
-    if (!hit) return dsl_error(d, globs[i].pos, "%s: '%s' matches no op", key, globs[i].text);
+    if (!hit) return no_match(p, &globs[i], key, d);
   }
   return 0;
 }
@@ -272,7 +283,7 @@ static int read_hints(const ir_prog *p, order_hint *h, dsl_diag *d) {
   for (int i = 0; i < s->npriority; i++) {
     int hit = 0;
     for (int k = 0; k < p->nops && !hit; k++) hit = hint_match(s->priority[i].key.text, &p->ops[k]);
-    if (!hit) return dsl_error(d, s->priority[i].key.pos, "priority: '%s' matches no op", s->priority[i].key.text);
+    if (!hit) return no_match(p, &s->priority[i].key, "priority", d);
   }
   for (int k = 0; k < p->nops; k++) {
     const ir_op *op = &p->ops[k];

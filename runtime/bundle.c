@@ -884,13 +884,25 @@ rt_status rt_weight_stage(const rt_bundle *b, uint32_t t, uint64_t first, uint64
   return err;
 }
 
-/* How many threads stage weights: the cores this process may run on (its
- * affinity mask, which taskset or a container may narrow). */
+/* The cores this process may run on (its affinity mask, which taskset or
+ * a container may narrow): how many threads stage weights, and what cpu
+ * devices' threads share. */
 static uint32_t fill_threads(void) {
   cpu_set_t set;
   long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
                                                        : sysconf(_SC_NPROCESSORS_ONLN);
   return n < 1 ? 1 : n > 256 ? 256 : (uint32_t)n;
+}
+
+uint32_t rt_cpu_threads(const plan *p, uint32_t d, int threads) {
+  if (threads > 0) return (uint32_t)threads;
+  uint64_t total = 0, cores = fill_threads();
+  for (uint32_t i = 0; i < p->ndevices; i++)
+    if (p->devices[i].backend == PLAN_BACKEND_CPU) total += p->devices[i].threads ? p->devices[i].threads : 1;
+  uint64_t own = p->devices[d].threads ? p->devices[d].threads : 1;
+  if (total <= cores) return (uint32_t)own;
+  uint64_t scaled = own * cores / total;
+  return scaled ? (uint32_t)scaled : 1;
 }
 
 /* Every resident weight, on all cores. A cpu device's arena is host memory
@@ -988,7 +1000,7 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
     rt_device_options o = {
         .name = plan_str(p, pd->name),
         .ordinal = pd->ordinal,
-        .threads = opts && opts->threads > 0 ? (uint32_t)opts->threads : pd->threads,
+        .threads = pd->backend == PLAN_BACKEND_CPU ? rt_cpu_threads(p, d, opts ? opts->threads : 0) : pd->threads,
         .sync = b->sync,
         .fail_launch = f ? f->fail_launch : 0,
         .watchdog_ms = opts ? opts->watchdog_ms : 0,

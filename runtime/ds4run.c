@@ -361,7 +361,7 @@ static void print_human(const cli *c, const plan *p, const plan *dp, const rt_we
     printf("device:    %s (%s, %s", plan_str(p, pd->name),
            pd->backend < 3 ? backends[pd->backend] : "?", plan_str(p, pd->arch));
     if (pd->backend == PLAN_BACKEND_CPU)
-      printf(", %d threads", c->threads ? c->threads : (int)(pd->threads ? pd->threads : 1));
+      printf(", %u threads", rt_cpu_threads(p, d, c->threads));
     printf(", arena %llu bytes)\n", (unsigned long long)pd->arena_bytes);
   }
   print_weights_human(w);

@@ -11,7 +11,8 @@
 
 typedef struct rt_options {
   uint64_t weight_seed; /* 0: the plan's seed */
-  int threads;          /* 0: each cpu device's thread count from the plan */
+  int threads;          /* 0: each cpu device's thread count from the plan, scaled
+                           down to the cores (rt_cpu_threads) */
   int trace;            /* nonzero: time every launch and copy (rt_trace_last_step) */
   const char *weights;  /* a safetensors file, or a directory of them; NULL: every
                            weight from the seeded generator */
@@ -28,6 +29,12 @@ typedef struct rt_options {
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;
+
+/* The threads cpu device d of p runs: `threads` when > 0; else the plan's,
+ * scaled down so that the plan's cpu devices together take no more than
+ * the cores this process may run on (at least 1 each): a schedule written
+ * for a larger machine does not make more threads than the cores. */
+uint32_t rt_cpu_threads(const plan *p, uint32_t d, int threads);
 
 /* Read DIR/plan.ds4p, validate it, check every code object's SHA-256, bind
  * weights to opts->weights' tensors (docs/RUNTIME.md, Weights), load the

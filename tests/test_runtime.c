@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -385,6 +386,36 @@ START_TEST(chain_one_stream) {
   ck_assert_ptr_nonnull(e);
   rt_status_free(e);
   rt_bundle_close(bd);
+  tb_cleanup(&b);
+}
+END_TEST
+
+/* rt_cpu_threads: an explicit count wins; else the plan's, scaled so the
+ * cpu devices together fit the cores this process may run on (here one,
+ * by its affinity: so each device gets 1, and a GPU device's threads do
+ * not count). */
+START_TEST(cpu_threads_fit_the_cores) {
+  tb b;
+  tb_init(&b);
+  uint32_t d0 = tb_device(&b, "cpu0", 4), d1 = tb_device(&b, "cpu1", 2), g = tb_device(&b, "gpu0", 8);
+  b.devices[g].backend = PLAN_BACKEND_CUDA;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+  ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+  ck_assert_uint_eq(rt_cpu_threads(&b.p, d0, 0), 1);
+  ck_assert_uint_eq(rt_cpu_threads(&b.p, d1, 0), 1);
+  ck_assert_uint_eq(rt_cpu_threads(&b.p, d0, 3), 3);
+  b.devices[d0].threads = 1;
+  b.devices[d1].threads = 0; /* unstated: 1 */
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  CPU_SET(0, &all);
+  CPU_SET(1, &all);
+  if (sched_setaffinity(0, sizeof all, &all) == 0 && CPU_COUNT(&all) == 2) {
+    ck_assert_uint_eq(rt_cpu_threads(&b.p, d0, 0), 1);
+    ck_assert_uint_eq(rt_cpu_threads(&b.p, d1, 0), 1);
+  }
   tb_cleanup(&b);
 }
 END_TEST
@@ -1989,6 +2020,7 @@ static Suite *runtime_suite(void) {
   TCase *t = tcase_create("replay");
   tcase_set_timeout(t, 120);
   tcase_add_test(t, chain_one_stream);
+  tcase_add_test(t, cpu_threads_fit_the_cores);
   tcase_add_test(t, two_streams_record_wait);
   tcase_add_test(t, two_devices_copy_wait);
   tcase_add_test(t, arg_offsets);
