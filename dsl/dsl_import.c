@@ -111,11 +111,11 @@ static void value_text(const dy_node *v, char *buf, size_t n) {
   }
 }
 
-/* A key whose value the blocks fix: absent, or equal to `want` (a JSON
- * scalar's text: "1", "true", "\"silu\""). */
+/* A key whose value the blocks fix: absent, null, or equal to `want` (a
+ * JSON scalar's text: "1", "true", "\"silu\""). */
 static int check_fixed(imp *m, const char *key, const char *want, const char *why) {
   const dy_node *v = lookup(m, key);
-  if (!v) return 0;
+  if (!v || (v->kind == DY_SCALAR && v->plain && dy_is_null(v))) return 0; /* absent, or null */
   int quoted = want[0] == '"';
   size_t n = strlen(want) - (quoted ? 2 : 0);
   int same = v->kind == DY_SCALAR && (!v->plain) == quoted && strlen(v->text) == n &&
@@ -619,7 +619,9 @@ static int read_config(imp *m) {
       check_fixed(m, "n_group", "1", "routing is not group-limited") ||
       check_fixed(m, "topk_group", "1", "routing is not group-limited"))
     return -1;
-  if (!lookup(m, "model_type")) return dsl_error(m->d, m->root->pos, "the config has no model_type (deepseek_v4)");
+  const dy_node *mt = lookup(m, "model_type");
+  if (!mt || !is_string(mt)) return dsl_error(m->d, mt ? mt->pos : m->root->pos, "the config has no model_type "
+                                              "string (deepseek_v4)");
   long long n;
   if (need_int(m, "num_hidden_layers", &n)) return -1;
   if (n > 100000) return dsl_error(m->d, m->root->pos, "num_hidden_layers %lld is more than 100000", n);
