@@ -50,8 +50,10 @@ START_TEST(release_config_gives_the_shipped_plans) {
   ck_assert_msg(strstr(text, "#   num_nextn_predict_layers: 1 (the MTP block is not built)"), "%s", text);
   free(text);
   /* its model name is the file's; the shipped one is deepseek-v4-flash */
-  char *renamed = tu_replace_once(tu_slurp(out, NULL), "model: flash-imported", "model: deepseek-v4-flash");
+  char *imported = tu_slurp(out, NULL);
+  char *renamed = tu_replace_once(imported, "model: flash-imported", "model: deepseek-v4-flash");
   tu_write_text(out, renamed);
+  free(imported);
   free(renamed);
   snprintf(a, sizeof a, "%s/shipped", tmpdir);
   snprintf(b, sizeof b, "%s/imported", tmpdir);
