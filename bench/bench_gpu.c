@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "trace.h"
+
 #define BENCH_COPY_WARMUP 2
 
 /* ---- the table ---- */
@@ -55,17 +57,10 @@ double now_ns(void) {
   return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Sorts v and returns quantile q, interpolating between neighbours. */
 double quantile(double *v, int n, double q) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  double at = q * (n - 1);
-  int lo = (int)at, hi = lo + 1 < n ? lo + 1 : lo;
-  return v[lo] + (v[hi] - v[lo]) * (at - lo);
+  rt_sort_doubles(v, n);
+  return rt_quantile(v, n, q);
 }
 /* ---- the driver, through the cuda backend's table ---- */
 

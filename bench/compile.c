@@ -14,6 +14,7 @@
 
 #include "passes.h"
 #include "pipeline.h"
+#include "trace.h"
 
 #define MAX_RUNS 101
 
@@ -38,14 +39,9 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  rt_sort_doubles(v, n);
+  return rt_quantile(v, n, 0.5);
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {

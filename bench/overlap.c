@@ -37,11 +37,6 @@ static double now_us(void) {
   return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 typedef struct bench {
   const char *label, *dir;
   rt_bundle *b, *d; /* the prefill plan's bundle and the decode plan's */
@@ -184,13 +179,13 @@ static void report(bench *x, int n) {
   printf("%s: %s (model %s, schedule %s): %u device%s, %u launches and %u copies per step\n",
          x->label, x->dir, plan_str(p, p->info.model), plan_str(p, p->info.schedule), p->ndevices,
          p->ndevices == 1 ? "" : "s", launches, copies);
-  qsort(x->step_us, (size_t)n, sizeof *x->step_us, cmp_double);
+  rt_sort_doubles(x->step_us, n);
   printf("  step time: median %.1f us, p10 %.1f us, p90 %.1f us\n", rt_quantile(x->step_us, n, 0.5),
          rt_quantile(x->step_us, n, 0.1), rt_quantile(x->step_us, n, 0.9));
   for (uint32_t d = 0; d < p->ndevices; d++) {
     double *busy = x->busy_us + (size_t)d * n, sum = 0;
     for (int i = 0; i < n; i++) sum += busy[i];
-    qsort(busy, (size_t)n, sizeof *busy, cmp_double);
+    rt_sort_doubles(busy, n);
     printf("  device %s busy per step: median %.1f us, mean %.1f us\n",
            plan_str(p, p->devices[d].name), rt_quantile(busy, n, 0.5), sum / n);
   }

@@ -10,16 +10,12 @@
 #include "plan.h"
 #include "rt.h"
 #include "sha256.h"
+#include "trace.h"
 
 static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 static int die(const char *what, rt_status s) {
@@ -155,8 +151,8 @@ int main(int argc, char **argv) {
     ns[r] = (now_seconds() - t0) * 1e9 / ncmd;
   }
   rt_bundle_close(b);
-  qsort(ns, (size_t)runs, sizeof *ns, cmp_double);
-  double med = runs % 2 ? ns[runs / 2] : 0.5 * (ns[runs / 2 - 1] + ns[runs / 2]);
+  rt_sort_doubles(ns, runs);
+  double med = rt_quantile(ns, runs, 0.5);
   printf("replay_overhead: %u commands (empty kernel, grid 1, one cpu stream), %d runs\n", ncmd, runs);
   printf("replay_overhead: per command: median %.1f ns, min %.1f ns, max %.1f ns (target < 1000 ns)\n",
          med, ns[0], ns[runs - 1]);

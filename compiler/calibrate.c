@@ -19,6 +19,7 @@
 #include "explain.h"
 #include "json_parse.h"
 #include "plan.h"
+#include "trace.h"
 
 /* ---- the fits ---- */
 
@@ -119,15 +120,10 @@ static void minimise(const fit_data *fd, int dim, double *x) {
   }
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* The median of v[0..n-1] (sorts v). */
 static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  rt_sort_doubles(v, n);
+  return rt_quantile(v, n, 0.5);
 }
 
 /* A starting rate: the median of work / time over the samples with work. */

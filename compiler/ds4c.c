@@ -108,6 +108,29 @@ static int bad_usage(const char *why) {
   return 64;
 }
 
+/* An option no command takes, or one whose value is missing (the last
+ * argument). */
+static int unknown_option(const char *opt, int value_missing) {
+  char msg[256];
+  snprintf(msg, sizeof msg, "unknown option '%s'%s", opt, value_missing ? " (or its value is missing)" : "");
+  return bad_usage(msg);
+}
+
+/* A failed command's status, printed and freed; the exit code 1. */
+static int status_error(rt_status st) {
+  fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
+  rt_status_free(st);
+  return 1;
+}
+
+/* A description's diagnostic: already "FILE:LINE:COL: error: ..." when it
+ * has a place, else prefixed with the tool's name. */
+static int diag_error(const dsl_diag *d) {
+  if (strncmp(d->msg, "error:", 6) == 0 || strstr(d->msg, ": error: ")) fprintf(stderr, "%s\n", d->msg);
+  else fprintf(stderr, "ds4c: error: %s\n", d->msg);
+  return 1;
+}
+
 /* The decoder layer a launch belongs to (its op path "layers.N...."), or -1. */
 static int layer_of(const plan *p, const plan_command *c) {
   int l, end = 0;
@@ -165,8 +188,7 @@ static int read_back(const char *dir, const char *sub, plan *p) {
   snprintf(path, sizeof path, "%s%s/plan.ds4p", dir, sub);
   rt_status st = plan_read(path, p);
   if (!st) return 0;
-  fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
-  rt_status_free(st);
+  status_error(st);
   return -1;
 }
 
@@ -228,11 +250,8 @@ static int cmd_compile(int argc, char **argv) {
     else if (strcmp(argv[i], "--cpu") == 0) o.cpu = 1;
     else if (strcmp(argv[i], "--dump-after") == 0 && i + 1 < argc) o.dump_after = argv[++i];
     else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) o.targets = argv[++i];
-    else if (argv[i][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
-      return bad_usage(msg);
-    } else if (npos < 2) pos[npos++] = argv[i];
+    else if (argv[i][0] == '-') return unknown_option(argv[i], 0);
+    else if (npos < 2) pos[npos++] = argv[i];
     else return bad_usage("too many arguments");
   }
   if (npos != 2) return bad_usage("compile needs MODEL.yaml and SCHEDULE.yaml");
@@ -241,11 +260,7 @@ static int cmd_compile(int argc, char **argv) {
   o.sched_path = pos[1];
   o.cache_dir = no_cache ? NULL : default_cache_dir(cache, sizeof cache);
   dsl_diag d = {0};
-  if (ds4c_compile(&o, &d)) {
-    if (strncmp(d.msg, "error:", 6) == 0 || strstr(d.msg, ": error: ")) fprintf(stderr, "%s\n", d.msg);
-    else fprintf(stderr, "ds4c: error: %s\n", d.msg);
-    return 1;
-  }
+  if (ds4c_compile(&o, &d)) return diag_error(&d);
   return report(o.out_dir, o.sched_path);
 }
 
@@ -255,11 +270,8 @@ static int bundle_report(int argc, char **argv, const char *cmd, rt_status (*rep
   int json = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) json = 1;
-    else if (argv[i][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
-      return bad_usage(msg);
-    } else if (!dir) dir = argv[i];
+    else if (argv[i][0] == '-') return unknown_option(argv[i], 0);
+    else if (!dir) dir = argv[i];
     else return bad_usage("too many arguments");
   }
   if (!dir) {
@@ -268,11 +280,7 @@ static int bundle_report(int argc, char **argv, const char *cmd, rt_status (*rep
     return bad_usage(msg);
   }
   rt_status st = report_fn(dir, json);
-  if (st) {
-    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
-    rt_status_free(st);
-    return 1;
-  }
+  if (st) return status_error(st);
   return 0;
 }
 
@@ -307,21 +315,14 @@ static int cmd_import(int argc, char **argv) {
       if (count_arg("--max-seq", argv[++i], &o.max_seq)) return 64;
     } else if (strcmp(argv[i], "--tokens") == 0 && has) {
       if (count_arg("--tokens", argv[++i], &o.tokens)) return 64;
-    } else if (argv[i][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s'%s", argv[i], has ? "" : " (or its value is missing)");
-      return bad_usage(msg);
-    } else if (!o.config_path) o.config_path = argv[i];
+    } else if (argv[i][0] == '-') return unknown_option(argv[i], !has);
+    else if (!o.config_path) o.config_path = argv[i];
     else return bad_usage("too many arguments");
   }
   if (!o.config_path) return bad_usage("import needs CONFIG.json");
   if (!o.out_path) return bad_usage("import needs -o MODEL.yaml");
   dsl_diag d = {0};
-  if (ds4c_import(&o, &d)) {
-    if (strncmp(d.msg, "error:", 6) == 0 || strstr(d.msg, ": error: ")) fprintf(stderr, "%s\n", d.msg);
-    else fprintf(stderr, "ds4c: error: %s\n", d.msg);
-    return 1;
-  }
+  if (ds4c_import(&o, &d)) return diag_error(&d);
   printf("ds4c: %s: written from %s\n", o.out_path, o.config_path);
   return 0;
 }
@@ -333,21 +334,14 @@ static int cmd_calibrate(int argc, char **argv) {
     if (strcmp(argv[i], "-o") == 0 && has) o.out = argv[++i];
     else if (strcmp(argv[i], "--bundle") == 0 && has) o.bundle = argv[++i];
     else if (strcmp(argv[i], "--name") == 0 && has) o.name = argv[++i];
-    else if (argv[i][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s'%s", argv[i], has ? "" : " (or its value is missing)");
-      return bad_usage(msg);
-    } else if (!o.trace) o.trace = argv[i];
+    else if (argv[i][0] == '-') return unknown_option(argv[i], !has);
+    else if (!o.trace) o.trace = argv[i];
     else return bad_usage("too many arguments");
   }
   if (!o.trace) return bad_usage("calibrate needs TRACE.json");
   if (!o.out) return bad_usage("calibrate needs -o PROFILE.yaml");
   rt_status st = calib_run(&o, stdout);
-  if (st) {
-    fprintf(stderr, "ds4c: error: %s\n", rt_status_msg(st));
-    rt_status_free(st);
-    return 1;
-  }
+  if (st) return status_error(st);
   return 0;
 }
 
@@ -355,11 +349,8 @@ static int cmd_diff(int argc, char **argv) {
   const char *pos[2];
   int npos = 0;
   for (int i = 0; i < argc; i++) {
-    if (argv[i][0] == '-') {
-      char msg[256];
-      snprintf(msg, sizeof msg, "unknown option '%s'", argv[i]);
-      return bad_usage(msg);
-    } else if (npos < 2) pos[npos++] = argv[i];
+    if (argv[i][0] == '-') return unknown_option(argv[i], 0);
+    else if (npos < 2) pos[npos++] = argv[i];
     else return bad_usage("too many arguments");
   }
   if (npos != 2) return bad_usage("diff needs two plans, A and B");

@@ -6,24 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsl.h"
 #include "emit.h"
 
 static const char *S(const plan *pl, uint32_t off) { return plan_str(pl, off); }
-
-/* The fewest digits that read back as v, as a decimal fraction between
- * 1e-4 and 1e15 (160000.0, 1.5) and with an exponent outside (1e-06);
- * always with a '.' or an exponent, so a float param never reads as an
- * integer one. */
-static const char *shortest_double(double v, char *buf, size_t n) {
-  double a = v < 0 ? -v : v;
-  int fixed = a == 0.0 || (a >= 1e-4 && a < 1e15);
-  for (int digits = fixed ? 0 : 1; digits <= (fixed ? 20 : 17); digits++) {
-    snprintf(buf, n, fixed ? "%.*f" : "%.*g", digits, v);
-    if (strtod(buf, NULL) == v) break;
-  }
-  if (!strpbrk(buf, ".e")) strncat(buf, ".0", n - strlen(buf) - 1);
-  return buf;
-}
 
 static void shape(const plan *pl, const plan_tensor *t, FILE *f) {
   (void)pl;
@@ -83,7 +69,7 @@ int plan_text_write(const plan *pl, FILE *f) {
   for (uint32_t i = 0; i < pl->nparams; i++) fprintf(f, "%s = %" PRId64 "\n", S(pl, pl->params[i].name), pl->params[i].value);
   for (uint32_t i = 0; i < pl->nfparams; i++) {
     char num[32];
-    fprintf(f, "%s = %s\n", S(pl, pl->fparams[i].name), shortest_double(pl->fparams[i].value, num, sizeof num));
+    fprintf(f, "%s = %s\n", S(pl, pl->fparams[i].name), dsl_format_double(pl->fparams[i].value, 1, num, sizeof num));
   }
 
   fprintf(f, "\n[devices]\n");

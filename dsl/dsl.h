@@ -273,6 +273,12 @@ typedef int (*dsl_lookup_float_fn)(void *ctx, const char *name, double *out_valu
  * column inside e->text. */
 int dsl_eval_float(const dsl_str *e, dsl_lookup_float_fn lookup, void *ctx, double *out_value, dsl_diag *d);
 
+/* The fewest digits that read back as v: a decimal fraction between 1e-4
+ * and 1e15 (160000.0, 1.5), an exponent outside (1e-06). With
+ * always_float, an integral value gets ".0", so that a float param never
+ * reads as an integer one (docs/DSL.md). Returns buf. */
+const char *dsl_format_double(double v, int always_float, char *buf, size_t n);
+
 /* Whether e's text holds a number with a fraction or an exponent (`1.5`,
  * `1e-6`): what makes a param a float rather than an integer one. */
 int dsl_has_float_literal(const dsl_str *e);

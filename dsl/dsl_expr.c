@@ -341,3 +341,14 @@ int dsl_has_float_literal(const dsl_str *e) {
   }
   return 0;
 }
+
+const char *dsl_format_double(double v, int always_float, char *buf, size_t n) {
+  double a = fabs(v);
+  int fixed = a == 0.0 || (a >= 1e-4 && a < 1e15);
+  for (int digits = fixed ? 0 : 1; digits <= (fixed ? 20 : 17); digits++) {
+    snprintf(buf, n, fixed ? "%.*f" : "%.*g", digits, v);
+    if (strtod(buf, NULL) == v) break;
+  }
+  if (always_float && !strpbrk(buf, ".e")) strncat(buf, ".0", n - strlen(buf) - 1);
+  return buf;
+}

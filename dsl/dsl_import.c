@@ -153,20 +153,6 @@ static void add_param(imp *m, const char *name, const char *fmt, ...) {
   m->nparams++;
 }
 
-/* The fewest digits that read back as v, as a decimal fraction between
- * 1e-4 and 1e15 and with an exponent outside; `flt` adds ".0" to an
- * integral value, so that the param is a float one (docs/DSL.md). */
-static const char *num(double v, int flt, char *buf, size_t n) {
-  double a = fabs(v);
-  int fixed = a == 0.0 || (a >= 1e-4 && a < 1e15);
-  for (int digits = fixed ? 0 : 1; digits <= (fixed ? 20 : 17); digits++) {
-    snprintf(buf, n, fixed ? "%.*f" : "%.*g", digits, v);
-    if (strtod(buf, NULL) == v) break;
-  }
-  if (flt && !strpbrk(buf, ".e")) strncat(buf, ".0", n - strlen(buf) - 1);
-  return buf;
-}
-
 static int int_param(imp *m, const char *key, const char *name) {
   long long v;
   if (need_int(m, key, &v)) return -1;
@@ -181,7 +167,7 @@ static int float_param(imp *m, const char *key, const char *name, int positive) 
   if (positive ? !(x > 0) : x < 0)
     return dsl_error(m->d, v->pos, "'%s' must be %s, found %s", key, positive ? "positive" : "0 or more", v->text);
   char b[40];
-  add_param(m, name, "%s", num(x, 1, b, sizeof b));
+  add_param(m, name, "%s", dsl_format_double(x, 1, b, sizeof b));
   return 0;
 }
 
@@ -298,13 +284,15 @@ static void rope_param(imp *m, const char *name, rope *r) {
   char a[40], b[40], c[40], e[40], f[40];
   m->param[m->nparams].rope = r;
   if (!r->yarn) {
-    add_param(m, name, "{type: default, theta: %s}", num(r->theta, 0, a, sizeof a));
+    add_param(m, name, "{type: default, theta: %s}", dsl_format_double(r->theta, 0, a, sizeof a));
     return;
   }
-  add_param(m, name, "{type: yarn, theta: %s, factor: %s, original_max_position_embeddings: %s,\n%*sbeta_fast: %s, "
-            "beta_slow: %s}", num(r->theta, 0, a, sizeof a), num(r->factor, 0, b, sizeof b),
-            num(r->orig, 0, c, sizeof c), (int)strlen(name) + 5, "", num(r->beta_fast, 0, e, sizeof e),
-            num(r->beta_slow, 0, f, sizeof f));
+  add_param(m, name,
+            "{type: yarn, theta: %s, factor: %s, original_max_position_embeddings: %s,\n%*sbeta_fast: %s, "
+            "beta_slow: %s}",
+            dsl_format_double(r->theta, 0, a, sizeof a), dsl_format_double(r->factor, 0, b, sizeof b),
+            dsl_format_double(r->orig, 0, c, sizeof c), (int)strlen(name) + 5, "",
+            dsl_format_double(r->beta_fast, 0, e, sizeof e), dsl_format_double(r->beta_slow, 0, f, sizeof f));
 }
 
 /* ---- dimensions, constants, dtypes ---- */

@@ -15,6 +15,9 @@
  * neighbours (q = 0.5 is the usual median). */
 double rt_quantile(const double *sorted, int n, double q);
 
+/* Sorts v[0..n-1] ascending, for rt_quantile. */
+void rt_sort_doubles(double *v, int n);
+
 /* Busy time and overlap of one step, from rt_trace_last_step's arrays.
  * A device's busy time is the length of the union of the [start, end]
  * spans of its launches and copies, all its streams together (spans that

@@ -11,6 +11,13 @@ double rt_quantile(const double *sorted, int n, double q) {
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+void rt_sort_doubles(double *v, int n) { qsort(v, (size_t)n, sizeof *v, cmp_double); }
+
 /* A launch or copy of one step: [start, end] in trace nanoseconds. */
 typedef struct span {
   uint64_t start, end;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ds4run_check.h"
+#include "bundle_run.h"
 #include "ir.h"
 #include "pipeline.h"
 #include "plan.h"
@@ -57,44 +57,6 @@ static const char *two_gpu_for_mini(const char *sched, const char *name, char *p
   return path;
 }
 
-typedef struct run_result {
-  uint8_t sha[32];
-  int32_t tokens[64];
-  int ntokens;
-  ds4run_check_result check;
-} run_result;
-
-/* The default prompt and `decode` steps, checked against the float64
- * reference when `check` is set. */
-static void run(const char *bundle, int decode, int check, run_result *r) {
-  rt_bundle *b = NULL;
-  rt_status s = rt_bundle_open(bundle, NULL, &b);
-  ck_assert_msg(!s, "%s", rt_status_msg(s));
-  ds4run_check *chk = NULL;
-  if (check) {
-    s = ds4run_check_open(b, &chk);
-    ck_assert_msg(!s, "%s", rt_status_msg(s));
-  }
-  int32_t *prompt = NULL;
-  int nprompt = 0;
-  s = rt_default_prompt(rt_bundle_plan(b), &prompt, &nprompt);
-  ck_assert_msg(!s, "%s", rt_status_msg(s));
-  rt_report rep;
-  s = rt_generate(b, prompt, nprompt, decode, chk ? ds4run_check_hook : NULL, chk, &rep);
-  ck_assert_msg(!s, "%s: %s", bundle, rt_status_msg(s));
-  memcpy(r->sha, rep.outputs_sha256, sizeof r->sha);
-  ck_assert_int_le(rep.ngenerated, 64);
-  r->ntokens = rep.ngenerated;
-  memcpy(r->tokens, rep.generated, (size_t)rep.ngenerated * sizeof *rep.generated);
-  if (chk) {
-    ds4run_check_result_get(chk, &r->check);
-    ds4run_check_close(chk);
-  }
-  free(rep.generated);
-  free(prompt);
-  rt_bundle_close(b);
-}
-
 /* ds4-flash-mini on the cpu backend against the float64 reference: the
  * 10-token prompt in chunks of 4, then 40 decode steps, to position 50 of
  * 64. By then the CSA layers hold 12 entries against an index top-k of 4
@@ -104,8 +66,8 @@ static void run(const char *bundle, int decode, int check, run_result *r) {
 START_TEST(mini_matches_the_float64_reference) {
   make_tmpdir();
   const char *b = compile("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml", "cpu", NULL);
-  run_result r;
-  run(b, 40, 1, &r);
+  br_result r;
+  br_run(b, 40, 1, &r);
   fprintf(stderr, "test_ds4: ds4-flash-mini vs float64: %d steps, max rel err %.3g\n", r.check.steps,
           r.check.max_rel_err);
   ck_assert_int_eq(r.check.steps, 3 + 40);
@@ -145,11 +107,11 @@ START_TEST(every_schedule_gives_the_same_bits) {
       {two_gpu_for_mini("schedules/ds4-flash-2gpu.yaml", "2gpu-mini", two, sizeof two), "2gpu"},
       {two_gpu_for_mini("schedules/ds4-flash-2gpu-cold-second.yaml", "cold2-mini", cold2, sizeof cold2), "cold2"},
   };
-  run_result first;
+  br_result first;
   for (int i = 0; i < (int)(sizeof scheds / sizeof scheds[0]); i++) {
     const char *b = compile_as("models/ds4-flash-mini.yaml", scheds[i][0], scheds[i][1], NULL, 1);
-    run_result r;
-    run(b, 16, 0, &r);
+    br_result r;
+    br_run(b, 16, 0, &r);
     if (i == 0) {
       first = r;
       continue;

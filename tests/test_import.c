@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ds4run_check.h"
+#include "bundle_run.h"
 #include "pipeline.h"
 #include "plan.h"
 #include "rt.h"
@@ -136,27 +136,11 @@ static void set_plan_fparam(const char *bundle, const char *name, double v) {
   plan_free(&p);
 }
 
+/* The default prompt and 20 decode steps against the float64 reference. */
 static ds4run_check_result check_run(const char *bundle) {
-  rt_bundle *b;
-  rt_status s = rt_bundle_open(bundle, NULL, &b);
-  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
-  ds4run_check *chk;
-  s = ds4run_check_open(b, &chk);
-  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
-  int32_t *prompt = NULL;
-  int nprompt = 0;
-  s = rt_default_prompt(rt_bundle_plan(b), &prompt, &nprompt);
-  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
-  rt_report rep;
-  s = rt_generate(b, prompt, nprompt, 20, ds4run_check_hook, chk, &rep);
-  ck_assert_msg(s == NULL, "%s: %s", bundle, rt_status_msg(s));
-  ds4run_check_result r;
-  ds4run_check_result_get(chk, &r);
-  ds4run_check_close(chk);
-  free(rep.generated);
-  free(prompt);
-  rt_bundle_close(b);
-  return r;
+  br_result r;
+  br_run(bundle, 20, 1, &r);
+  return r.check;
 }
 
 START_TEST(small_configs_match_the_reference) {
