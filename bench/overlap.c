@@ -24,11 +24,12 @@
 #include "trace.h"
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: overlap BUNDLE_A BUNDLE_B [--steps N] [--warmup W]\n"
+  fprintf(f, "usage: overlap BUNDLE_A BUNDLE_B [--steps N] [--warmup W] [--cpu-replay MODE]\n"
              "  Replays the default prompt then decode steps (on each bundle's decode plan)\n"
              "  on both bundles, alternating them in blocks (A B B A ...); W warm-up then N\n"
              "  measured decode steps each\n"
-             "  (defaults N=200, W=20). The bundles must give identical outputs.\n");
+             "  (defaults N=200, W=20). The bundles must give identical outputs. MODE: how\n"
+             "  cpu devices run a step, as ds4run's --cpu-replay (default auto).\n");
 }
 
 static double now_us(void) {
@@ -130,10 +131,10 @@ static rt_status run_block(bench *x, const int32_t *prompt, int nprompt, int nde
   return NULL;
 }
 
-static rt_status bench_open(bench *x, const char *label, const char *dir, int nmeasured) {
+static rt_status bench_open(bench *x, const char *label, const char *dir, int nmeasured, rt_cpu_replay mode) {
   x->label = label;
   x->dir = dir;
-  rt_options o = {.trace = 1};
+  rt_options o = {.trace = 1, .cpu_replay = mode};
   rt_status s = rt_bundle_open(dir, &o, &x->b);
   if (s) return rt_status_wrap(s, "opening %s %s", label, dir);
   const plan *p = x->p = rt_bundle_plan(x->b);
@@ -176,9 +177,9 @@ static void report(bench *x, int n) {
     launches += p->commands[i].kind == PLAN_CMD_LAUNCH;
     copies += p->commands[i].kind == PLAN_CMD_COPY;
   }
-  printf("%s: %s (model %s, schedule %s): %u device%s, %u launches and %u copies per step\n",
+  printf("%s: %s (model %s, schedule %s): %u device%s, %u launches and %u copies per step; cpu replay %s\n",
          x->label, x->dir, plan_str(p, p->info.model), plan_str(p, p->info.schedule), p->ndevices,
-         p->ndevices == 1 ? "" : "s", launches, copies);
+         p->ndevices == 1 ? "" : "s", launches, copies, rt_cpu_replay_name(rt_bundle_cpu_replay(x->b)));
   rt_sort_doubles(x->step_us, n);
   printf("  step time: median %.1f us, p10 %.1f us, p90 %.1f us\n", rt_quantile(x->step_us, n, 0.5),
          rt_quantile(x->step_us, n, 0.1), rt_quantile(x->step_us, n, 0.9));
@@ -267,6 +268,7 @@ static rt_status plan_inputs(const bench *a, const bench *b, int32_t **out_promp
 int main(int argc, char **argv) {
   const char *dirs[2] = {NULL, NULL};
   int ndirs = 0, nsteps = 200, warmup = 20;
+  rt_cpu_replay mode = RT_CPU_AUTO;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -282,6 +284,9 @@ int main(int argc, char **argv) {
                                  : "--warmup wants a non-negative integer, not '%s'",
                            argv[i]);
       *(steps ? &nsteps : &warmup) = v;
+    } else if (!strcmp(a, "--cpu-replay")) {
+      if (i + 1 >= argc || rt_cpu_replay_parse(argv[++i], &mode))
+        return usage_error("%s", "--cpu-replay needs auto, serial, submitters or streams");
     } else if (a[0] == '-') {
       return usage_error("unknown option %s", a);
     } else if (ndirs < 2) {
@@ -298,7 +303,7 @@ int main(int argc, char **argv) {
   int32_t *prompt = NULL;
   int nprompt = 0, per_block = 0, nblocks = 0, total = warmup + nsteps;
   rt_status s = NULL;
-  for (int k = 0; k < 2 && !s; k++) s = bench_open(&x[k], k ? "B" : "A", dirs[k], nsteps);
+  for (int k = 0; k < 2 && !s; k++) s = bench_open(&x[k], k ? "B" : "A", dirs[k], nsteps, mode);
   if (!s) s = plan_inputs(&x[0], &x[1], &prompt, &nprompt, &per_block);
   if (!s) {
     /* A block is one sequence: the prefill, then up to per_block decode

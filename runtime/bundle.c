@@ -360,6 +360,7 @@ static void bundle_free(rt_bundle *b) {
   free(b->kernels);
   free(b->tensor_ptr);
   free(b->enqueued);
+  free(b->serial_at);
   free(b->trace_start);
   free(b->trace_end);
   for (uint32_t t = 0; b->bound && t < p->ntensors; t++) free(b->bound[t].parts);
@@ -376,6 +377,23 @@ void rt_bundle_close(rt_bundle *b) { bundle_free(b); }
 const plan *rt_bundle_plan(const rt_bundle *b) { return &b->p; }
 
 rt_bundle *rt_bundle_decode(rt_bundle *b) { return b->decode ? b->decode : b; }
+
+rt_cpu_replay rt_bundle_cpu_replay(const rt_bundle *b) { return b->cpu_replay; }
+
+static const char *const cpu_replay_names[] = {"auto", "serial", "submitters", "streams"};
+
+const char *rt_cpu_replay_name(rt_cpu_replay m) {
+  return (unsigned)m < 4 ? cpu_replay_names[m] : "?";
+}
+
+int rt_cpu_replay_parse(const char *name, rt_cpu_replay *out) {
+  for (int m = 0; name && m < 4; m++)
+    if (!strcmp(name, cpu_replay_names[m])) {
+      *out = (rt_cpu_replay)m;
+      return 0;
+    }
+  return -1;
+}
 
 static int codeobj_used(const rt_bundle *b, uint32_t codeobj) {
   for (uint32_t d = 0; d < b->p.ndevices; d++)
@@ -1005,6 +1023,7 @@ static rt_status open_devices(rt_bundle *b, const rt_options *opts, const rt_fau
         .fail_launch = f ? f->fail_launch : 0,
         .watchdog_ms = opts ? opts->watchdog_ms : 0,
         .overlap_launches = (p->info.flags & PLAN_FLAG_GRID_WAIT) != 0,
+        .inline_streams = !(opts && opts->cpu_replay == RT_CPU_STREAMS),
     };
     if (o.threads == 0) o.threads = 1;
     RT_TRY(rt_fault_device_open(v->be, f, &o, &v->be, &v->dev));
@@ -1259,6 +1278,10 @@ static rt_status start_submitters(rt_bundle *b) {
   pthread_cond_init(&b->sub_cv, NULL);
   pthread_cond_init(&b->sub_done_cv, NULL);
   b->sub_ready = 1;
+  if (b->serial) {
+    b->serial_at = calloc(p->ndevices, sizeof *b->serial_at);
+    return b->serial_at ? NULL : rt_status_make("out of memory");
+  }
   for (uint32_t d = 1; d < p->ndevices; d++) {
     int rc = pthread_create(&b->devs[d].submitter, NULL, rt_submitter_main, &b->devs[d]);
     /* EAGAIN: the system lacked the memory or the threads for another. */
@@ -1420,6 +1443,8 @@ static rt_status decode_open(rt_bundle *c, const rt_options *opts) {
   c->seed = b->seed;
   c->sync = b->sync;
   c->use_graph = b->use_graph;
+  c->serial = b->serial;
+  c->cpu_replay = b->cpu_replay;
   c->streams = b->streams;
   RT_TRY(verify_codeobjs(c));
   RT_TRY(alloc_tables(c, opts));
@@ -1449,6 +1474,28 @@ static rt_status decode_open(rt_bundle *c, const rt_options *opts) {
   return NULL;
 }
 
+/* rt_bundle.serial. RT_CPU_AUTO picks it for cpu devices whose threads
+ * together fill every core: their submitters side by side could then only
+ * take cores from each other's launches, and every wait of one device for
+ * another would hand work between threads, which on a busy machine waits
+ * for the kernel's scheduler; one thread taking turns hands nothing over. */
+static rt_status choose_serial(rt_bundle *b, const rt_options *opts) {
+  const plan *p = &b->p;
+  rt_cpu_replay mode = opts ? opts->cpu_replay : RT_CPU_AUTO;
+  uint64_t threads = 0;
+  int all_cpu = 1;
+  for (uint32_t d = 0; d < p->ndevices; d++) {
+    if (p->devices[d].backend != PLAN_BACKEND_CPU) all_cpu = 0;
+    else threads += rt_cpu_threads(p, d, opts ? opts->threads : 0);
+  }
+  if (mode == RT_CPU_SERIAL && !all_cpu)
+    return rt_status_make("%s: serial cpu replay needs every device on the cpu backend", b->dir);
+  b->serial = p->ndevices > 1 && all_cpu &&
+              (mode == RT_CPU_SERIAL || (mode == RT_CPU_AUTO && threads >= fill_threads()));
+  b->cpu_replay = b->serial ? RT_CPU_SERIAL : mode == RT_CPU_STREAMS ? RT_CPU_STREAMS : RT_CPU_SUBMITTERS;
+  return NULL;
+}
+
 static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *opts,
                              const rt_fault *fault) {
   b->dir = strdup(dir);
@@ -1457,6 +1504,7 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   RT_TRY(read_decode_plan(b));
   const plan *p = &b->p;
   if (opts && opts->graph) RT_TRY(graph_check(b, opts));
+  RT_TRY(choose_serial(b, opts));
   b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
   b->weights_cast = opts && opts->weights_cast;
   RT_TRY(verify_codeobjs(b));

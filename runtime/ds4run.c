@@ -20,7 +20,7 @@ static const char usage_text[] =
     "usage: ds4run BUNDLE [--steps N] [--check] [--ties] [--prompt 1,2,3] [--seed S]\n"
     "              [--weights PATH] [--weights-cast] [--threads N] [--routing-stats FILE]\n"
     "              [--dump-logits FILE] [--watchdog MS] [--trace FILE] [--graph]\n"
-    "              [--json]\n"
+    "              [--cpu-replay MODE] [--json]\n"
     "       ds4run compare A B [--steps N] [--warmup W] [--blocks K] [--prompt 1,2,3]\n"
     "              [--seed S] [--threads N] [--json]\n"
     "       ds4run --help\n"
@@ -44,6 +44,11 @@ static const char usage_text[] =
     "                  exactly (F32 into bf16 or f16), rounding them to\n"
     "                  nearest even (default: refuse them)\n"
     "  --threads N     threads per cpu device (default: the plan's)\n"
+    "  --cpu-replay MODE\n"
+    "                  how cpu devices run a step: serial (one thread, the\n"
+    "                  devices taking turns), submitters (a thread per device),\n"
+    "                  streams (a thread per stream) or auto (default: serial\n"
+    "                  when the cpu devices' threads fill the cores)\n"
     "  --watchdog MS   fail a step that makes no progress for MS milliseconds,\n"
     "                  naming what waits for what (default: off)\n"
     "  --routing-stats FILE\n"
@@ -81,6 +86,7 @@ typedef struct cli {
   const char *weights;
   int weights_cast;
   int threads;
+  rt_cpu_replay cpu_replay;
   uint32_t watchdog_ms;
   int32_t *prompt;
   int nprompt;
@@ -168,6 +174,9 @@ static int parse_args(int argc, char **argv, cli *c, int *out_help) {
       c->json = 1;
     } else if (!strcmp(a, "--graph")) {
       c->graph = 1;
+    } else if (!strcmp(a, "--cpu-replay")) {
+      if (rt_cpu_replay_parse(i + 1 < argc ? argv[++i] : NULL, &c->cpu_replay))
+        return usage_error("--cpu-replay needs auto, serial, submitters or streams");
     } else if (!strcmp(a, "--weights-cast")) {
       c->weights_cast = 1;
     } else if (!strcmp(a, "--steps")) {
@@ -349,6 +358,12 @@ static void print_trace_json(const cli *c, const plan *p, const rt_trace_summary
   printf("]}");
 }
 
+static int has_cpu_device(const plan *p) {
+  for (uint32_t d = 0; d < p->ndevices; d++)
+    if (p->devices[d].backend == PLAN_BACKEND_CPU) return 1;
+  return 0;
+}
+
 /* dp: the bundle's decode plan, NULL when its one plan decodes too. */
 static void print_human(const cli *c, const plan *p, const plan *dp, const rt_weights_info *w, const rt_report *r,
                         int nprefill, int nprompt, const ds4run_check_result *chk,
@@ -364,6 +379,7 @@ static void print_human(const cli *c, const plan *p, const plan *dp, const rt_we
       printf(", %u threads", rt_cpu_threads(p, d, c->threads));
     printf(", arena %llu bytes)\n", (unsigned long long)pd->arena_bytes);
   }
+  if (has_cpu_device(p)) printf("replay:    cpu devices %s\n", rt_cpu_replay_name(c->cpu_replay));
   print_weights_human(w);
   printf("steps:     %d prefill (%d prompt tokens, %u slots) + %d decode", nprefill, nprompt, p->info.tokens,
          r->steps - nprefill);
@@ -407,6 +423,7 @@ static void print_json(const cli *c, const plan *p, const plan *dp, const rt_wei
   rt_json_string(stdout, plan_str(p, p->info.model));
   printf(", \"schedule\": ");
   rt_json_string(stdout, plan_str(p, p->info.schedule));
+  if (has_cpu_device(p)) printf(", \"cpu_replay\": \"%s\"", rt_cpu_replay_name(c->cpu_replay));
   printf(", \"devices\": [");
   for (uint32_t d = 0; d < p->ndevices; d++) {
     const plan_device *pd = &p->devices[d];
@@ -573,6 +590,7 @@ static int generate_and_print(cli *c, rt_bundle *b, step_hooks *h) {
   int nprefill = (c->nprompt + (int)p->info.tokens - 1) / (int)p->info.tokens;
   rt_weights_info w;
   rt_bundle_weights(b, &w);
+  c->cpu_replay = rt_bundle_cpu_replay(b);
   if (c->json)
     print_json(c, p, dp, &w, &r, nprefill, c->nprompt, h->chk ? &res : NULL, h->stats, trace);
   else
@@ -586,7 +604,7 @@ static int run(cli *c) {
   rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights,
                      .weights_cast = c->weights_cast,
                      .watchdog_ms = c->watchdog_ms, .trace = c->trace != NULL,
-                     .graph = c->graph};
+                     .graph = c->graph, .cpu_replay = c->cpu_replay};
   rt_bundle *b = NULL;
   step_hooks h = {0};
   rt_status s = c->routing_stats ? check_writable(c->routing_stats) : NULL;

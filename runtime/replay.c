@@ -26,9 +26,66 @@ static uint32_t submit_count(const rt_dev *v, uint64_t gen) {
   return (uint32_t)(v->die_at - first);
 }
 
+/* Whether command c may be enqueued now: anything but a WAIT on another
+ * device's record, and such a WAIT once that record is enqueued in this
+ * step (HIP and CUDA treat a wait on a not-yet-recorded event as a no-op). */
+static int record_enqueued(const rt_bundle *b, const rt_cmd *c, uint64_t gen) {
+  return c->kind != PLAN_CMD_WAIT || c->after == PLAN_NONE ||
+         atomic_load_explicit(&b->enqueued[c->after], memory_order_acquire) >= gen;
+}
+
+/* Sleeps until the record WAIT c needs is enqueued (0), or the step is
+ * poisoned (-1). Flushes first so this device's queued work runs
+ * meanwhile. */
+static int wait_for_record(rt_bundle *b, rt_dev *v, const rt_cmd *c, uint64_t gen) {
+  flush_device(b, v);
+  atomic_store_explicit(&v->waiting_record, c->after, memory_order_relaxed);
+  int reached = rt_sync_wait(b->sync, &b->enqueued[c->after], gen) == 0;
+  atomic_store_explicit(&v->waiting_record, PLAN_NONE, memory_order_relaxed);
+  return reached ? 0 : -1;
+}
+
+static rt_status submit_cmd(rt_bundle *b, rt_dev *v, const rt_cmd *c, uint64_t gen) {
+  const rt_backend *be = v->be;
+  rt_status s = NULL;
+  switch (c->kind) {
+  case PLAN_CMD_LAUNCH:
+    s = be->launch(c->stream, c->kernel, c->grid, c->block, c->bufs, c->step);
+    break;
+  case PLAN_CMD_COPY:
+    s = be->copy_async(c->stream, c->dst, c->src, c->bytes);
+    break;
+  case PLAN_CMD_RECORD:
+    s = be->event_record(c->stream, c->event, gen);
+    if (!s && c->publish) {
+      atomic_store_explicit(&b->enqueued[c->index], gen, memory_order_release);
+      rt_sync_notify(b->sync);
+    }
+    break;
+  case PLAN_CMD_WAIT:
+    s = be->event_wait(c->stream, c->event, gen);
+    break;
+  case RT_CMD_TIMESTAMP:
+    s = be->timestamp(c->stream, c->stamp);
+    break;
+  }
+  return s;
+}
+
+/* The end of a device's submission in a step, after `done` of its `n`
+ * commands: a submitter stopped by rt_fault.die_submitter says so unless
+ * it dies silently; any failure poisons the step. */
+static void finish_device(rt_bundle *b, rt_dev *v, uint32_t done, uint32_t n, rt_status s) {
+  if (!s && done == n && n < v->ncmds && !v->die_silently && !rt_sync_poisoned(b->sync))
+    s = rt_status_make("device %s: submitter exited before its command %u of %u (injected fault)",
+                       plan_str(&b->p, b->p.devices[v->index].name), n + 1, v->ncmds);
+  if (s) rt_sync_poison(b->sync, s);
+  flush_device(b, v);
+  atomic_store_explicit(&v->submitting, 0, memory_order_release);
+}
+
 void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
   rt_dev *v = &b->devs[device];
-  const rt_backend *be = v->be;
   rt_status s = NULL;
   uint32_t n = submit_count(v, gen), i;
   atomic_store_explicit(&v->submitting, 1, memory_order_relaxed);
@@ -37,45 +94,10 @@ void rt_submit_device(rt_bundle *b, uint32_t device, uint64_t gen) {
     /* Stop at the next command once any device failed: its executors skip
      * what is queued, so nothing more is worth enqueueing. */
     if (rt_sync_poisoned(b->sync)) break;
-    switch (c->kind) {
-    case PLAN_CMD_LAUNCH:
-      s = be->launch(c->stream, c->kernel, c->grid, c->block, c->bufs, c->step);
-      break;
-    case PLAN_CMD_COPY:
-      s = be->copy_async(c->stream, c->dst, c->src, c->bytes);
-      break;
-    case PLAN_CMD_RECORD:
-      s = be->event_record(c->stream, c->event, gen);
-      if (!s && c->publish) {
-        atomic_store_explicit(&b->enqueued[c->index], gen, memory_order_release);
-        rt_sync_notify(b->sync);
-      }
-      break;
-    case PLAN_CMD_WAIT:
-      /* HIP and CUDA treat a wait on a not-yet-recorded event as a no-op,
-       * so a wait on another device's event is enqueued only once its
-       * record is. Flush first so this device's queued work runs meanwhile. */
-      if (c->after != PLAN_NONE &&
-          atomic_load_explicit(&b->enqueued[c->after], memory_order_acquire) < gen) {
-        flush_device(b, v);
-        atomic_store_explicit(&v->waiting_record, c->after, memory_order_relaxed);
-        int reached = rt_sync_wait(b->sync, &b->enqueued[c->after], gen) == 0;
-        atomic_store_explicit(&v->waiting_record, PLAN_NONE, memory_order_relaxed);
-        if (!reached) break;
-      }
-      s = be->event_wait(c->stream, c->event, gen);
-      break;
-    case RT_CMD_TIMESTAMP:
-      s = be->timestamp(c->stream, c->stamp);
-      break;
-    }
+    if (!record_enqueued(b, c, gen) && wait_for_record(b, v, c, gen)) break;
+    s = submit_cmd(b, v, c, gen);
   }
-  if (!s && i == n && n < v->ncmds && !v->die_silently && !rt_sync_poisoned(b->sync))
-    s = rt_status_make("device %s: submitter exited before its command %u of %u (injected fault)",
-                       plan_str(&b->p, b->p.devices[device].name), n + 1, v->ncmds);
-  if (s) rt_sync_poison(b->sync, s);
-  flush_device(b, v);
-  atomic_store_explicit(&v->submitting, 0, memory_order_release);
+  finish_device(b, v, i, n, s);
 }
 
 void *rt_submitter_main(void *arg) {
@@ -97,10 +119,70 @@ void *rt_submitter_main(void *arg) {
   return NULL;
 }
 
+enum { SERIAL_DONE = UINT32_MAX }; /* serial_at[d] of a device done with the step */
+
+/* Runs device d's commands of step gen from serial_at[d] until it ends or
+ * meets a WAIT whose record is not enqueued yet (which the watchdog's
+ * report then names, as for a submitter asleep on it). Returns whether it
+ * ran any; serial_at[d] is then SERIAL_DONE if the device is done (or
+ * failed). */
+static int serial_turn(rt_bundle *b, uint32_t d, uint64_t gen) {
+  rt_dev *v = &b->devs[d];
+  uint32_t n = submit_count(v, gen), i = b->serial_at[d], first = i;
+  rt_status s = NULL;
+  atomic_store_explicit(&v->waiting_record, PLAN_NONE, memory_order_relaxed);
+  atomic_store_explicit(&v->submitting, 1, memory_order_relaxed);
+  while (i < n && !s && !rt_sync_poisoned(b->sync) && record_enqueued(b, &v->cmds[i], gen))
+    s = submit_cmd(b, v, &v->cmds[i++], gen);
+  b->serial_at[d] = i;
+  if (i == n || s || rt_sync_poisoned(b->sync)) {
+    finish_device(b, v, i, n, s);
+    b->serial_at[d] = SERIAL_DONE;
+  } else {
+    atomic_store_explicit(&v->waiting_record, v->cmds[i].after, memory_order_relaxed);
+  }
+  return i > first;
+}
+
+/* rt_bundle.serial: every device's commands on the calling thread, in
+ * turns: each device runs until it waits for a record another device has
+ * not run yet. The plan lists every RECORD before its WAITs, so some
+ * device can always go on, unless one stopped short of a record
+ * (rt_fault.die_silently): then this thread sleeps on that record, as a
+ * submitter would, until the watchdog's poison wakes it. */
+static void submit_serial(rt_bundle *b, uint64_t gen) {
+  uint32_t nd = b->p.ndevices;
+  for (uint32_t d = 0; d < nd; d++) b->serial_at[d] = 0;
+  for (;;) {
+    int ran = 0;
+    uint32_t waiting = nd; /* the first device not done */
+    for (uint32_t d = 0; d < nd; d++) {
+      if (b->serial_at[d] == SERIAL_DONE) continue;
+      ran |= serial_turn(b, d, gen);
+      if (b->serial_at[d] != SERIAL_DONE && waiting == nd) waiting = d;
+    }
+    if (waiting == nd) return;
+    if (ran) continue;
+    rt_dev *v = &b->devs[waiting];
+    if (wait_for_record(b, v, &v->cmds[b->serial_at[waiting]], gen) == 0) continue;
+    for (uint32_t d = waiting; d < nd; d++) {
+      rt_dev *w = &b->devs[d];
+      atomic_store_explicit(&w->waiting_record, PLAN_NONE, memory_order_relaxed);
+      if (b->serial_at[d] != SERIAL_DONE) finish_device(b, w, b->serial_at[d], submit_count(w, gen), NULL);
+    }
+    return;
+  }
+}
+
 /* Every device's submitter enqueues its commands of step gen: device 0's
- * on the caller, the others' on their threads. */
+ * on the caller, the others' on their threads (serial: all on the
+ * caller). */
 static void submit_all(rt_bundle *b, uint64_t gen) {
   uint32_t nd = b->p.ndevices;
+  if (b->serial) {
+    submit_serial(b, gen);
+    return;
+  }
   if (nd > 1) {
     pthread_mutex_lock(&b->sub_mu);
     b->sub_gen = gen;

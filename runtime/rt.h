@@ -9,6 +9,17 @@
 #include "plan.h"
 #include "status.h"
 
+/* How cpu devices run a step's commands (docs/RUNTIME.md, "The cpu
+ * backend"). */
+typedef enum rt_cpu_replay {
+  RT_CPU_AUTO,       /* SERIAL when every device is a cpu device and their threads
+                        together fill the cores (rt_cpu_threads), else SUBMITTERS */
+  RT_CPU_SERIAL,     /* the caller runs every device's commands, the devices taking
+                        turns at the waits between them (every device a cpu one) */
+  RT_CPU_SUBMITTERS, /* each device's submitter runs its streams' commands */
+  RT_CPU_STREAMS,    /* an executor thread per cpu stream runs its commands */
+} rt_cpu_replay;
+
 typedef struct rt_options {
   uint64_t weight_seed; /* 0: the plan's seed */
   int threads;          /* 0: each cpu device's thread count from the plan, scaled
@@ -26,6 +37,7 @@ typedef struct rt_options {
   int graph;            /* nonzero: replay each step as one graph launch (a plan on
                            one GPU device; not with trace; docs/RUNTIME.md, "Graph
                            replay") */
+  rt_cpu_replay cpu_replay;
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;
@@ -49,6 +61,12 @@ const plan *rt_bundle_plan(const rt_bundle *b);
  * same tensors by index, in the same arenas; b itself when b has none.
  * Owned by b. */
 rt_bundle *rt_bundle_decode(rt_bundle *b);
+/* How b's cpu devices run a step: rt_options.cpu_replay with RT_CPU_AUTO
+ * resolved (RT_CPU_SERIAL, RT_CPU_SUBMITTERS or RT_CPU_STREAMS). */
+rt_cpu_replay rt_bundle_cpu_replay(const rt_bundle *b);
+/* "auto", "serial", "submitters", "streams"; and back (-1: none of them). */
+const char *rt_cpu_replay_name(rt_cpu_replay m);
+int rt_cpu_replay_parse(const char *name, rt_cpu_replay *out);
 
 /* Tensors by stable path; host copies in and out (any backend) of resident
  * tensors (a weight source on no device is refused). */

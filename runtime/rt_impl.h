@@ -129,6 +129,14 @@ struct rt_bundle {
   int use_graph;
   rt_graph *graph;
 
+  /* RT_CPU_SERIAL (rt_options.cpu_replay), two devices or more: the
+   * caller runs every device's commands, taking turns (replay.c,
+   * submit_serial), and no submitter threads are started. serial_at:
+   * [p.ndevices] each device's next command in the step. */
+  int serial;
+  uint32_t *serial_at;
+  rt_cpu_replay cpu_replay; /* rt_bundle_cpu_replay */
+
   /* Submitter threads of devices 1..n-1: woken per step. */
   pthread_mutex_t sub_mu;
   pthread_cond_t sub_cv, sub_done_cv;

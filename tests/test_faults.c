@@ -6,8 +6,11 @@
  * error, word for word; retried, it works and every step's outputs equal
  * those of a run without faults (on a lost device the retry fails cleanly
  * instead); close returns. A skipped record stalls a step until the
- * watchdog names the stream, the event and who records it. The sanitizer
- * builds check for leaks, races and threads left running. */
+ * watchdog names the stream, the event and who records it. The walks and
+ * the watchdog's cases run in each way a cpu device can run a step
+ * (rt_options.cpu_replay: one thread for all devices, a thread per device,
+ * a thread per stream), and every way gives the same outputs. The
+ * sanitizer builds check for leaks, races and threads left running. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,6 +175,10 @@ typedef struct fault_case {
   const char *retry_want; /* then: the retry's error, after the step */
 } fault_case;
 
+/* rt_options.cpu_replay for the case at hand: each loop test below runs
+ * in every mode, _i = RT_CPU_SERIAL, RT_CPU_SUBMITTERS, RT_CPU_STREAMS. */
+static rt_cpu_replay replay_mode;
+
 static void step_prefix(const script *sc, int k, char *out, size_t n) {
   snprintf(out, n, "step %d (pos %d, %d tokens): ", sc->step[k][2], sc->step[k][0], sc->step[k][1]);
 }
@@ -192,7 +199,7 @@ static void expect_error(rt_status s, const script *sc, int k, const char *want,
  * the case says, and nowhere else. Returns the failing step's message
  * (caller frees) for further checks. */
 static rt_status run_case(const script *sc, const fault_case *fc) {
-  rt_options o = {.watchdog_ms = fc->watchdog_ms};
+  rt_options o = {.watchdog_ms = fc->watchdog_ms, .cpu_replay = replay_mode};
   rt_bundle *b;
   rt_status s = rt_bundle_open_faulty(sc->dir, &o, &fc->f, &b);
   ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
@@ -317,21 +324,32 @@ static int walk_dying_submitter(const script *sc) {
 /* ---- tests ---- */
 
 START_TEST(launch_faults) {
+  replay_mode = (rt_cpu_replay)_i;
   ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_LAUNCH), 44 + 2);
   ck_assert_int_eq(walk_calls(&mini, PLAN_CMD_LAUNCH), 175);
 }
 END_TEST
 
-START_TEST(copy_faults) { ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_COPY), 6); }
+START_TEST(copy_faults) {
+  replay_mode = (rt_cpu_replay)_i;
+  ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_COPY), 6);
+}
 END_TEST
 
-START_TEST(record_faults) { ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_RECORD), 4 + 6); }
+START_TEST(record_faults) {
+  replay_mode = (rt_cpu_replay)_i;
+  ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_RECORD), 4 + 6);
+}
 END_TEST
 
-START_TEST(wait_faults) { ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_WAIT), 2 + 8); }
+START_TEST(wait_faults) {
+  replay_mode = (rt_cpu_replay)_i;
+  ck_assert_int_eq(walk_calls(&hotcold, PLAN_CMD_WAIT), 2 + 8);
+}
 END_TEST
 
 START_TEST(dying_submitter) {
+  replay_mode = (rt_cpu_replay)_i;
   ck_assert_int_eq(walk_dying_submitter(&hotcold), 50 + 22);
   ck_assert_int_eq(walk_dying_submitter(&mini), 175);
 }
@@ -355,6 +373,7 @@ END_TEST
  * polling; the report names the stream that waits, the event and where it
  * is recorded, and every stream's state. The retry works. */
 START_TEST(watchdog_names_a_skipped_record) {
+  replay_mode = (rt_cpu_replay)_i;
   plan pl;
   const plan *p = plan_of(&hotcold, &pl);
   int cases = 0;
@@ -418,6 +437,7 @@ static void silent_death(const char *device, const char *after) {
 }
 
 START_TEST(watchdog_names_a_silent_submitter) {
+  replay_mode = (rt_cpu_replay)_i;
   silent_death("cold", "after copy.layers.0.slots.parts[4:8]@cold)");
   silent_death("hot", "after layers.0.ffn.norm)");
 }
@@ -453,8 +473,8 @@ static void make_slow_bundle(script *slow) {
   *slow = hotcold;
   snprintf(slow->dir, sizeof slow->dir, "%s/slow", tmpdir);
   char cmd[4096], path[1024];
-  snprintf(cmd, sizeof cmd, "cp -r %s %s && ls %s/kernels/host/ds4k_argmax_*.c", hotcold.dir, slow->dir,
-           slow->dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && ls %s/kernels/host/ds4k_argmax_*.c", slow->dir,
+           hotcold.dir, slow->dir, slow->dir);
   FILE *ls = popen(cmd, "r");
   ck_assert_ptr_nonnull(ls);
   ck_assert_ptr_nonnull(fgets(path, sizeof path, ls));
@@ -504,15 +524,17 @@ static void make_slow_bundle(script *slow) {
 
 /* One command that outlasts the bound is a stall too (the bound must
  * exceed the longest command): the report names the launch the stream is
- * busy with; the step returns once the kernel has, and the retry works. */
+ * busy with (and, where the submitter runs it, the submitter inside that
+ * call); the step returns once the kernel has, and the retry works. */
 START_TEST(watchdog_names_a_long_kernel) {
   script slow;
   make_slow_bundle(&slow);
+  replay_mode = (rt_cpu_replay)_i;
   fault_case fc = {.watchdog_ms = WATCHDOG_MS, .stalls = 1};
   snprintf(fc.want, sizeof fc.want,
            "watchdog: no progress for %u ms: stream hot.main busy with launch head.sample; "
-           "stream cold.main idle; stream cold.copy idle",
-           WATCHDOG_MS);
+           "stream cold.main idle; stream cold.copy idle%s",
+           WATCHDOG_MS, replay_mode == RT_CPU_STREAMS ? "" : "; submitter of hot busy in a backend call");
   double t0 = tu_seconds();
   rt_status_free(run_case(&slow, &fc));
   ck_assert_double_ge(tu_seconds() - t0, 3 * WATCHDOG_MS * 1e-3); /* the kernel's sleep */
@@ -537,23 +559,54 @@ START_TEST(ds4run_watchdog_option) {
 }
 END_TEST
 
+/* ds4run --cpu-replay: every mode gives tiny-hotcold's outputs bit for
+ * bit; serial replay refuses a plan with a GPU device before opening any
+ * device; an unknown mode is a usage error. */
+START_TEST(cpu_replay_modes_agree) {
+  static const char *const modes[] = {"auto", "serial", "submitters", "streams"};
+  char first[8192], out[8192], args[1024];
+  for (int m = 0; m < 4; m++) {
+    snprintf(args, sizeof args, "%s --steps 6 --cpu-replay %s", hotcold.dir, modes[m]);
+    int rc = tu_ds4run(args, m ? out : first, sizeof out);
+    ck_assert_msg(rc == 0, "%s: exit %d:\n%s", modes[m], rc, m ? out : first);
+    ck_assert_ptr_nonnull(strstr(first, "outputs sha256: "));
+    if (m) ck_assert_str_eq(strstr(first, "outputs sha256: "), strstr(out, "outputs sha256: "));
+  }
+  char gpu[700];
+  snprintf(gpu, sizeof gpu, "%s/gpu-cpu", tmpdir);
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-gpu-cpu.yaml",
+                    .out_dir = gpu};
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
+  snprintf(args, sizeof args, "%s --cpu-replay serial", gpu);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 1);
+  char want[800];
+  snprintf(want, sizeof want, "ds4run: error: %s: serial cpu replay needs every device on the cpu backend", gpu);
+  ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
+  snprintf(args, sizeof args, "%s --cpu-replay threads", hotcold.dir);
+  ck_assert_int_eq(tu_ds4run(args, out, sizeof out), 64);
+  ck_assert_msg(strstr(out, "ds4run: error: --cpu-replay needs auto, serial, submitters or streams"), "%s", out);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("faults");
   TCase *tc = tcase_create("faults");
   tcase_set_timeout(tc, 600);
   tcase_add_unchecked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, launch_faults);
-  tcase_add_test(tc, copy_faults);
-  tcase_add_test(tc, record_faults);
-  tcase_add_test(tc, wait_faults);
-  tcase_add_test(tc, dying_submitter);
+  tcase_add_loop_test(tc, launch_faults, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
+  tcase_add_loop_test(tc, copy_faults, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
+  tcase_add_loop_test(tc, record_faults, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
+  tcase_add_loop_test(tc, wait_faults, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
+  tcase_add_loop_test(tc, dying_submitter, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
   tcase_add_test(tc, lost_device);
   tcase_add_test(tc, lost_device_under_watchdog);
-  tcase_add_test(tc, watchdog_names_a_skipped_record);
-  tcase_add_test(tc, watchdog_names_a_silent_submitter);
-  tcase_add_test(tc, watchdog_names_a_long_kernel);
+  tcase_add_loop_test(tc, watchdog_names_a_skipped_record, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
+  tcase_add_loop_test(tc, watchdog_names_a_silent_submitter, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
+  tcase_add_loop_test(tc, watchdog_names_a_long_kernel, RT_CPU_SERIAL, RT_CPU_STREAMS + 1);
   tcase_add_test(tc, watchdog_quiet_when_healthy);
   tcase_add_test(tc, ds4run_watchdog_option);
+  tcase_add_test(tc, cpu_replay_modes_agree);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -78,6 +78,11 @@ typedef struct rt_device_options {
    * it on the stream ends (on CUDA, programmatic stream serialization).
    * The cpu backend runs a launch's blocks after the one before either way. */
   int overlap_launches;
+  /* cpu: the thread that enqueues a command runs it there and then, in
+   * enqueue order, instead of a stream's executor thread (a bundle's
+   * default: rt_options.cpu_replay other than RT_CPU_STREAMS); a wait on
+   * an event not yet recorded then holds the caller. */
+  int inline_streams;
 } rt_device_options;
 
 /* What a stream is doing, for the watchdog's report (stream_state): a
