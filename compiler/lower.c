@@ -35,7 +35,8 @@
  * operations in their order, so the bits stay, and x never leaves the
  * block. Safe by construction: whole operands, x an activation no other
  * op touches, no op between the two that touches h or writes w, no op a
- * hint names, and rows of x of at most HC_NORM_MAX_COLS.
+ * hint names; and only where a row of x is at most HC_NORM_MAX_COLS,
+ * where the fusion is a gain.
  *
  * An rmsnorm or rmsnorm_groups on a GPU whose output only a rope on
  * the same stream reads becomes, with that rope, one launch, rmsnorm_rope
@@ -195,9 +196,14 @@ static int lowered_count(const ir_prog *p, const ir_op *op) {
   return (kind == IR_OP_MOE_EXPERTS || kind == IR_OP_HC_PRE || kind == IR_OP_HC_HEAD) && on_gpu(p, op) ? 2 : 1;
 }
 
-/* The columns of x a hc_pre_norm block holds in registers: 64 a thread of
- * 256. */
-#define HC_NORM_MAX_COLS 16384
+/* The widest x an hc_pre_norm takes: one tile of hc_pre_sums (256
+ * columns a block, kgen_gpu), so that the fused launch's one block a slot
+ * does no more than the mix's block did. Wider, hc_pre_sums spreads a
+ * slot's columns over blocks, and the norm's own launch costs less than
+ * one block doing the whole mix: ds4-flash-slice's decode step (x of
+ * 4096) took 1668.2 us fused and 1620.8 us unfused on an H100 (graph
+ * replay, one bench/ds4 run; bench/NOTES.md, v21). */
+#define HC_NORM_MAX_COLS 256
 
 /* Whether op k writes tensor t, or touches it at all (any). */
 static int op_uses(const ir_op *op, int t, int any) {

@@ -820,6 +820,28 @@ START_TEST(hc_pre_norm_fused_on_gpu) {
 }
 END_TEST
 
+/* Where x is wider than one hc_pre_sums tile (256 columns: ds4-flash-slice's
+ * 4096) the mix keeps its blocks a slot and the norm its own launch: every
+ * hc_pre_sums is followed on its stream by the rmsnorm of its x. */
+START_TEST(hc_pre_norm_not_fused_when_wide) {
+  ir_prog *gpu = build("models/ds4-flash-slice-bf16.yaml", "schedules/ds4-flash-h200.yaml");
+  int mixes = 0;
+  for (int i = 0; i < gpu->nops; i++) {
+    const ir_op *op = &gpu->ops[i];
+    ck_assert_int_ne(op->kind, IR_OP_HC_PRE_NORM);
+    if (op->kind != IR_OP_HC_PRE_SUMS) continue;
+    mixes++;
+    int norm = -1;
+    for (int k = i + 1; k < gpu->nops && norm < 0; k++)
+      if (gpu->ops[k].kind == IR_OP_RMSNORM && gpu->ops[k].in[0] == op->out[0]) norm = k;
+    ck_assert_msg(norm >= 0, "%s: no rmsnorm reads its x", op->path);
+    ck_assert_int_eq(gpu->ops[norm].stream, op->stream);
+  }
+  ck_assert_int_gt(mixes, 0);
+  ds4c_prog_free(gpu);
+}
+END_TEST
+
 /* On a GPU each attention's kv_norm and q_head_norm fold in the rope that
  * reads their output (lower.c): rmsnorm_rope and rmsnorm_groups_rope, in
  * the norm's place, named <norm>+<rope>, writing the rope's output, rope's
@@ -970,6 +992,7 @@ int main(void) {
   tcase_add_test(tc, cpu_retargets_every_device);
   tcase_add_test(tc, combine_add_fused_on_gpu);
   tcase_add_test(tc, hc_pre_norm_fused_on_gpu);
+  tcase_add_test(tc, hc_pre_norm_not_fused_when_wide);
   tcase_add_test(tc, norm_rope_fused_on_gpu);
   tcase_add_test(tc, decode_plan_differs_in_shapes_and_grids_only);
   tcase_add_test(tc, step_shapes_from_the_schedule);

@@ -766,14 +766,18 @@ def cmd_run(args):
 # ------------------------------------------------------------- teacher
 
 def cmd_teacher(args):
-    """make --config, then run over a seeded random prompt of --tokens ids
+    """make --config (with --store-bf16 unless the description keeps its
+    matrices in f32), then run over a seeded random prompt of --tokens ids
     in one stateless forward (teacher-forced: every position's logits from
     the prompt itself), writing OUT/hf (the checkpoint), OUT/ids.txt and
     OUT/hf.bin."""
     import random
     out = Path(args.out)
-    code = cmd_make(argparse.Namespace(out=str(out / "hf"), model=args.model, seed=args.seed, store_bf16=False,
-                                       tid2eid_repeats=False, config=args.config))
+    # the matrices stored as the description stores them: rounded to bf16
+    # values, an F32 checkpoint would need ds4run --weights-cast
+    store_bf16 = Description(args.model).params.get("bf16w", "bf16") != "f32"
+    code = cmd_make(argparse.Namespace(out=str(out / "hf"), model=args.model, seed=args.seed,
+                                       store_bf16=store_bf16, tid2eid_repeats=False, config=args.config))
     if code:
         return code
     vocab = Description(args.model).params["vocab"]

@@ -9,8 +9,9 @@
  *   - the NMIX dot products fn[m] . state and the state's sum of squares,
  *     one after another (ds4_hc_sums: each by the whole block, 16-byte
  *     chunks, ds4_block_sum's fixed tree);
- *   - thread 0 turns them into pre and post (ds4_hc_pre_gates), the block
- *     into comb (ds4_hc_comb_sinkhorn: 32 lanes, an element a lane);
+ *   - a thread a gate of the second warp turns them into pre and post
+ *     (ds4_hc_pre_gates) while the first 32 lanes, an element a lane, turn
+ *     them into comb (ds4_hc_comb_sinkhorn);
  *   - thread i computes x[j] for j = i, i + NTHREADS, ..., summing
  *     pre_s * X[s][j] over the streams s ascending from +0, as on the host.
  * Dead rows: x, post and comb all zero. */
@@ -48,9 +49,8 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   ds4_hc_sums<NTHREADS, NMIX>(red, xs, fn, N * D, sums, zero);
   ds4_barrier(); /* sums[] written by thread 0, read by the Sinkhorn's threads */
-  if (tid == 0)
-    ds4_hc_pre_gates<N, NMIX, D, true>(sums, base, scale, EPS, HC_EPS, pre, pr);
-  ds4_barrier(); /* pre[] written */
+  ds4_hc_pre_gates<N, NMIX, D, true, NTHREADS>(sums, base, scale, EPS, HC_EPS, pre, pr);
   ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, sums, base, scale, EPS, HC_EPS, ITERS, cr);
+  ds4_barrier(); /* pre[] written */
   ds4_hc_combine<NTHREADS, N, D>(pre, xs, xr);
 }

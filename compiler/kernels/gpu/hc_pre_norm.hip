@@ -3,11 +3,11 @@
  * hc_pre_sums then rmsnorm. kgen_gpu puts in front the defines T, N, D,
  * NMIX (= (2+N)*N), EPS, HC_EPS, ITERS, NORM_EPS, CPT (= ceil(D /
  * NTHREADS)), GRID, NTHREADS, KERNEL_NAME and W_T.
- * Grid: one block per token slot (T). Thread 0 turns the slot's sums (from
- * hc_sums) into pre and post, the first 32 lanes (or the whole block)
- * into the Sinkhorn-balanced comb, as hc_pre_sums; then thread i computes
- * x[j] for the columns j = i, i + NTHREADS, ... (CPT of them, held in
- * registers; hc_pre_sums' order), sums their squares in ascending j as
+ * Grid: one block per token slot (T). A thread a gate turns the slot's
+ * sums (from hc_sums) into pre and post, the first 32 lanes (or the whole
+ * block) into the Sinkhorn-balanced comb, as hc_pre_sums; then thread i
+ * computes x[j] for the columns j = i, i + NTHREADS, ... (CPT of them,
+ * held in registers; hc_pre_sums' order), sums their squares in ascending j as
  * rmsnorm's thread i does, and the block adds the partial sums with
  * ds4_block_sum's tree, so h = x * w / den has rmsnorm's bits and x never
  * leaves the block. Dead rows: h, post and comb all zero. */
@@ -44,10 +44,9 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
   float *pre = smem + ((int64_t)ds4_grid() - GRID), *mat = pre + N;
   const float *st = sums + t * (NMIX + 1), *xs = X + t * (N * D);
-  if (tid == 0)
-    ds4_hc_pre_gates<N, NMIX, D, true>(st, base, scale, EPS, HC_EPS, pre, pr);
-  ds4_barrier(); /* pre[] written */
+  ds4_hc_pre_gates<N, NMIX, D, true, NTHREADS>(st, base, scale, EPS, HC_EPS, pre, pr);
   ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, st, base, scale, EPS, HC_EPS, ITERS, cr);
+  ds4_barrier(); /* pre[] written */
   float v[CPT];
   float ss = 0.0f;
 #pragma unroll

@@ -3,11 +3,11 @@
  * fn[m] . X[t], sums[t,NMIX] = X[t] . X[t]), with hc_pre's bits.
  * kgen_gpu puts in front the defines T, N, D, NMIX (= (2+N)*N), EPS,
  * HC_EPS, ITERS, COLS (= NTHREADS), NCOL, GRID, NTHREADS and KERNEL_NAME.
- * Grid: token slot t x tile c of COLS columns (T * NCOL). Thread 0 turns
- * the slot's sums into pre (ds4_hc_pre_gates; in the slot's first tile
- * also post), the first tile's block into the Sinkhorn-balanced comb
- * (ds4_hc_comb_sinkhorn: its first 32 lanes, an element a lane, while the
- * other warps go on); then thread i computes
+ * Grid: token slot t x tile c of COLS columns (T * NCOL). A thread a gate
+ * of the second warp turns the slot's sums into pre (ds4_hc_pre_gates; in
+ * the slot's first tile also post), and beside them the first tile's
+ * first 32 lanes, an element a lane, into the Sinkhorn-balanced comb
+ * (ds4_hc_comb_sinkhorn); then thread i computes
  * x[j] for the tile's column j = COLS * c + i (ds4_hc_combine_col). Every
  * block of a slot computes pre from the same sums in the same order, so
  * the tiles agree bit for bit. Dead rows: x, post and comb all zero. */
@@ -48,14 +48,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return;
   }
   const float *st = sums + t * (NMIX + 1);
-  if (tid == 0) {
-    if (first)
-      ds4_hc_pre_gates<N, NMIX, D, true>(st, base, scale, EPS, HC_EPS, pre, pr);
-    else
-      ds4_hc_pre_gates<N, NMIX, D, false>(st, base, scale, EPS, HC_EPS, pre, pr);
+  if (first) {
+    ds4_hc_pre_gates<N, NMIX, D, true, NTHREADS>(st, base, scale, EPS, HC_EPS, pre, pr);
+    ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, st, base, scale, EPS, HC_EPS, ITERS, cr);
+  } else {
+    ds4_hc_pre_gates<N, NMIX, D, false, NTHREADS>(st, base, scale, EPS, HC_EPS, pre, pr);
   }
   ds4_barrier(); /* pre[] written */
-  if (first)
-    ds4_hc_comb_sinkhorn<N, NMIX, D, NTHREADS>(mat, st, base, scale, EPS, HC_EPS, ITERS, cr);
   ds4_hc_combine_col<N, D>(pre, X + t * (N * D), c0 + tid, xr);
 }

@@ -724,23 +724,29 @@ DS4_DEVICE void ds4_hc_sums(float *red, const float *x, const float *fn, int64_t
   }
 }
 
-/* hc_pre's gates from its sums (one thread): mix_m = sums[m] / den, den =
- * sqrt(sums[M] / (N*D) + eps); pre_i = sigmoid(mix_i * scale[0] +
- * base[i]) + hc_eps (to shared memory, for the block's weighted sum) and,
- * with POST, post_i = 2 sigmoid(mix_{N+i} * scale[1] + base[N+i]) (to the
- * slot's row), in the host kernel's operation order (ds4_expf for expf). */
-template <int N, int M, int D, bool POST>
+/* hc_pre's gates from its sums, a gate a thread (every thread calls it):
+ * mix_m = sums[m] / den, den = sqrt(sums[M] / (N*D) + eps); thread
+ * 32 + i computes pre_i = sigmoid(mix_i * scale[0] + base[i]) + hc_eps
+ * (to shared memory, for the block's weighted sum) and, with POST,
+ * thread 32 + N + i post_i = 2 sigmoid(mix_{N+i} * scale[1] + base[N+i])
+ * (to the slot's row), each with the host kernel's operations in their
+ * order (ds4_expf for expf). The gates are independent: on one thread
+ * their 2N exponentials and divisions were a chain of microseconds. From
+ * the second warp, so that the first 32 lanes' Sinkhorn
+ * (ds4_hc_comb_sinkhorn) runs beside them. */
+template <int N, int M, int D, bool POST, int NT>
 DS4_DEVICE void ds4_hc_pre_gates(const float *sums, const float *base, const float *scale, float eps, float hc_eps,
                                  float *pre, float *post)
 {
+  static_assert(NT >= 32 + 2 * N, "a thread per gate past the first warp");
+  int g = ds4_thread() - 32;
+  if (g < 0 || g >= (POST ? 2 * N : N))
+    return;
   float den = __builtin_sqrtf(sums[M] / (float)(N * D) + eps);
-#pragma unroll
-  for (int i = 0; i < N; i++)
-    pre[i] = 1.0f / (1.0f + ds4_expf(-(sums[i] / den * scale[0] + base[i]))) + hc_eps;
-  if constexpr (POST)
-#pragma unroll
-    for (int i = 0; i < N; i++)
-      post[i] = 2.0f / (1.0f + ds4_expf(-(sums[N + i] / den * scale[1] + base[N + i])));
+  if (g < N)
+    pre[g] = 1.0f / (1.0f + ds4_expf(-(sums[g] / den * scale[0] + base[g]))) + hc_eps;
+  else
+    post[g - N] = 2.0f / (1.0f + ds4_expf(-(sums[g] / den * scale[1] + base[g])));
 }
 
 /* hc_pre's comb from its sums, by one group of 32 lanes (each calls it):
