@@ -517,6 +517,12 @@ def fill_value(name, shape, gen, torch, experts, distinct):
     raise CheckError(f"no fill rule for HF tensor '{name}' {list(shape)}: a transformers change? extend fill_value")
 
 
+def bf16_matrices(desc):
+    """Whether the description holds its matrices in bf16 (its `bf16w`,
+    bf16 unless it says f32)."""
+    return desc.params.get("bf16w", "bf16") != "f32"
+
+
 def fill_model(model, seed, torch, experts, distinct, round_bf16=True):
     """Every persistent entry of the model, seeded; bf16-stored weights
     rounded to bf16 values (nearest even) and kept fp32, unless round_bf16
@@ -624,7 +630,7 @@ def cmd_make(args):
     check_rope_tables(model, desc)
     # a description holding its matrices in f32 gets them unrounded
     rounded = fill_model(model, args.seed, torch, desc.params["experts"], not args.tid2eid_repeats,
-                         desc.params.get("bf16w", "bf16") != "f32")
+                         bf16_matrices(desc))
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     for old in outdir.glob("*.safetensors"):
@@ -773,14 +779,15 @@ def cmd_teacher(args):
     OUT/hf.bin."""
     import random
     out = Path(args.out)
+    desc = Description(args.model)
     # the matrices stored as the description stores them: rounded to bf16
     # values, an F32 checkpoint would need ds4run --weights-cast
-    store_bf16 = Description(args.model).params.get("bf16w", "bf16") != "f32"
     code = cmd_make(argparse.Namespace(out=str(out / "hf"), model=args.model, seed=args.seed,
-                                       store_bf16=store_bf16, tid2eid_repeats=False, config=args.config))
+                                       store_bf16=bf16_matrices(desc), tid2eid_repeats=False,
+                                       config=args.config))
     if code:
         return code
-    vocab = Description(args.model).params["vocab"]
+    vocab = desc.params["vocab"]
     rng = random.Random(args.seed)
     ids = ",".join(str(rng.randrange(vocab)) for _ in range(args.tokens))
     (out / "ids.txt").write_text(ids + "\n")
