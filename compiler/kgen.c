@@ -238,34 +238,59 @@ static const char *kgen_dtype_name(uint32_t dtype)
 
 /* ---- a growing string ---- */
 
+/* Room for n more bytes and a terminator; 0, or -1 with oom set. */
+static int kgen_reserve(kgen_buf *b, size_t n)
+{
+  if (b->len + n + 1 <= b->cap)
+    return 0;
+  size_t cap = b->cap ? b->cap : 1024;
+  while (b->len + n + 1 > cap)
+    cap *= 2;
+  char *s = ir_try_realloc(b->s, cap);
+  if (!s) {
+    b->oom = 1;
+    return -1;
+  }
+  b->s = s;
+  b->cap = cap;
+  return 0;
+}
+
+/* Formats into the spare room first: one pass when the text fits, a
+ * second after growing when it does not. */
 void kgen_printf(kgen_buf *b, const char *fmt, ...)
 {
   if (b->oom)
     return;
+  size_t room = b->cap - b->len;
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
+  int n = vsnprintf(room ? b->s + b->len : NULL, room, fmt, ap);
   va_end(ap);
   if (n < 0) {
     b->oom = 1;
     return;
   }
-  if (b->len + (size_t)n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 1024;
-    while (b->len + (size_t)n + 1 > cap)
-      cap *= 2;
-    char *s = ir_try_realloc(b->s, cap);
-    if (!s) {
-      b->oom = 1;
+  if ((size_t)n >= room) {
+    if (kgen_reserve(b, (size_t)n))
       return;
-    }
-    b->s = s;
-    b->cap = cap;
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
   }
-  va_start(ap, fmt);
-  vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
-  va_end(ap);
   b->len += (size_t)n;
+}
+
+/* Appends text as it is: for the prelude and the templates, tens of
+ * kilobytes that a printf would copy a character at a time (and measure
+ * first). */
+void kgen_puts(kgen_buf *b, const char *text)
+{
+  size_t n = strlen(text);
+  if (b->oom || kgen_reserve(b, n))
+    return;
+  memcpy(b->s + b->len, text, n + 1);
+  b->len += n;
 }
 
 /* An exact, locale-independent C literal of a float: an integer mantissa

@@ -18,6 +18,7 @@ typedef struct kgen_buf {
 } kgen_buf;
 
 void kgen_printf(kgen_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kgen_puts(kgen_buf *b, const char *text);
 /* An exact, locale-independent C literal of a float ("0xc6f7a0p-43f"). */
 void kgen_float_literal(kgen_buf *b, float v);
 

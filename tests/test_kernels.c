@@ -10,15 +10,17 @@
  * group_matmul). */
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "emit.h"
@@ -3004,17 +3006,29 @@ static void ref_select(const float *scores, int vis, int topk, int32_t *out)
 
 /* ---- GPU kernels run on the host ----
  * A GPU kernel's source (kgen_gpu) compiled for the host by clang as C++
- * with DS4_EMU defined, its block's NTHREADS threads as pthreads,
- * ds4_barrier a pthread barrier and ds4_lane_down and ds4_lane_read an
- * exchange between the 32 threads of a warp, each step behind a barrier
- * of the warp: the
- * prelude's math, reductions and dot products and the kernel's own code
- * are the same IEEE f32/f64 operations the GPU targets run
- * (-ffp-contract=off), so this gives the GPU kernel's bits, and its
- * mapping of threads, lanes, shared memory and barriers is exercised. */
+ * with DS4_EMU defined, its block's NTHREADS threads as fibers of the test's
+ * own thread (ucontext), ds4_barrier a barrier of the block's fibers and
+ * ds4_lane_down and ds4_lane_read an exchange between the 32 fibers of a
+ * warp, each step behind a barrier of the warp: the prelude's math,
+ * reductions and dot products and the kernel's own code are the same IEEE
+ * f32/f64 operations the GPU targets run (-ffp-contract=off), so this
+ * gives the GPU kernel's bits, and its mapping of threads, lanes, shared
+ * memory and barriers is exercised.
+ *
+ * Fibers rather than one OS thread per GPU thread: a block of 256 threads
+ * as pthreads spent most of its time in the kernel's futex calls on a
+ * 2-core machine, and the result did not depend on the interleaving. A
+ * fiber runs until it reaches a barrier (or ends), then the next runnable
+ * one runs, in ascending thread order or, with emu_run's descending,
+ * descending: every thread runs as far ahead of the others as its
+ * barriers let it, so a missing barrier shows as wrong bits rather than as
+ * a rare race. When no fiber can run and some have not ended (a barrier
+ * some threads of a block or warp never reach), the test fails naming the
+ * threads, where a GPU would hang. */
 
 #define EMU_MAXTHREADS 1024
 #define EMU_WARP 32
+#define EMU_STACK (1u << 20) /* a fiber's stack; a guard page below it */
 
 typedef void (*gpu_kernel_fn)(void *const *bufs, const int32_t *step);
 
@@ -3050,23 +3064,172 @@ typedef struct emu_hooks {
   float (*lane_read)(float, int);
 } emu_hooks;
 
-/* The threads of one block, kept between blocks and launches (test state
+/* A barrier: how many have arrived, and its generation, which moves on
+ * when the last one arrives and so releases the others. */
+typedef struct emu_barrier {
+  int arrived, size;
+  unsigned gen;
+} emu_barrier;
+
+/* A suspended fiber or the scheduler. On x86-64 a stack pointer, the
+ * callee-saved registers and the floating-point control words pushed
+ * below it (emu_switch); elsewhere a ucontext, whose swapcontext also
+ * saves the signal mask, a system call a switch. */
+#if defined(__x86_64__)
+typedef struct emu_ctx {
+  void *sp;
+} emu_ctx;
+
+/* emu_switch(from, to): pushes the callee-saved registers, MXCSR and the
+ * x87 control word, stores the stack pointer in from->sp, takes to->sp
+ * and pops to's. */
+void ds4_test_emu_switch(emu_ctx *from, emu_ctx *to);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type ds4_test_emu_switch, @function\n"
+        "ds4_test_emu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq (%rsi), %rsp\n"
+        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size ds4_test_emu_switch, .-ds4_test_emu_switch\n");
+
+static void emu_switch(emu_ctx *from, emu_ctx *to)
+{
+  ds4_test_emu_switch(from, to);
+}
+
+/* A context that starts entry on the stack [base, base + size): the frame
+ * emu_switch pops (this thread's control words, zeroed registers), entry
+ * as its return address, and at the 16-byte-aligned top a null return
+ * address for entry (which never returns), so that entry starts with the
+ * stack as a call leaves it. */
+static void emu_ctx_make(emu_ctx *c, char *base, size_t size, void (*entry)(void))
+{
+  uint64_t *top = (uint64_t *)(((uintptr_t)base + size) & ~(uintptr_t)15);
+  uint64_t *sp = top - 9; /* control words, six registers, entry, null */
+  uint32_t mxcsr;
+  uint16_t fpcw;
+  __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(fpcw));
+  memset(sp, 0, 9 * sizeof *sp);
+  sp[0] = (uint64_t)mxcsr | (uint64_t)fpcw << 32;
+  sp[7] = (uint64_t)(uintptr_t)entry;
+  c->sp = sp;
+}
+#else
+typedef struct emu_ctx {
+  ucontext_t uc;
+} emu_ctx;
+
+static void emu_switch(emu_ctx *from, emu_ctx *to)
+{
+  ck_assert_int_eq(swapcontext(&from->uc, &to->uc), 0);
+}
+
+static void emu_ctx_make(emu_ctx *c, char *base, size_t size, void (*entry)(void))
+{
+  ck_assert_int_eq(getcontext(&c->uc), 0);
+  c->uc.uc_stack.ss_sp = base;
+  c->uc.uc_stack.ss_size = size;
+  c->uc.uc_link = NULL;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+
+/* One GPU thread: a fiber that runs the kernel for each block it is given. */
+typedef struct emu_fiber {
+  emu_ctx ctx;
+  const emu_barrier *waits; /* the barrier it waits at; NULL: runnable */
+  unsigned gen;             /* that barrier's generation when it arrived */
+  int done, parity;
+} emu_fiber;
+
+/* The fibers of one block, kept between blocks and launches (test state
  * only; one pool per test process). */
 typedef struct emu_pool {
-  int nthreads; /* 0: not started */
-  pthread_t th[EMU_MAXTHREADS];
-  pthread_barrier_t start, done, block_barrier;
-  pthread_barrier_t warp_barrier[EMU_MAXTHREADS / EMU_WARP];
+  int nthreads, current; /* nthreads 0: no fibers */
+  char *stacks;          /* nthreads x (guard page + EMU_STACK) */
+  emu_ctx sched;
+  const void *sched_stack; /* the scheduler's stack, for AddressSanitizer */
+  size_t sched_stack_size;
+  emu_fiber fiber[EMU_MAXTHREADS];
+  emu_barrier block_barrier, warp_barrier[EMU_MAXTHREADS / EMU_WARP];
   float lane_value[2][EMU_MAXTHREADS]; /* ds4_lane_down's exchange, by parity */
   gpu_kernel_fn fn;
   void *const *bufs;
   const int32_t *step;
   uint32_t block, grid;
-  int quit;
 } emu_pool;
 
 static emu_pool g_emu;
-static _Thread_local int g_emu_tid, g_emu_parity;
+
+#define EMU_GUARD 4096
+#define EMU_SPAN (EMU_GUARD + EMU_STACK)
+
+/* AddressSanitizer is told of every switch between stacks, or it takes a
+ * fiber's frames for overflows of the test's own stack; and new stacks are
+ * cleared of the poison that frames of fibers left mid-kernel, at the same
+ * addresses before, leave in its shadow memory. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+static void emu_asan_clear(void *base, size_t size)
+{
+  ASAN_UNPOISON_MEMORY_REGION(base, size);
+}
+static void emu_asan_leave(void **save, const void *bottom, size_t size)
+{
+  __sanitizer_start_switch_fiber(save, bottom, size);
+}
+static void emu_asan_arrive(void *save, const void **old_bottom, size_t *old_size)
+{
+  __sanitizer_finish_switch_fiber(save, old_bottom, old_size);
+}
+#else
+static void emu_asan_clear(void *base, size_t size)
+{
+  (void)base, (void)size;
+}
+static void emu_asan_leave(void **save, const void *bottom, size_t size)
+{
+  (void)save, (void)bottom, (void)size;
+}
+static void emu_asan_arrive(void *save, const void **old_bottom, size_t *old_size)
+{
+  (void)save, (void)old_bottom, (void)old_size;
+}
+#endif
+
+static char *emu_stack(int i)
+{
+  return g_emu.stacks + (size_t)i * EMU_SPAN + EMU_GUARD;
+}
+
+/* The fiber's side of a switch back to the scheduler. */
+static void emu_yield(void)
+{
+  void *fake = NULL;
+  emu_asan_leave(&fake, g_emu.sched_stack, g_emu.sched_stack_size);
+  emu_switch(&g_emu.fiber[g_emu.current].ctx, &g_emu.sched);
+  emu_asan_arrive(fake, NULL, NULL);
+}
+
+/* Arrives at b; returns once every member has arrived. The last one to
+ * arrive goes on without a switch. */
+static void emu_barrier_wait(emu_barrier *b)
+{
+  if (++b->arrived == b->size) {
+    b->arrived = 0;
+    b->gen++;
+    return;
+  }
+  emu_fiber *f = &g_emu.fiber[g_emu.current];
+  f->waits = b;
+  f->gen = b->gen;
+  emu_yield();
+}
 
 static unsigned emu_hook_block(void)
 {
@@ -3080,12 +3243,12 @@ static unsigned emu_hook_grid(void)
 
 static int emu_hook_thread(void)
 {
-  return g_emu_tid;
+  return g_emu.current;
 }
 
 static void emu_hook_barrier(void)
 {
-  pthread_barrier_wait(&g_emu.block_barrier);
+  emu_barrier_wait(&g_emu.block_barrier);
 }
 
 /* Every lane of the warp publishes v and waits for the others; returns
@@ -3095,11 +3258,12 @@ static void emu_hook_barrier(void)
  * wait, having read. */
 static const float *emu_lane_exchange(float v)
 {
-  int tid = g_emu_tid, warp = tid / EMU_WARP;
-  float *values = g_emu.lane_value[g_emu_parity];
-  g_emu_parity ^= 1;
+  int tid = g_emu.current, warp = tid / EMU_WARP;
+  emu_fiber *f = &g_emu.fiber[tid];
+  float *values = g_emu.lane_value[f->parity];
+  f->parity ^= 1;
   values[tid] = v;
-  pthread_barrier_wait(&g_emu.warp_barrier[warp]);
+  emu_barrier_wait(&g_emu.warp_barrier[warp]);
   return values + warp * EMU_WARP;
 }
 
@@ -3107,7 +3271,7 @@ static const float *emu_lane_exchange(float v)
  * on a GPU). */
 static float emu_hook_lane_down(float v, int s)
 {
-  int lane = g_emu_tid % EMU_WARP;
+  int lane = g_emu.current % EMU_WARP;
   const float *warp = emu_lane_exchange(v);
   return lane + s < EMU_WARP ? warp[lane + s] : v;
 }
@@ -3118,34 +3282,26 @@ static float emu_hook_lane_read(float v, int l)
   return emu_lane_exchange(v)[l];
 }
 
-static void *emu_worker(void *arg)
+/* A fiber's body: the kernel for the block in g_emu.block, then back to
+ * the scheduler, which gives it the next block. */
+static void emu_fiber_main(void)
 {
-  g_emu_tid = (int)(intptr_t)arg;
+  emu_asan_arrive(NULL, &g_emu.sched_stack, &g_emu.sched_stack_size);
   for (;;) {
-    pthread_barrier_wait(&g_emu.start);
-    if (g_emu.quit)
-      return NULL;
     g_emu.fn(g_emu.bufs, g_emu.step);
-    pthread_barrier_wait(&g_emu.done);
+    g_emu.fiber[g_emu.current].done = 1;
+    emu_yield();
   }
 }
 
 static void emu_stop(void)
 {
-  if (!g_emu.nthreads)
-    return;
-  g_emu.quit = 1;
-  pthread_barrier_wait(&g_emu.start);
-  for (int i = 0; i < g_emu.nthreads; i++)
-    pthread_join(g_emu.th[i], NULL);
-  pthread_barrier_destroy(&g_emu.start);
-  pthread_barrier_destroy(&g_emu.done);
-  pthread_barrier_destroy(&g_emu.block_barrier);
-  for (int w = 0; w < g_emu.nthreads / EMU_WARP; w++)
-    pthread_barrier_destroy(&g_emu.warp_barrier[w]);
+  if (g_emu.nthreads)
+    munmap(g_emu.stacks, (size_t)g_emu.nthreads * EMU_SPAN);
   memset(&g_emu, 0, sizeof g_emu);
 }
 
+/* nthreads fibers, each on a stack above a page no access may touch. */
 static void emu_start(int nthreads)
 {
   if (g_emu.nthreads == nthreads)
@@ -3153,14 +3309,62 @@ static void emu_start(int nthreads)
   emu_stop();
   ck_assert_int_le(nthreads, EMU_MAXTHREADS);
   ck_assert_int_eq(nthreads % EMU_WARP, 0);
-  ck_assert_int_eq(pthread_barrier_init(&g_emu.start, NULL, (unsigned)nthreads + 1), 0);
-  ck_assert_int_eq(pthread_barrier_init(&g_emu.done, NULL, (unsigned)nthreads + 1), 0);
-  ck_assert_int_eq(pthread_barrier_init(&g_emu.block_barrier, NULL, (unsigned)nthreads), 0);
-  for (int w = 0; w < nthreads / EMU_WARP; w++)
-    ck_assert_int_eq(pthread_barrier_init(&g_emu.warp_barrier[w], NULL, EMU_WARP), 0);
-  for (int i = 0; i < nthreads; i++)
-    ck_assert_int_eq(pthread_create(&g_emu.th[i], NULL, emu_worker, (void *)(intptr_t)i), 0);
+  g_emu.stacks = mmap(NULL, (size_t)nthreads * EMU_SPAN, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ck_assert_msg(g_emu.stacks != MAP_FAILED, "mmap: %s", strerror(errno));
+  emu_asan_clear(g_emu.stacks, (size_t)nthreads * EMU_SPAN);
+  for (int i = 0; i < nthreads; i++) {
+    ck_assert_int_eq(mprotect(emu_stack(i) - EMU_GUARD, EMU_GUARD, PROT_NONE), 0);
+    emu_ctx_make(&g_emu.fiber[i].ctx, emu_stack(i), EMU_STACK, emu_fiber_main);
+  }
   g_emu.nthreads = nthreads;
+}
+
+/* Runs fiber i until it reaches a barrier or ends its block. */
+static void emu_resume(int i)
+{
+  g_emu.current = i;
+  g_emu.fiber[i].waits = NULL;
+  void *fake = NULL;
+  emu_asan_leave(&fake, emu_stack(i), EMU_STACK);
+  emu_switch(&g_emu.sched, &g_emu.fiber[i].ctx);
+  emu_asan_arrive(fake, NULL, NULL);
+}
+
+/* One block: every fiber from the kernel's start until all have ended,
+ * in ascending or descending thread order. Threads that would wait
+ * forever fail the test. */
+static void emu_block(int descending)
+{
+  int n = g_emu.nthreads;
+  g_emu.block_barrier = (emu_barrier){0, n, 0};
+  for (int w = 0; w < n / EMU_WARP; w++)
+    g_emu.warp_barrier[w] = (emu_barrier){0, EMU_WARP, 0};
+  for (int i = 0; i < n; i++)
+    g_emu.fiber[i].done = 0, g_emu.fiber[i].waits = NULL;
+  for (int left = n; left;) {
+    int ran = 0;
+    for (int k = 0; k < n; k++) {
+      int i = descending ? n - 1 - k : k;
+      emu_fiber *f = &g_emu.fiber[i];
+      if (f->done || (f->waits && f->waits->gen == f->gen))
+        continue;
+      emu_resume(i);
+      ran = 1;
+      left -= f->done;
+    }
+    if (!ran) {
+      int first = 0;
+      while (g_emu.fiber[first].done)
+        first++;
+      const emu_barrier *b = g_emu.fiber[first].waits;
+      char why[200];
+      snprintf(why, sizeof why, "block %u of %u: thread %d of %d waits at a %s barrier that %d threads never reach",
+               g_emu.block, g_emu.grid, first, n, b == &g_emu.block_barrier ? "block" : "warp", b->size - b->arrived);
+      emu_stop(); /* the fibers are mid-kernel: none may run again */
+      ck_abort_msg("%s", why);
+    }
+  }
 }
 
 typedef struct emu_built {
@@ -3203,7 +3407,8 @@ static void emu_free(emu_built *e)
   free(e);
 }
 
-/* Every block of the grid, one after another, ascending or descending. */
+/* Every block of the grid, one after another, ascending or descending
+ * (and each block's threads in the same order). */
 static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, int descending)
 {
   int32_t step[4] = {pos, ntok, 7, 0};
@@ -3214,8 +3419,7 @@ static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, in
   g_emu.grid = e->kk.grid;
   for (uint32_t i = 0; i < e->kk.grid; i++) {
     g_emu.block = descending ? e->kk.grid - 1 - i : i;
-    pthread_barrier_wait(&g_emu.start);
-    pthread_barrier_wait(&g_emu.done);
+    emu_block(descending);
   }
 }
 
