@@ -6,7 +6,7 @@
  * emit_kernels_build and check the code objects, the shared symbols,
  * byte-identical rebuilds, the prelude's math against libm and the
  * toolchain's errors; with no GPU here, some kinds' GPU kernels also run
- * on host threads (the compressor and indexer, the FFNs, swiglu_act,
+ * as host fibers (the compressor and indexer, the FFNs, swiglu_act,
  * group_matmul). */
 #include <check.h>
 #include <dlfcn.h>
@@ -5166,7 +5166,7 @@ static void matmul_pair_case(int64_t K, int64_t N1, int64_t N2, uint32_t wt)
 
 /* A moe_combine and the add after it as lowered for a GPU (lower.c):
  * moe_combine_add's y bit for bit the add of the combine's output and b,
- * on the GPU (its kernels on host threads) and on the host, with H not a
+ * on the GPU (its kernels as host fibers) and on the host, with H not a
  * multiple of a block's threads and dead slots zeroed. */
 static void combine_add_case(int64_t H, int64_t K)
 {
@@ -5645,7 +5645,7 @@ START_TEST(test_quant_weights)
 }
 END_TEST
 
-/* On the GPU (its kernels on host threads), each kind against its own f32
+/* On the GPU (its kernels as host fibers), each kind against its own f32
  * kernel: quant_op's ops, f8e4m3 and mxfp4, ordinary and special scales
  * (so every path of the dequantization, one multiply and the exact
  * general one), in either block order and off alignment. */
@@ -5745,7 +5745,7 @@ static void identity_ffn_fill(bufs *ffn, const bufs *act, int64_t T, int64_t F)
 }
 
 /* swiglu_act's bits are swiglu_ffn's activation's, on the host and (run
- * on host threads) on the GPU: one prelude helper computes both. */
+ * as host fibers) on the GPU: one prelude helper computes both. */
 static void act_is_ffn_case(int gpu, double limit)
 {
   enum { T = 4, F = 40 };
@@ -5789,7 +5789,7 @@ START_TEST(test_swiglu_act_is_ffn)
 }
 END_TEST
 
-/* The GPU kernel (on host threads) against the host's: within REL_TOL (the
+/* The GPU kernel (as host fibers) against the host's: within REL_TOL (the
  * prelude's exp is not libm's), zeros exact, the same bits off 16-byte
  * alignment; and swiglu_ffn's activation's bits on the GPU too (a NaN is
  * test_gpu_route_math's). */
@@ -5807,7 +5807,7 @@ START_TEST(test_gpu_act)
 END_TEST
 
 /* moe_experts, swiglu_ffn and group_matmul on the GPU (their kernels run
- * on host threads) against the host kernels: every slot skipped or dead
+ * as host fibers) against the host kernels: every slot skipped or dead
  * +0, the clamp, a split launch, f32 and bf16 weights, rows loaded 16
  * bytes at a time and (off alignment, or not whole chunks) not, and ffn
  * rows in two chunks. */
@@ -6065,7 +6065,7 @@ static void hc_lowered_case(int pre, int64_t N, int64_t D, int64_t iters)
 
 /* A norm and the rope of its output as lowered for a GPU (lower.c): the
  * fused kernel's y bit for bit the norm's then the rope's, on the GPU
- * (its kernels on host threads) and on the host, in both block orders,
+ * (its kernels as host fibers) and on the host, in both block orders,
  * dead slots zero: a row or group wider than a block's threads, and
  * rope_dim channels that span several threads' columns. */
 static void norm_rope_case(int grouped, int64_t C, int64_t group, int64_t r, int inverse)
@@ -6135,7 +6135,7 @@ END_TEST
 /* hc_pre's second launch and the rmsnorm of its x as lowered for a GPU
  * (lower.c), on T = 4 slots of N streams of D: hc_pre_norm's h, post and
  * comb bit for bit those of hc_pre_sums then rmsnorm, on the GPU (its
- * kernels on host threads) and on the host, in both block orders, from
+ * kernels as host fibers) and on the host, in both block orders, from
  * the sums hc_sums gives (against the host kernels and the whole hc_pre by
  * hc_lowered_case). */
 static void hc_pre_norm_case(int64_t N, int64_t D, int64_t iters)
