@@ -3007,7 +3007,7 @@ static void ref_select(const float *scores, int vis, int topk, int32_t *out)
 /* ---- GPU kernels run on the host ----
  * A GPU kernel's source (kgen_gpu) compiled for the host by clang as C++
  * with DS4_EMU defined, its block's NTHREADS threads as fibers of the test's
- * own thread (ucontext), ds4_barrier a barrier of the block's fibers and
+ * own thread (emu_switch), ds4_barrier a barrier of the block's fibers and
  * ds4_lane_down and ds4_lane_read an exchange between the 32 fibers of a
  * warp, each step behind a barrier of the warp: the prelude's math,
  * reductions and dot products and the kernel's own code are the same IEEE
