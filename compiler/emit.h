@@ -43,11 +43,24 @@ extern const char *const emit_known_targets[];
  * missing toolchain is an error naming what to install. */
 int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_kernels *out,
                        dsl_diag *d);
-/* The same through the kernel cache in the folder cache_dir (made when
- * missing; NULL: no cache): a code object whose target, toolchain and
- * sources match an entry is copied from it instead of built, and one that
- * is built is stored (docs/GPU.md, "The kernel cache"). */
-int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
+/* The kernel cache of one compile: its folder (NULL: no cache) and each
+ * target family's toolchain identity (host, AMD, NVIDIA), described on
+ * first use and then shared by every plan of the bundle: describing runs
+ * the tools' --version. */
+enum { EMIT_TARGET_FAMILIES = 3 };
+typedef struct emit_cache {
+  const char *dir;
+  char *identity[EMIT_TARGET_FAMILIES]; /* toolchain_identity */
+  int unknown[EMIT_TARGET_FAMILIES];    /* the family's toolchain could not be described */
+} emit_cache;
+void emit_cache_init(emit_cache *c, const char *dir);
+void emit_cache_free(emit_cache *c);
+
+/* The same through the kernel cache (the folder is made when missing): a
+ * code object whose target, toolchain and sources match an entry is copied
+ * from it instead of built, and one that is built is stored (docs/GPU.md,
+ * "The kernel cache"). */
+int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_cache *cache,
                               emit_kernels *out, dsl_diag *d);
 /* The same kernels and ops[i].kernel without writing or building anything:
  * no code objects (ncodeobjs 0). The plan of a bundle less its code
@@ -64,8 +77,12 @@ void emit_plan(const ir_prog *p, const emit_kernels *k, plan *out);
  * anything, when memory runs out. */
 int plan_text_write(const plan *pl, FILE *f);
 
-/* Run the system C compiler in DIR to build OUT from SOURCES with pinned
- * flags (same inputs, same bytes). */
+/* The system C compiler in DIR, with pinned flags (same inputs, same
+ * bytes): SOURCE into OBJECT (cc -c); OBJECTS into the library OUT; and
+ * both, SOURCES into OUT through objects named after them (x.c: x.o),
+ * which are removed. */
+int toolchain_compile_host(const char *dir, const char *source, const char *object, dsl_diag *d);
+int toolchain_link_host(const char *dir, char *const *objects, int nobjects, const char *out, dsl_diag *d);
 int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d);
 
 /* In DIR, with pinned flags: clang-19 builds the AMDGPU code object OUT

@@ -146,10 +146,11 @@ static int generate(ir_prog *p, int need_host, int need_gpu, distinct **out_all,
 }
 
 /* ---- the kernel cache ----
- * An entry holds the files of one code object (host.so; an .hsaco; a .ptx
- * and its .cubin) under the sha256 of everything that decides their bytes:
- * the target, the toolchain (toolchain_identity: tools, versions and
- * command lines) and each source's name and bytes. Its file is
+ * An entry holds the files of one code object (host.so; one host kernel's
+ * object, which host.so is linked from; an .hsaco; a .ptx and its .cubin)
+ * under the sha256 of everything that decides their bytes: the target,
+ * the toolchain (toolchain_identity: tools, versions and command lines)
+ * and each source's name and bytes. Its file is
  * CACHE/<key in hex>:
  *   ds4c kernel cache 1\n
  *   key <key in hex>\n
@@ -175,14 +176,13 @@ typedef struct code_build {
   int noutputs;
 } code_build;
 
-typedef struct kernel_cache {
-  const char *dir;                  /* NULL: no cache */
-  char *identity[TARGET_NFAMILIES]; /* toolchain_identity, made on first use */
-  int unknown[TARGET_NFAMILIES];    /* the family's toolchain could not be described */
-} kernel_cache;
+_Static_assert((int)TARGET_NFAMILIES == (int)EMIT_TARGET_FAMILIES, "emit_cache holds an identity per target family");
 
-static void cache_free(kernel_cache *c) {
+void emit_cache_init(emit_cache *c, const char *dir) { *c = (emit_cache){.dir = dir}; }
+
+void emit_cache_free(emit_cache *c) {
   for (int i = 0; i < TARGET_NFAMILIES; i++) ir_xfree(c->identity[i]);
+  emit_cache_init(c, NULL);
 }
 
 static void to_hex(const uint8_t h[32], char out[65]) {
@@ -244,7 +244,7 @@ static int make_dirs(const char *path) {
 /* The entry's name: the sha256 of the target, its family's toolchain, the
  * outputs' names and each input's name, length and bytes. -1 when the
  * toolchain or an input cannot be read: then the build runs uncached. */
-static int cache_key(kernel_cache *c, const code_build *b, char key[65]) {
+static int cache_key(emit_cache *c, const code_build *b, char key[65]) {
   int fam = target_family(b->target);
   if (!c->identity[fam] && !c->unknown[fam]) c->unknown[fam] = toolchain_identity(b->target, &c->identity[fam]) != 0;
   if (c->unknown[fam]) return -1;
@@ -320,7 +320,7 @@ static int entry_valid(const char *buf, size_t n, const char *key, const code_bu
 
 /* 1: the outputs were written from a valid entry; 0: there is none; -1:
  * the bundle could not be written (d says where). */
-static int cache_fetch(const kernel_cache *c, const char *key, const code_build *b, dsl_diag *d) {
+static int cache_fetch(const emit_cache *c, const char *key, const code_build *b, dsl_diag *d) {
   char path[4096 + 80], *buf;
   size_t n;
   snprintf(path, sizeof path, "%s/%s", c->dir, key);
@@ -338,7 +338,7 @@ static int cache_fetch(const kernel_cache *c, const char *key, const code_build 
 }
 
 /* Stores the outputs just built; a failure leaves the cache as it was. */
-static void cache_store(const kernel_cache *c, const char *key, const code_build *b) {
+static void cache_store(const emit_cache *c, const char *key, const code_build *b) {
   char *bytes[CACHE_MAX_OUTPUTS] = {NULL};
   size_t len[CACHE_MAX_OUTPUTS];
   char path[4096 + 256], tmp[4096 + 128];
@@ -369,26 +369,67 @@ static void cache_store(const kernel_cache *c, const char *key, const code_build
 
 static int run_toolchain(const code_build *b, dsl_diag *d) {
   switch (target_family(b->target)) {
-    case TARGET_HOST: return toolchain_build_host(b->kdir, b->inputs, b->ninputs, b->outputs[0], d);
+    case TARGET_HOST: return toolchain_compile_host(b->kdir, b->inputs[0], b->outputs[0], d);
     case TARGET_AMD: return toolchain_build_amdgpu(b->kdir, b->target, b->inputs[0], b->outputs[0], d);
     default: return toolchain_build_nvptx(b->kdir, b->target, b->inputs[0], b->outputs[0], b->outputs[1], d);
   }
 }
 
+/* 1: b's outputs were written from the cache; 0: they must be built, and
+ * stored under key unless it is empty (no cache, or no key); -1: the
+ * bundle could not be written (d says where). */
+static int cache_lookup(emit_cache *c, const code_build *b, char key[65], dsl_diag *d) {
+  key[0] = 0;
+  if (!c->dir || cache_key(c, b, key)) {
+    key[0] = 0;
+    return 0;
+  }
+  return cache_fetch(c, key, b, d);
+}
+
 /* From the cache when it holds a valid entry, else built and stored. */
-static int build_code_object(kernel_cache *c, const code_build *b, dsl_diag *d) {
+static int build_code_object(emit_cache *c, const code_build *b, dsl_diag *d) {
   char key[65];
-  if (!c->dir || cache_key(c, b, key)) return run_toolchain(b, d);
-  int hit = cache_fetch(c, key, b, d);
+  int hit = cache_lookup(c, b, key, d);
   if (hit) return hit < 0 ? -1 : 0;
   if (run_toolchain(b, d)) return -1;
-  cache_store(c, key, b);
+  if (key[0]) cache_store(c, key, b);
   return 0;
+}
+
+/* kernels/host.so from the cache, else from each kernel's object (from
+ * the cache, else compiled and stored), linked; the objects are removed,
+ * so the bundle holds the sources and the library only. */
+static int build_host_library(emit_cache *c, const code_build *lib, dsl_diag *d) {
+  char key[65];
+  int hit = cache_lookup(c, lib, key, d);
+  if (hit) return hit < 0 ? -1 : 0;
+  int n = lib->ninputs;
+  char **objects = ir_xrealloc(NULL, (size_t)(n ? n : 1) * sizeof *objects);
+  int rc = 0, made = 0;
+  for (; made < n && !rc; made++) {
+    const char *src = lib->inputs[made];
+    size_t len = strlen(src) + 1; /* host/<symbol>.c: the same length as .o */
+    objects[made] = ir_xrealloc(NULL, len);
+    snprintf(objects[made], len, "%.*s.o", (int)(len - 3), src);
+    code_build ob = {lib->kdir, lib->target, &lib->inputs[made], 1, {objects[made]}, 1};
+    rc = build_code_object(c, &ob, d);
+  }
+  if (!rc) rc = toolchain_link_host(lib->kdir, objects, n, lib->outputs[0], d);
+  if (!rc && key[0]) cache_store(c, key, lib);
+  for (int j = 0; j < made; j++) {
+    char path[4096 + 256];
+    snprintf(path, sizeof path, "%s/%s", lib->kdir, objects[j]);
+    unlink(path);
+    ir_xfree(objects[j]);
+  }
+  ir_xfree(objects);
+  return rc;
 }
 
 /* ---- code objects ---- */
 
-static int build_host(kernel_cache *c, const char *dir, const distinct *all, int n, emit_codeobj *co, dsl_diag *d) {
+static int build_host(emit_cache *c, const char *dir, const distinct *all, int n, emit_codeobj *co, dsl_diag *d) {
   char path[4096];
   snprintf(path, sizeof path, "%s/kernels/host", dir);
   if (mkdir(path, 0777)) return dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", path, strerror(errno));
@@ -403,7 +444,7 @@ static int build_host(kernel_cache *c, const char *dir, const distinct *all, int
   }
   snprintf(path, sizeof path, "%s/kernels", dir);
   code_build b = {path, "host", sources, n, {"host.so"}, 1};
-  if (!rc) rc = build_code_object(c, &b, d);
+  if (!rc) rc = build_host_library(c, &b, d);
   for (int j = 0; j < n; j++) ir_xfree(sources[j]);
   ir_xfree(sources);
   co->path = ir_strdup("kernels/host.so");
@@ -431,7 +472,7 @@ static int write_gpu_unit(const char *path, const char *target, const distinct *
   return 0;
 }
 
-static int build_gpu(kernel_cache *c, const char *dir, const char *target, const distinct *all, int n,
+static int build_gpu(emit_cache *c, const char *dir, const char *target, const distinct *all, int n,
                      emit_codeobj *co, dsl_diag *d) {
   char kdir[4096], unit[64], obj[64], ptx[64], path[4096 + 128];
   snprintf(kdir, sizeof kdir, "%s/kernels", dir);
@@ -454,7 +495,9 @@ static int build_gpu(kernel_cache *c, const char *dir, const char *target, const
 
 int emit_kernels_build(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_kernels *out,
                        dsl_diag *d) {
-  return emit_kernels_build_cached(p, dir, targets, ntargets, NULL, out, d);
+  emit_cache none;
+  emit_cache_init(&none, NULL);
+  return emit_kernels_build_cached(p, dir, targets, ntargets, &none, out, d);
 }
 
 /* The targets' kernels, generated and sorted, and out's kernel table
@@ -489,7 +532,7 @@ int emit_kernels_list(ir_prog *p, char *const *targets, int ntargets, emit_kerne
   return 0;
 }
 
-int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, const char *cache_dir,
+int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets, int ntargets, emit_cache *cache,
                               emit_kernels *out, dsl_diag *d) {
   distinct *all;
   int n;
@@ -500,17 +543,15 @@ int emit_kernels_build_cached(ir_prog *p, const char *dir, char *const *targets,
   int rc = 0;
   if (mkdir(path, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", path, strerror(errno));
   out->codeobjs = ir_xrealloc(NULL, (size_t)ntargets * sizeof *out->codeobjs);
-  kernel_cache cache = {cache_dir, {NULL}, {0}};
   for (int t = 0; t < ntargets && !rc; t++) {
     emit_codeobj *co = &out->codeobjs[out->ncodeobjs++];
     memset(co, 0, sizeof *co);
     co->target = ir_strdup(targets[t]);
     if (target_family(targets[t]) == TARGET_HOST)
-      rc = build_host(&cache, dir, all, n, co, d);
+      rc = build_host(cache, dir, all, n, co, d);
     else
-      rc = build_gpu(&cache, dir, targets[t], all, n, co, d);
+      rc = build_gpu(cache, dir, targets[t], all, n, co, d);
   }
-  cache_free(&cache);
   distinct_free(all, n);
   return rc ? -1 : 0;
 }

@@ -186,14 +186,14 @@ static int resolve_targets(const ir_prog *p, const char *asked, target_list *t, 
   return 0;
 }
 
-static int emit_bundle(ir_prog *p, const char *dir, const ds4c_options *o, dsl_diag *d) {
+static int emit_bundle(ir_prog *p, const char *dir, const ds4c_options *o, emit_cache *cache, dsl_diag *d) {
   target_list t;
   if (resolve_targets(p, o->targets, &t, d)) {
     targets_free(&t);
     return -1;
   }
   emit_kernels k;
-  int rc = emit_kernels_build_cached(p, dir, t.names, t.n, o->cache_dir, &k, d);
+  int rc = emit_kernels_build_cached(p, dir, t.names, t.n, cache, &k, d);
   targets_free(&t);
   if (!rc) {
     plan pl;
@@ -302,8 +302,11 @@ static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
   int rc = ds4c_make_parents(o->out_dir, d);
   if (!rc && mkdir(stage, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", stage, strerror(errno));
   if (!rc && mkdir(sub, 0777)) rc = dsl_error(d, (dsl_pos){0}, "cannot create %s: %s", sub, strerror(errno));
-  if (!rc) rc = emit_bundle(p, stage, o, d);
-  if (!rc) rc = emit_bundle(q, sub, o, d);
+  emit_cache cache;
+  emit_cache_init(&cache, o->cache_dir);
+  if (!rc) rc = emit_bundle(p, stage, o, &cache, d);
+  if (!rc) rc = emit_bundle(q, sub, o, &cache, d);
+  emit_cache_free(&cache);
   prog_release(p);
   prog_release(q);
   if (!rc) {

@@ -86,18 +86,22 @@ static int find_on_path(const char *name, char *out, size_t n) {
 /* ---- the command lines: each is written once, for the build and for
  * toolchain_identity ---- */
 
-static const char *const host_flags[] = {"-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
-                                         "-fno-fast-math", "-fno-ident", "-Wall", "-Werror", "-Wl,--build-id=sha1",
-                                         "-o"};
-#define HOST_NFLAGS ((int)(sizeof host_flags / sizeof *host_flags))
+/* Host code objects are built a kernel at a time (cc -c), so the kernel
+ * cache can keep each kernel's object, then linked into one library. */
+#define HOST_COMPILE_ARGV(cc, source, object)                                                                \
+  {(cc), "-std=c11", "-O2", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-fno-ident", "-Wall", "-Werror", \
+   "-c", "-o", (object), (source), NULL}
 
-/* cc FLAGS OUT SOURCES -lm, into argv[HOST_NFLAGS + nsources + 4]. */
-static void host_argv(const char *cc, char *const *sources, int nsources, const char *out, const char **argv) {
+/* cc -shared ... OUT OBJECTS -lm, into argv[HOST_LINK_NFLAGS + nobjects + 4]. */
+static const char *const host_link_flags[] = {"-shared", "-Wl,--build-id=sha1", "-o"};
+#define HOST_LINK_NFLAGS ((int)(sizeof host_link_flags / sizeof *host_link_flags))
+
+static void host_link_argv(const char *cc, char *const *objects, int nobjects, const char *out, const char **argv) {
   int n = 0;
   argv[n++] = cc;
-  for (int i = 0; i < HOST_NFLAGS; i++) argv[n++] = host_flags[i];
+  for (int i = 0; i < HOST_LINK_NFLAGS; i++) argv[n++] = host_link_flags[i];
   argv[n++] = out;
-  for (int i = 0; i < nsources; i++) argv[n++] = sources[i];
+  for (int i = 0; i < nobjects; i++) argv[n++] = objects[i];
   argv[n++] = "-lm";
   argv[n] = NULL;
 }
@@ -121,22 +125,66 @@ static void host_argv(const char *cc, char *const *sources, int nsources, const 
 /* ptx_arch: -arch=ARCH. */
 #define PTXAS_ARGV(ptxas, ptx_arch, ptx, cubin) {(ptxas), (ptx_arch), "-O3", "-o", (cubin), (ptx), NULL}
 
-/* Host code objects: DS4_CC overrides the compiler (default: cc). */
-int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d) {
-  const char *cc = tool_from_env("DS4_CC", "cc");
-  const char **argv = calloc((size_t)(HOST_NFLAGS + nsources + 4), sizeof *argv);
-  if (!argv) return dsl_error(d, (dsl_pos){0}, "out of memory");
-  host_argv(cc, sources, nsources, out, argv);
-  tool_log log;
-  int rc = tool_run(dir, (char *const *)argv, &log);
-  free(argv);
+/* The host C compiler's failures, worded once for both steps. */
+static int host_tool_error(int rc, const char *cc, const char *dir, const char *out, const tool_log *log,
+                           dsl_diag *d) {
   if (rc < 0) return dsl_error(d, (dsl_pos){0}, "cannot run the host C compiler '%s': %s", cc, strerror(errno));
   if (rc == TOOL_NOT_FOUND)
     return dsl_error(d, (dsl_pos){0},
                      "host kernels need a C compiler: '%s' not found (apt-get install gcc, or set DS4_CC)", cc);
   if (rc)
-    return dsl_error(d, (dsl_pos){0}, "the host C compiler '%s' failed building %s/%s:\n%s", cc, dir, out, log.text);
+    return dsl_error(d, (dsl_pos){0}, "the host C compiler '%s' failed building %s/%s:\n%s", cc, dir, out, log->text);
   return 0;
+}
+
+/* Host code objects: DS4_CC overrides the compiler (default: cc). */
+int toolchain_compile_host(const char *dir, const char *source, const char *object, dsl_diag *d) {
+  const char *cc = tool_from_env("DS4_CC", "cc");
+  const char *argv[] = HOST_COMPILE_ARGV(cc, source, object);
+  tool_log log;
+  int rc = tool_run(dir, (char *const *)argv, &log);
+  return host_tool_error(rc, cc, dir, object, &log, d);
+}
+
+int toolchain_link_host(const char *dir, char *const *objects, int nobjects, const char *out, dsl_diag *d) {
+  const char *cc = tool_from_env("DS4_CC", "cc");
+  const char **argv = calloc((size_t)(HOST_LINK_NFLAGS + nobjects + 4), sizeof *argv);
+  if (!argv) return dsl_error(d, (dsl_pos){0}, "out of memory");
+  host_link_argv(cc, objects, nobjects, out, argv);
+  tool_log log;
+  int rc = tool_run(dir, (char *const *)argv, &log);
+  free(argv);
+  return host_tool_error(rc, cc, dir, out, &log, d);
+}
+
+/* SOURCE's object: its name with .o for .c (or .o added). */
+static char *object_name(const char *source) {
+  size_t n = strlen(source);
+  if (n > 2 && strcmp(source + n - 2, ".c") == 0) n -= 2;
+  char *o = malloc(n + 3);
+  if (o) snprintf(o, n + 3, "%.*s.o", (int)n, source);
+  return o;
+}
+
+int toolchain_build_host(const char *dir, char *const *sources, int nsources, const char *out, dsl_diag *d) {
+  char **objects = calloc((size_t)(nsources ? nsources : 1), sizeof *objects);
+  int rc = objects ? 0 : dsl_error(d, (dsl_pos){0}, "out of memory");
+  for (int i = 0; i < nsources && !rc; i++) {
+    objects[i] = object_name(sources[i]);
+    rc = objects[i] ? toolchain_compile_host(dir, sources[i], objects[i], d)
+                    : dsl_error(d, (dsl_pos){0}, "out of memory");
+  }
+  if (!rc) rc = toolchain_link_host(dir, objects, nsources, out, d);
+  for (int i = 0; objects && i < nsources; i++) {
+    if (objects[i]) {
+      char path[PATH_MAX];
+      snprintf(path, sizeof path, "%s/%s", dir, objects[i]);
+      unlink(path);
+    }
+    free(objects[i]);
+  }
+  free(objects);
+  return rc;
 }
 
 /* ---- GPU code objects: clang-19 without ROCm or CUDA headers and
@@ -275,11 +323,13 @@ int toolchain_identity(const char *target, char **out_text) {
     if (!rc) describe_argv(f, as_argv);
   } else {
     const char *cc = tool_from_env("DS4_CC", "cc");
-    const char *argv[HOST_NFLAGS + 5];
-    char *sources[] = {"SOURCES"};
-    host_argv(cc, sources, 1, "OUT", argv);
+    const char *cc_argv[] = HOST_COMPILE_ARGV(cc, "SOURCE", "OBJECT");
+    const char *link_argv[HOST_LINK_NFLAGS + 5];
+    char *objects[] = {"OBJECTS"};
+    host_link_argv(cc, objects, 1, "OUT", link_argv);
     rc = describe_tool(f, cc, &version) || describe_file(f, "linker", "ld");
-    describe_argv(f, argv);
+    describe_argv(f, cc_argv);
+    describe_argv(f, link_argv);
   }
   /* A memory stream fails only when its buffer cannot grow; the text is
    * then short, or NULL after fclose. */

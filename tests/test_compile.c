@@ -525,16 +525,36 @@ END_TEST
 
 /* ---- the kernel cache ---- */
 
-/* Lines of the log that the DS4_CC wrapper of cache_fixture writes, other
- * than `cc --version`: how many times the host compiler has built. */
-static int builds(const char *log) {
+/* Lines of the log that the DS4_CC wrapper of kernel_cache_hits_and_repairs
+ * writes holding `what`: " -c " for a kernel's object compiled, "-shared"
+ * for host.so linked, "--version" for the toolchain described. */
+static int cc_calls(const char *log, const char *what) {
   FILE *f = fopen(log, "r");
   if (!f) return 0;
   char line[8192];
   int n = 0;
-  while (fgets(line, sizeof line, f)) n += strstr(line, "--version") == NULL;
+  while (fgets(line, sizeof line, f)) n += strstr(line, what) != NULL;
   fclose(f);
   return n;
+}
+
+/* The host kernels of a bundle's two plans: how many sources in all
+ * (total) and how many distinct ones (the plans share some kernels). */
+static void host_kernels(const char *bundle, int *total, int *distinct) {
+  char cmd[1200], line[512];
+  snprintf(cmd, sizeof cmd, "cd %s && ls kernels/host decode/kernels/host | grep -c '\\.c$'", bundle);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+  pclose(f);
+  *total = atoi(line);
+  snprintf(cmd, sizeof cmd, "cd %s && ls kernels/host decode/kernels/host | grep '\\.c$' | sort -u | wc -l", bundle);
+  f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+  pclose(f);
+  *distinct = atoi(line);
+  ck_assert_int_gt(*distinct, 0);
 }
 
 /* A folder with a DS4_CC wrapper (named `name`) that logs each call to
@@ -549,14 +569,14 @@ static void write_wrapper(const char *dir, const char *name) {
   ck_assert_int_eq(chmod(path, 0755), 0);
 }
 
-static void compile_cached(const char *out, const char *cache) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = "schedules/tiny-1dev.yaml", .out_dir = out,
-                    .cache_dir = cache};
+static void compile_cached(const char *out, const char *sched, const char *cache) {
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = sched, .out_dir = out, .cache_dir = cache};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
 }
 
-/* The entries of the cache folder; the last one read, in path. */
+/* The entries of the cache folder; in path, the last one read that holds
+ * a host.so (not a kernel's object). */
 static int cache_entry(const char *cache, char *path, size_t n) {
   DIR *dir = opendir(cache);
   if (!dir) return 0;
@@ -565,17 +585,25 @@ static int cache_entry(const char *cache, char *path, size_t n) {
   while ((e = readdir(dir)))
     if (e->d_name[0] != '.') {
       count++;
-      snprintf(path, n, "%s/%s", cache, e->d_name);
+      char entry[1200];
+      snprintf(entry, sizeof entry, "%s/%s", cache, e->d_name);
+      char *bytes = tu_slurp(entry, NULL);
+      if (strstr(bytes, "\nfile host.so ")) snprintf(path, n, "%s", entry);
+      free(bytes);
     }
   closedir(dir);
   return count;
 }
 
 /* A compile builds two host code objects, the prefill plan's and the
- * decode plan's. A second compile takes both from the cache, with every
- * byte of the bundle the same; a build without the cache agrees with it;
- * an entry whose bytes were changed or cut short is never used but built
- * and stored anew; another compiler (here: another path to it) misses. */
+ * decode plan's, each linked from its kernels' objects; a kernel both
+ * plans share is compiled once, and the toolchain is described once. A
+ * second compile takes both libraries from the cache, with every byte of
+ * the bundle the same; a build without the cache agrees with it; an entry
+ * whose bytes were changed or cut short is never used but built and
+ * stored anew; another compiler (here: another path to it) misses; and a
+ * compile of another schedule of the model compiles only the kernels the
+ * cache has not met. */
 START_TEST(kernel_cache_hits_and_repairs) {
   char tmpl[] = "/tmp/ds4-kcache-XXXXXX";
   tu_tmpdir_make(tmpl);
@@ -588,13 +616,19 @@ START_TEST(kernel_cache_hits_and_repairs) {
   ck_assert_int_eq(setenv("DS4_CC", path, 1), 0);
 
   snprintf(ref, sizeof ref, "%s/first", tmpl);
-  compile_cached(ref, cache);
-  ck_assert_int_eq(builds(log), 2);
-  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 2);
+  compile_cached(ref, "schedules/tiny-1dev.yaml", cache);
+  int total, distinct;
+  host_kernels(ref, &total, &distinct);
+  ck_assert_int_eq(cc_calls(log, "-shared"), 2);
+  ck_assert_int_eq(cc_calls(log, " -c "), distinct);
+  ck_assert_int_eq(cc_calls(log, "--version"), 1);
+  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), distinct + 2);
 
   snprintf(out, sizeof out, "%s/second", tmpl);
-  compile_cached(out, cache);
-  ck_assert_int_eq(builds(log), 2); /* from the cache */
+  compile_cached(out, "schedules/tiny-1dev.yaml", cache);
+  ck_assert_int_eq(cc_calls(log, "-shared"), 2); /* from the cache */
+  ck_assert_int_eq(cc_calls(log, " -c "), distinct);
+  ck_assert_int_eq(cc_calls(log, "--version"), 2);
   static const char *const files[] = {"kernels/host.so",        "plan.ds4p",        "plan.txt",
                                       "decode/kernels/host.so", "decode/plan.ds4p", "decode/plan.txt"};
   for (int i = 0; i < 6; i++) {
@@ -602,17 +636,24 @@ START_TEST(kernel_cache_hits_and_repairs) {
     snprintf(other, sizeof other, "%s/%s", out, files[i]);
     assert_same_file(path, other);
   }
+  /* The bundle keeps the sources and the library, not the objects. */
+  char cmd[2400], line[64];
+  snprintf(cmd, sizeof cmd, "ls %s/kernels/host %s/decode/kernels/host | grep -q '\\.o$'", out, out);
+  ck_assert_int_ne(system(cmd), 0);
 
   snprintf(out, sizeof out, "%s/uncached", tmpl);
-  compile_cached(out, NULL);
-  ck_assert_int_eq(builds(log), 4);
+  compile_cached(out, "schedules/tiny-1dev.yaml", NULL);
+  ck_assert_int_eq(cc_calls(log, "-shared"), 4);
+  ck_assert_int_eq(cc_calls(log, " -c "), distinct + total);
+  ck_assert_int_eq(cc_calls(log, "--version"), 2); /* no cache, no key */
   for (int i = 0; i < 6; i += 3) {
     snprintf(path, sizeof path, "%s/%s", ref, files[i]);
     snprintf(other, sizeof other, "%s/%s", out, files[i]);
     assert_same_file(path, other);
   }
 
-  /* Corrupt one entry: its last byte flipped, then cut in half. */
+  /* Corrupt one library's entry: its last byte flipped, then cut in half.
+   * It is linked again from the objects, which stay valid. */
   for (int damage = 0; damage < 2; damage++) {
     size_t n;
     char *bytes = tu_slurp(entry, &n);
@@ -620,22 +661,45 @@ START_TEST(kernel_cache_hits_and_repairs) {
     tu_write_bytes(entry, bytes, damage == 0 ? n : n / 2);
     free(bytes);
     snprintf(out, sizeof out, "%s/repaired%d", tmpl, damage);
-    compile_cached(out, cache);
-    ck_assert_int_eq(builds(log), 5 + damage); /* rebuilt, not used */
+    compile_cached(out, "schedules/tiny-1dev.yaml", cache);
+    ck_assert_int_eq(cc_calls(log, "-shared"), 5 + damage); /* rebuilt, not used */
+    ck_assert_int_eq(cc_calls(log, " -c "), distinct + total);
     for (int i = 0; i < 6; i += 3) {
       snprintf(path, sizeof path, "%s/%s", ref, files[i]);
       snprintf(other, sizeof other, "%s/%s", out, files[i]);
       assert_same_file(path, other);
     }
-    compile_cached(out, cache);
-    ck_assert_int_eq(builds(log), 5 + damage); /* the entry was written anew */
+    compile_cached(out, "schedules/tiny-1dev.yaml", cache);
+    ck_assert_int_eq(cc_calls(log, "-shared"), 5 + damage); /* the entry was written anew */
   }
+
+  /* Another schedule: its kernels that tiny-1dev's bundle has are taken
+   * from the cache; only the others are compiled. */
+  snprintf(out, sizeof out, "%s/hotcold", tmpl);
+  compile_cached(out, "schedules/tiny-hotcold.yaml", cache);
+  int hc_total, hc_distinct;
+  host_kernels(out, &hc_total, &hc_distinct);
+  snprintf(cmd, sizeof cmd,
+           "cd %s && ls kernels/host decode/kernels/host | grep '\\.c$' | sort -u > %s/new.txt && "
+           "cd %s && ls kernels/host decode/kernels/host | grep '\\.c$' | sort -u | comm -23 %s/new.txt - | wc -l",
+           out, tmpl, ref, tmpl);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+  pclose(f);
+  int unseen = atoi(line);
+  ck_assert_int_gt(unseen, 0);
+  ck_assert_int_lt(unseen, hc_distinct);
+  ck_assert_int_eq(cc_calls(log, " -c "), distinct + total + unseen);
+  ck_assert_int_eq(cc_calls(log, "-shared"), 8);
 
   snprintf(path, sizeof path, "%s/cc2.sh", tmpl);
   ck_assert_int_eq(setenv("DS4_CC", path, 1), 0);
-  compile_cached(out, cache);
-  ck_assert_int_eq(builds(log), 8);
-  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), 4);
+  int entries = cache_entry(cache, entry, sizeof entry);
+  compile_cached(out, "schedules/tiny-1dev.yaml", cache);
+  ck_assert_int_eq(cc_calls(log, "-shared"), 10);
+  ck_assert_int_eq(cc_calls(log, " -c "), 2 * distinct + total + unseen);
+  ck_assert_int_eq(cache_entry(cache, entry, sizeof entry), entries + distinct + 2);
   unsetenv("DS4_CC");
 
   tu_tmpdir_remove(tmpl);
@@ -664,8 +728,12 @@ START_TEST(ds4c_finds_its_cache) {
              bin, tmpl, i, cases[i].flags);
     ck_assert_msg(system(cmd) == 0, "%s", cmd);
     if (*cases[i].cache) {
+      int total, distinct;
+      snprintf(where, sizeof where, "%s/out%d", tmpl, i);
+      host_kernels(where, &total, &distinct);
       snprintf(where, sizeof where, "%s/%s", tmpl, cases[i].cache);
-      ck_assert_msg(cache_entry(where, entry, sizeof entry) == 2, "not the two entries in %s after %s", where, cmd);
+      ck_assert_msg(cache_entry(where, entry, sizeof entry) == distinct + 2,
+                    "not the %d entries (two libraries, their objects) in %s after %s", distinct + 2, where, cmd);
     } else {
       snprintf(where, sizeof where, "%s/n", tmpl);
       ck_assert_msg(access(where, F_OK) != 0, "%s made %s", cmd, where);

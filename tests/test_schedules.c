@@ -24,8 +24,12 @@ static int32_t want_tokens[DECODE_STEPS + 1];
 
 /* ---- compile and replay ---- */
 
+/* One kernel cache for the run: random schedules share most kernels, so
+ * most of each compile's host objects come from it. */
+static char cache[600];
+
 static void compile(const char *sched, const char *out, const char *text) {
-  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = sched, .out_dir = out};
+  ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = sched, .out_dir = out, .cache_dir = cache};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s\nschedule:\n%s", d.msg, text ? text : "");
 }
@@ -49,6 +53,7 @@ static void setup(void) {
   ck_assert_msg(src && chdir(src) == 0, "DS4_SOURCE_DIR must name the source tree");
   strcpy(tmpdir, "/tmp/ds4-sched-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+  snprintf(cache, sizeof cache, "%s/cache", tmpdir);
   char out[600];
   snprintf(out, sizeof out, "%s/1dev", tmpdir);
   compile("schedules/tiny-1dev.yaml", out, NULL);
