@@ -26,11 +26,15 @@ static void make_tmpdir(void) {
   tu_tmpdir_make(tmpdir);
 }
 
-/* Compiles model + schedule into tmpdir/name; returns the bundle's path. */
+/* Compiles model + schedule into tmpdir/name; returns the bundle's path.
+ * The compiles of a test share a kernel cache in tmpdir: schedules of one
+ * model share most kernels. */
 static const char *compile_as(const char *model, const char *sched, const char *name, const char *targets, int cpu) {
-  static char out[700];
+  static char out[700], cache[700];
   snprintf(out, sizeof out, "%s/%s", tmpdir, name);
-  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out, .targets = targets, .cpu = cpu};
+  snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out, .targets = targets, .cpu = cpu,
+                    .cache_dir = cache};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s + %s: %s", model, sched, d.msg);
   return out;

@@ -30,8 +30,12 @@ static void import_ok(const char *config, const char *out, const char *base, lon
   ck_assert_msg(ds4c_import(&o, &d) == 0, "%s: %s", config, d.msg);
 }
 
+/* The compiles share a kernel cache in the test's folder: an imported
+ * description and the committed one give the same kernels. */
 static void compile_cpu(const char *model, const char *sched, const char *out) {
-  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out, .cpu = 1};
+  char cache[600];
+  snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out, .cpu = 1, .cache_dir = cache};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s: %s", model, d.msg);
 }

@@ -36,8 +36,12 @@ static const char *tmp(const char *name) {
   return b;
 }
 
+/* The compiles share a kernel cache in the test's folder: schedules of
+ * one model share most kernels. */
 static void compile(const char *model, const char *sched, const char *out) {
-  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out};
+  char cache[600];
+  snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+  ds4c_options o = {.model_path = model, .sched_path = sched, .out_dir = out, .cache_dir = cache};
   dsl_diag d = {0};
   ck_assert_msg(ds4c_compile(&o, &d) == 0, "%s", d.msg);
 }
