@@ -66,16 +66,18 @@ static int is_string(const dy_node *v) { return v->kind == DY_SCALAR && !v->plai
 /* A JSON number node's value; -1 with an error when it is none. */
 static int number_of(imp *m, const dy_node *v, const char *key, double *out) {
   char *end = NULL;
-  if (v->kind == DY_SCALAR && v->plain && v->text[0]) *out = strtod(v->text, &end);
-  if (!end || *end || !isfinite(*out))
+  double x = 0.0;
+  if (v->kind == DY_SCALAR && v->plain && v->text[0]) x = strtod(v->text, &end);
+  if (!end || *end || !isfinite(x))
     return dsl_error(m->d, v->pos, "'%s' must be a number, found %s", key,
                      v->kind == DY_SCALAR ? v->text : dy_kind_name(v));
+  *out = x;
   return 0;
 }
 
 /* A positive integer (a JSON number with no fraction). */
 static int int_of(imp *m, const dy_node *v, const char *key, long long *out) {
-  double x;
+  double x = 0.0;
   if (number_of(m, v, key, &x)) return -1;
   if (x != floor(x) || x < 1 || x > 1e15)
     return dsl_error(m->d, v->pos, "'%s' must be a positive integer, found %s", key, v->text);
@@ -154,7 +156,7 @@ static void add_param(imp *m, const char *name, const char *fmt, ...) {
 }
 
 static int int_param(imp *m, const char *key, const char *name) {
-  long long v;
+  long long v = 0;
   if (need_int(m, key, &v)) return -1;
   add_param(m, name, "%lld", v);
   return 0;
@@ -162,7 +164,7 @@ static int int_param(imp *m, const char *key, const char *name) {
 
 static int float_param(imp *m, const char *key, const char *name, int positive) {
   const dy_node *v = need(m, key);
-  double x;
+  double x = 0.0;
   if (!v || number_of(m, v, key, &x)) return -1;
   if (positive ? !(x > 0) : x < 0)
     return dsl_error(m->d, v->pos, "'%s' must be %s, found %s", key, positive ? "positive" : "0 or more", v->text);
@@ -610,7 +612,7 @@ static int read_config(imp *m) {
   const dy_node *mt = lookup(m, "model_type");
   if (!mt || !is_string(mt)) return dsl_error(m->d, mt ? mt->pos : m->root->pos, "the config has no model_type "
                                               "string (deepseek_v4)");
-  long long n;
+  long long n = 0;
   if (need_int(m, "num_hidden_layers", &n)) return -1;
   if (n > 100000) return dsl_error(m->d, m->root->pos, "num_hidden_layers %lld is more than 100000", n);
   m->nlayers = (int)n;

@@ -7,7 +7,10 @@
 
 typedef struct rt_status_s *rt_status;
 
-rt_status rt_status_make(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Never NULL (a static "out of memory" status stands in when the message
+ * cannot be allocated), so `return rt_status_make(...)` is always an error,
+ * and the compilers know it. */
+rt_status rt_status_make(const char *fmt, ...) __attribute__((format(printf, 1, 2), returns_nonnull));
 /* The message; "ok" for NULL. */
 const char *rt_status_msg(rt_status s);
 void rt_status_free(rt_status s);
