@@ -25,10 +25,10 @@
  *                    some of them, hence `unused`)
  *
  * Compiled for the host with DS4_EMU defined (tests/test_kernels.c runs
- * GPU kernels on host threads), the block functions come from the
- * emulator, which declares ds4_block, ds4_grid, ds4_thread, ds4_barrier,
- * ds4_grid_wait, ds4_lane_down and ds4_lane_read before this file, and
- * the address spaces are plain.
+ * GPU kernels on the host, a block's threads as fibers), the block
+ * functions come from the emulator, which declares ds4_block, ds4_grid,
+ * ds4_thread, ds4_barrier, ds4_grid_wait, ds4_lane_down and ds4_lane_read
+ * before this file, and the address spaces are plain.
  *
  * Math: NVPTX has no libcall for expf (and no device library is linked on
  * either target), so the math the kernels need is written here in plain
