@@ -66,12 +66,10 @@ static int is_string(const dy_node *v) { return v->kind == DY_SCALAR && !v->plai
 /* A JSON number node's value; -1 with an error when it is none. */
 static int number_of(imp *m, const dy_node *v, const char *key, double *out) {
   char *end = NULL;
-  double x = 0.0;
-  if (v->kind == DY_SCALAR && v->plain && v->text[0]) x = strtod(v->text, &end);
-  if (!end || *end || !isfinite(x))
+  if (v->kind == DY_SCALAR && v->plain && v->text[0]) *out = strtod(v->text, &end);
+  if (!end || *end || !isfinite(*out))
     return dsl_error(m->d, v->pos, "'%s' must be a number, found %s", key,
                      v->kind == DY_SCALAR ? v->text : dy_kind_name(v));
-  *out = x;
   return 0;
 }
 
