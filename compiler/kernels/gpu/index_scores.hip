@@ -8,7 +8,9 @@
  * Grid: block b is slot b / NTILES and windows TILE * (b mod NTILES) and
  * the next TILE - 1. Threads: thread i takes the (window, head) pairs
  * i, i + NTHREADS, ... of the tile's TILE * NH, each dot over the HD
- * channels in ascending order, and keeps its relu in shared memory; then
+ * channels in ascending order (ds4_dot_ahead: the key row 16 bytes at a
+ * time, 8 loads ahead, where one float at a time left a dot waiting on
+ * its loads one by one), and keeps its relu in shared memory; then
  * thread i < TILE adds window i's heads in ascending order: exactly the
  * host kernel's operations, the same bits, so index_select picks the same
  * windows on every target. */
@@ -35,14 +37,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
   int64_t vis = pos + t + 1 > 0 ? (pos + t + 1) / RATIO : 0;
   const float *qt = q + t * (NH * HD), *wt = weights + t * NH;
+  int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
   for (int64_t p = tid; p < TILE * NH; p += NTHREADS) {
     int64_t w = w0 + p / NH, h = p % NH;
     if (w >= NENT || w >= vis)
       continue;
-    const float *kw = keys + w * HD, *qh = qt + h * HD;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < HD; c++)
-      dot += qh[c] * kw[c];
+    float dot = ds4_dot_ahead<HD, DS4_X_GLOBAL>(qt + h * HD, keys + w * HD, zero);
     term[p] = dot > 0.0f ? dot : 0.0f;
   }
   ds4_barrier(); /* term[] written */

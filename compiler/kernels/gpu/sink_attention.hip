@@ -20,26 +20,32 @@
  *      among the kept ones (a prefix sum of the threads' counts): the
  *      distinct visible entries, ascending, and their count, exact
  *      (integers);
- *   1. with Q_SHARED, q[t,h] goes to shared memory; thread i scores keys
- *      i, i + NTHREADS, ... (s_k = SCALE * q.key_k, the dot in channel
- *      order as on the host, ds4_dot_ahead: the key row 16 bytes at a time,
- *      8 loads ahead) and keeps their maximum; the block maximum (exact in
- *      any order) comes from ds4_block_max, and Mx is it or the sink, the
- *      larger;
- *   2. thread i sums e^(s_k - Mx) over the same keys in ascending order,
- *      the block adds the partial sums by ds4_block_sum's fixed tree, and
- *      the sink's e^(sink - Mx) is added last;
- *   3. keys go in chunks of NTHREADS: thread i writes p_k of key base + i
- *      and where its row lies to shared memory, then thread i accumulates
- *      channels i, i + NTHREADS, ... (CPT of them) over the chunk's keys in
- *      ascending order, loading 8 keys' channels before adding the first,
- *      so each output channel sums p_k key_k[c] over all keys in key
- *      order, as on the host.
+ *   1. with Q_SHARED, q[t,h] goes to shared memory; the block's threads
+ *      are NG groups of L = 32 lanes, and group g scores keys 4g .. 4g + 3,
+ *      4(g + NG) .. 4(g + NG) + 3, ...: s_k = SCALE * q.key_k, each dot
+ *      split over the group's lanes in ds4_lane_dot's order (lane l sums
+ *      the 16-byte chunks l, l + 32, ... of the key row), the four rows'
+ *      chunks in flight together, and the lanes' sums added by
+ *      ds4_lane_sum's tree; the block maximum (exact in any order) comes
+ *      from ds4_block_max, and Mx is it or the sink, the larger;
+ *   2. the sum of e^(s_k - Mx): thread i's keys i, i + NTHREADS, ... in
+ *      ascending order, the block adds the partial sums by
+ *      ds4_block_sum's fixed tree, and the sink's e^(sink - Mx) is added
+ *      last;
+ *   3. keys go in chunks of NTHREADS: p_k of key base + i and where its
+ *      row lies go to shared memory, then thread i accumulates channels
+ *      i, i + NTHREADS, ... (CPT of them) over the chunk's keys in
+ *      ascending order, loading 16 keys' channels (8 where CPT > 2)
+ *      before adding the first, so each output channel sums
+ *      p_k key_k[c] over all keys in key order, as on the host.
  * With STORE_SCORES, pass 1 keeps each s_k in shared memory (NKEYS =
  * WINDOW plus the most entries a slot can see) and passes 2 and 3 read it
- * back, by the thread that wrote it; without (kgen_gpu: when NKEYS floats
- * do not fit), they compute it again, to the same bits. Ring rows are
- * always s mod S, entry rows below NE: nothing is read out of bounds. */
+ * back; without (kgen_gpu: when NKEYS floats do not fit), the groups
+ * compute it again, to the same bits, pass 2 adding each group's keys on
+ * its first lane. Every order above is fixed by the shapes alone, so the
+ * output's bits do not depend on the schedule or the block order. Ring
+ * rows are always s mod S, entry rows below NE: nothing is read out of
+ * bounds. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -137,6 +143,10 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *qh = q + t * (NH * HD) + h * HD;
   float sink = sinks[h];
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
+  /* pass 1's groups: NG of L lanes, each scoring R keys at a time */
+  constexpr int L = 32, NG = NTHREADS / L, R = 4;
+  static_assert(NTHREADS % L == 0, "a block is whole groups of lanes");
+  const int lane = tid % L, grp = tid / L;
 #if Q_SHARED
   for (int64_t c = tid; c < HD; c += NTHREADS)
     qs[c] = qh[c];
@@ -145,29 +155,48 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #else
   const float *qr = qh;
 #endif
-  /* s_k again, for the thread of pass 1 that computed it */
-  auto stored = [&](int64_t k) -> float {
-#if STORE_SCORES
-    return score[k];
-#else
-    return SCALE * ds4_dot_ahead<HD, QX>(qr, key(k), zero);
-#endif
+  /* s_k of the group's keys of [k0, k1): R keys a round, keys kb .. kb +
+   * R - 1 with kb = k0 + R * grp, k0 + R * (grp + NG), ...; each dot split
+   * over the group's lanes in ds4_lane_dot's order (the R rows' chunks in
+   * flight together, where one thread a key would wait on its 2 KB row
+   * a load at a time) and added across them by ds4_lane_sum's tree.
+   * use(k, s_k) runs on the group's first lane. A round's keys past k1
+   * load key kb again and are dropped. The trip count is the group's
+   * alone, so its lanes stay together for the lane sums. */
+  auto scores = [&](int64_t k0, int64_t k1, auto &&use) {
+    for (int64_t kb = k0 + (int64_t)grp * R; kb < k1; kb += (int64_t)NG * R) {
+      const float *kr[R];
+      float s[R];
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        kr[r] = key(kb + r < k1 ? kb + r : kb);
+      ds4_lane_dot_rows<L, HD, float, QX, R, 4>(qr, kr, lane, zero, s);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float v = ds4_lane_sum<L>(s[r]);
+        if (lane == 0 && kb + r < k1)
+          use(kb + r, SCALE * v);
+      }
+    }
   };
   float m = -ds4_inff();
-  for (int64_t k = tid; k < n; k += NTHREADS) {
-    float s = SCALE * ds4_dot_ahead<HD, QX>(qr, key(k), zero);
+  scores(0, n, [&](int64_t k, float s) {
 #if STORE_SCORES
     score[k] = s;
 #endif
     if (s > m)
       m = s;
-  }
-  m = ds4_block_max<NTHREADS>(red, m);
+  });
+  m = ds4_block_max<NTHREADS>(red, m); /* its barriers publish score[] */
   if (sink > m)
     m = sink;
   float sum = 0.0f;
+#if STORE_SCORES
   for (int64_t k = tid; k < n; k += NTHREADS)
-    sum += ds4_expf(stored(k) - m);
+    sum += ds4_expf(score[k] - m);
+#else
+  scores(0, n, [&](int64_t, float s) { sum += ds4_expf(s - m); });
+#endif
   sum = ds4_block_sum<NTHREADS>(red, sum);
   float den = sum + ds4_expf(sink - m);
   float acc[CPT];
@@ -175,13 +204,17 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     acc[i] = 0.0f;
   for (int64_t base = 0; base < n; base += NTHREADS) {
     int64_t k = base + tid;
-    if (k < n) {
-      prob[tid] = ds4_expf(stored(k) - m) / den;
-      row[tid] = key(k);
-    }
-    ds4_barrier();
     int64_t rows = n - base < NTHREADS ? n - base : NTHREADS;
-    constexpr int U = 8;
+    if (k < n)
+      row[tid] = key(k);
+#if STORE_SCORES
+    if (k < n)
+      prob[tid] = ds4_expf(score[k] - m) / den;
+#else
+    scores(base, base + rows, [&](int64_t kk, float s) { prob[kk - base] = ds4_expf(s - m) / den; });
+#endif
+    ds4_barrier();
+    constexpr int U = CPT <= 2 ? 16 : 8;
     for (int64_t r0 = 0; r0 < rows; r0 += U) {
       float kv[CPT][U];
 #pragma unroll
