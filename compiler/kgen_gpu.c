@@ -322,8 +322,13 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
            (uint64_t)((1 + kgen_spec_int(s, "OVERLAP")) * kgen_spec_int(s, "RATIO")) * 8;
   case IR_OP_INDEX_SCORES: /* term */
     return (uint64_t)(kgen_spec_int(s, "TILE") * kgen_spec_int(s, "NH")) * 4;
-  case IR_OP_INDEX_SELECT: /* counts[2], above_n, ties_n; taken_key, taken */
-    return nt * 16 + (uint64_t)kgen_spec_int(s, "TOPK") * 8;
+  case IR_OP_INDEX_SELECT: { /* counts[2], above_w, ties_w (a warp each); taken_key, taken; keys */
+    uint64_t bytes = nt / 32 * 16 + (uint64_t)kgen_spec_int(s, "TOPK") * 8;
+    uint64_t keys = (uint64_t)kgen_spec_int(s, "NENT") * 4;
+    int keys_shared = bytes + keys <= KGEN_GPU_MAX_SHARED;
+    kgen_gpu_define(b, undefs, "KEYS_SHARED", "%d", keys_shared);
+    return bytes + (keys_shared ? keys : 0);
+  }
   default:
     return 0;
   }

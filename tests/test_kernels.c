@@ -4893,6 +4893,21 @@ START_TEST(test_gpu_compress_index)
   static const int many[][2] = {{1996, 3}};
   iselect_case(2000, 64, 1, many, 1, 1);
   iselect_case(700, 300, 1, many, 1, 1);
+  /* keys in shared memory where NENT of them fit, read from the scores
+   * each time where not: the same windows either way */
+  static const int far[][2] = {{12995, 3}};
+  for (int i = 0; i < 2; i++) {
+    int nent = i ? 13000 : 2000;
+    kt k;
+    iselect_op(&k, 4, nent, 64, 1);
+    kgen_kernel kk;
+    dsl_diag d = {0};
+    ck_assert_msg(kgen_gpu(&k.prog, &k.op, &kk, &d) == 0, "kgen_gpu: %s", d.msg);
+    ck_assert_msg(strstr(kk.source, i ? "#define KEYS_SHARED 0\n" : "#define KEYS_SHARED 1\n") != NULL,
+                  "index_select of %d windows: keys shared or not as expected", nent);
+    kgen_kernel_free(&kk);
+  }
+  iselect_case(13000, 64, 1, far, 1, 1);
   comp_case_run(&g_indexer, 1, 2);
   comp_case_run(&g_csa, 1, 1);
   comp_case_run(&g_hca, 1, 1);

@@ -957,6 +957,22 @@ DS4_DEVICE float ds4_lane_sum(float v)
   return v;
 }
 
+/* The inclusive prefix sum of v over the caller's group of 32 lanes:
+ * lane l gets v of lanes 0..l, in five steps of ds4_lane_read (step s
+ * adds lane l - s's partial into lane l). The order of the additions
+ * depends on l alone; for integer values whose sums stay below 2^24
+ * (index_select's counts) it is exact. Every lane of the group calls it
+ * with its lane index l. */
+DS4_DEVICE float ds4_lane_scan32(float v, int l)
+{
+  for (int s = 1; s < 32; s *= 2) {
+    float u = ds4_lane_read(v, l >= s ? l - s : l);
+    if (l >= s)
+      v = v + u;
+  }
+  return v;
+}
+
 /* Where the x row of ds4_lane_dot lies and when it is read: in global
  * memory, loaded U chunks ahead with the weights (a matmul's activations,
  * where a block has registers to spare); or in global or in the block's
