@@ -44,32 +44,38 @@ void ds4c_prog_free(ir_prog *p) {
 static void drop_model(void *m) { dsl_model_free(m); }
 static void drop_schedule(void *s) { dsl_schedule_free(s); }
 
-static int build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
-  if (o->dump_after && strcmp(o->dump_after, "all") != 0) {
-    int known = 0;
-    for (int i = 0; i < NPASSES; i++) known |= strcmp(passes[i].name, o->dump_after) == 0;
-    if (!known) return dsl_error(d, (dsl_pos){0}, "unknown pass '%s' for --dump-after", o->dump_after);
-  }
-  dsl_model *m = NULL;
-  dsl_schedule *s = NULL;
-  if (dsl_model_load(o->model_path, &m, d)) return -1;
-  if (dsl_schedule_load(o->sched_path, &s, d)) {
-    dsl_model_free(m);
+/* --dump-after names a pass (or "all"). */
+static int check_dump_after(const ds4c_options *o, dsl_diag *d) {
+  if (!o->dump_after || strcmp(o->dump_after, "all") == 0) return 0;
+  for (int i = 0; i < NPASSES; i++)
+    if (strcmp(passes[i].name, o->dump_after) == 0) return 0;
+  return dsl_error(d, (dsl_pos){0}, "unknown pass '%s' for --dump-after", o->dump_after);
+}
+
+/* The model and schedule o names, loaded; nothing is left on an error. */
+static int load_descriptions(const ds4c_options *o, dsl_model **m, dsl_schedule **s, dsl_diag *d) {
+  *m = NULL;
+  *s = NULL;
+  if (check_dump_after(o, d) || dsl_model_load(o->model_path, m, d)) return -1;
+  if (dsl_schedule_load(o->sched_path, s, d)) {
+    dsl_model_free(*m);
+    *m = NULL;
     return -1;
   }
-  /* The descriptions are not the compiler's memory: freed by hand when
-   * memory runs out, until the program owns them. */
-  ir_mem_hold(drop_model, m);
-  ir_mem_hold(drop_schedule, s);
+  return 0;
+}
+
+/* Every pass over a new program of m and s, which the passes only read
+ * and the caller keeps. */
+static int run_passes(const ds4c_options *o, const dsl_model *m, const dsl_schedule *s, ir_prog **out_prog,
+                      dsl_diag *d) {
   ir_prog *p = ir_prog_new(m, s);
   if (o->max_ops > 0 && o->max_ops < p->max_ops) p->max_ops = o->max_ops;
   p->cpu_only = o->cpu;
   p->decode_plan = o->decode_plan;
   for (int i = 0; i < NPASSES; i++) {
     if (passes[i].run(p, d)) {
-      ir_mem_unhold(m);
-      ir_mem_unhold(s);
-      ds4c_prog_free(p);
+      ir_prog_free(p);
       return -1;
     }
     if (o->dump_after && (strcmp(o->dump_after, "all") == 0 || strcmp(o->dump_after, passes[i].name) == 0)) {
@@ -78,30 +84,45 @@ static int build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
       ir_print(p, f);
     }
   }
-  ir_mem_unhold(m);
-  ir_mem_unhold(s);
   *out_prog = p;
   return 0;
 }
 
 /* setjmp's caller: every object it changes after setjmp lives outside its
  * frame, as the jump requires. */
-static int build_tracked(ir_mem *mem, const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
+static int passes_tracked(ir_mem *mem, const ds4c_options *o, const dsl_model *m, const dsl_schedule *s,
+                          ir_prog **out_prog, dsl_diag *d) {
   if (setjmp(mem->oom)) {
     ir_mem_unwind(mem);
     *out_prog = NULL;
     return dsl_error(d, (dsl_pos){0}, "out of memory");
   }
-  int rc = build(o, out_prog, d);
+  int rc = run_passes(o, m, s, out_prog, d);
   ir_mem_end(mem);
   return rc;
 }
 
-int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
+/* A program of m and s in a memory tracker of its own: running out of
+ * memory frees what the passes allocated, never m or s. */
+static int build_prog(const ds4c_options *o, const dsl_model *m, const dsl_schedule *s, ir_prog **out_prog,
+                      dsl_diag *d) {
   *out_prog = NULL;
   ir_mem mem;
   ir_mem_begin(&mem);
-  return build_tracked(&mem, o, out_prog, d);
+  return passes_tracked(&mem, o, m, s, out_prog, d);
+}
+
+int ds4c_build(const ds4c_options *o, ir_prog **out_prog, dsl_diag *d) {
+  dsl_model *m;
+  dsl_schedule *s;
+  *out_prog = NULL;
+  if (load_descriptions(o, &m, &s, d)) return -1;
+  if (build_prog(o, m, s, out_prog, d)) {
+    dsl_model_free(m);
+    dsl_schedule_free(s);
+    return -1;
+  }
+  return 0; /* the program owns m and s now (ds4c_prog_free) */
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -256,36 +277,42 @@ static int share_state(ir_prog *p, ir_prog *q, dsl_diag *d) {
   return 0;
 }
 
-static void prog_release(ir_prog *p) {
-  if (!p) return;
-  ir_mem_unhold((void *)p->model);
-  ir_mem_unhold((void *)p->sched);
-  ds4c_prog_free(p);
-}
-
-/* Both plans, built and sharing their state; the descriptions held for
- * the compile's jump out. */
+/* Both plans of one bundle, built from one load of the descriptions and
+ * sharing their state. The descriptions stay held by the compile's memory
+ * tracker (freed if memory runs out later) until release_plans. */
 static int build_plans(const ds4c_options *o, ir_prog **out_p, ir_prog **out_q, dsl_diag *d) {
+  dsl_model *m;
+  dsl_schedule *s;
   ir_prog *p = NULL, *q = NULL;
   ds4c_options od = *o;
   od.decode_plan = 1;
-  if (ds4c_build(o, &p, d)) return -1;
-  ir_mem_hold(drop_model, (void *)p->model);
-  ir_mem_hold(drop_schedule, (void *)p->sched);
-  if (ds4c_build(&od, &q, d)) {
-    prog_release(p);
-    return -1;
-  }
-  ir_mem_hold(drop_model, (void *)q->model);
-  ir_mem_hold(drop_schedule, (void *)q->sched);
-  if (share_state(p, q, d)) {
-    prog_release(p);
-    prog_release(q);
+  if (load_descriptions(o, &m, &s, d)) return -1;
+  ir_mem_hold(drop_model, m);
+  ir_mem_hold(drop_schedule, s);
+  if (build_prog(o, m, s, &p, d) || build_prog(&od, m, s, &q, d) || share_state(p, q, d)) {
+    ir_prog_free(p);
+    ir_prog_free(q);
+    ir_mem_unhold(m);
+    ir_mem_unhold(s);
+    dsl_model_free(m);
+    dsl_schedule_free(s);
     return -1;
   }
   *out_p = p;
   *out_q = q;
   return 0;
+}
+
+/* The programs of build_plans and the descriptions they share. */
+static void release_plans(ir_prog *p, ir_prog *q) {
+  dsl_model *m = (dsl_model *)p->model;
+  dsl_schedule *s = (dsl_schedule *)p->sched;
+  ir_prog_free(p);
+  ir_prog_free(q);
+  ir_mem_unhold(m);
+  ir_mem_unhold(s);
+  dsl_model_free(m);
+  dsl_schedule_free(s);
 }
 
 static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
@@ -307,8 +334,7 @@ static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
   if (!rc) rc = emit_bundle(p, stage, o, &cache, d);
   if (!rc) rc = emit_bundle(q, sub, o, &cache, d);
   emit_cache_free(&cache);
-  prog_release(p);
-  prog_release(q);
+  release_plans(p, q);
   if (!rc) {
     struct stat sb;
     int had_old = stat(o->out_dir, &sb) == 0;
