@@ -277,6 +277,17 @@ static int share_state(ir_prog *p, ir_prog *q, dsl_diag *d) {
   return 0;
 }
 
+/* Two programs (either may be NULL) and the descriptions they share, held
+ * by the compile's memory tracker. */
+static void free_plans(ir_prog *p, ir_prog *q, dsl_model *m, dsl_schedule *s) {
+  ir_prog_free(p);
+  ir_prog_free(q);
+  ir_mem_unhold(m);
+  ir_mem_unhold(s);
+  dsl_model_free(m);
+  dsl_schedule_free(s);
+}
+
 /* Both plans of one bundle, built from one load of the descriptions and
  * sharing their state. The descriptions stay held by the compile's memory
  * tracker (freed if memory runs out later) until release_plans. */
@@ -290,12 +301,7 @@ static int build_plans(const ds4c_options *o, ir_prog **out_p, ir_prog **out_q, 
   ir_mem_hold(drop_model, m);
   ir_mem_hold(drop_schedule, s);
   if (build_prog(o, m, s, &p, d) || build_prog(&od, m, s, &q, d) || share_state(p, q, d)) {
-    ir_prog_free(p);
-    ir_prog_free(q);
-    ir_mem_unhold(m);
-    ir_mem_unhold(s);
-    dsl_model_free(m);
-    dsl_schedule_free(s);
+    free_plans(p, q, m, s);
     return -1;
   }
   *out_p = p;
@@ -305,14 +311,7 @@ static int build_plans(const ds4c_options *o, ir_prog **out_p, ir_prog **out_q, 
 
 /* The programs of build_plans and the descriptions they share. */
 static void release_plans(ir_prog *p, ir_prog *q) {
-  dsl_model *m = (dsl_model *)p->model;
-  dsl_schedule *s = (dsl_schedule *)p->sched;
-  ir_prog_free(p);
-  ir_prog_free(q);
-  ir_mem_unhold(m);
-  ir_mem_unhold(s);
-  dsl_model_free(m);
-  dsl_schedule_free(s);
+  free_plans(p, q, (dsl_model *)p->model, (dsl_schedule *)p->sched);
 }
 
 static int compile(compile_state *c, const ds4c_options *o, dsl_diag *d) {
