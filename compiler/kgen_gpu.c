@@ -273,9 +273,9 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_RMSNORM_GROUPS_ROPE: /* red, the rotated channels */
     return (nt + (uint64_t)kgen_spec_int(s, "R") + 1) * 4;
   case IR_OP_SINK_ATTENTION: {
-    /* red, prob and row (pass 3's key rows); with select 2, cand, keep and
-     * offs (select 2's list of entries: only then does the template use
-     * them, so only then are they kept); qs, the head's query, where it
+    /* red, prob and row (pass 3's key rows); with select 2, keep and
+     * either seen and wtot or cand and offs (select 2's list of entries:
+     * only then does the template use them, so only then are they kept); qs, the head's query, where it
      * fits; score, the keys' scores, where they fit beside them: the
      * window and the most entries a slot sees (every entry for select 1,
      * a list's worth for select 2) */
@@ -284,7 +284,12 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     while (npow < nlist)
       npow *= 2;
     int64_t nkeys = kgen_spec_int(s, "WINDOW") + (select == 1 ? kgen_spec_int(s, "NE") : select2 ? nlist : 0);
-    uint64_t bytes = nt * 4 * 2 + nt * 8 + (select2 ? ((uint64_t)npow + (uint64_t)nlist + nt) * 4 : 0);
+    /* select 2's list: a bit per entry where a word a thread covers them
+     * all, else the sort of the list's NPOW slots */
+    int64_t nwords = (kgen_spec_int(s, "NE") + 31) / 32;
+    int bitmap = select2 && nwords <= (int64_t)nt;
+    uint64_t list = bitmap ? (uint64_t)nwords + nt / 32 : (uint64_t)npow + nt;
+    uint64_t bytes = nt * 4 * 2 + nt * 8 + (select2 ? (list + (uint64_t)nlist) * 4 : 0);
     int qshared = hd % 4 == 0 && bytes + (uint64_t)hd * 4 <= KGEN_GPU_MAX_SHARED;
     if (qshared)
       bytes += (uint64_t)hd * 4;
@@ -292,10 +297,16 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
     kgen_gpu_define(b, undefs, "NLIST", "%" PRId64, nlist);
     kgen_gpu_define(b, undefs, "NPOW", "%" PRId64, npow);
+    kgen_gpu_define(b, undefs, "SEL_BITMAP", "%d", bitmap);
+    kgen_gpu_define(b, undefs, "NWORDS", "%" PRId64, nwords);
     kgen_gpu_define(b, undefs, "Q_SHARED", "%d", qshared);
     kgen_gpu_define(b, undefs, "STORE_SCORES", "%d", store);
     kgen_gpu_define(b, undefs, "NKEYS", "%" PRId64, store ? nkeys : 1);
-    return bytes + (store ? (uint64_t)nkeys * 4 : 0);
+    bytes += store ? (uint64_t)nkeys * 4 : 0;
+    /* the compilers round a block's shared memory up to its largest
+     * alignment: qs's 16 bytes, else row's 8 */
+    uint64_t align = qshared ? 16 : 8;
+    return (bytes + align - 1) / align * align;
   }
 
   case IR_OP_HC_PRE: { /* red, sums, pre, the Sinkhorn's two matrices */

@@ -5976,7 +5976,8 @@ END_TEST
  * in shared memory (STORE_SCORES 1) and, when the entries a slot may see
  * do not fit there, computed again in each pass (0), with the window
  * alone, every closed entry (HCA) and a selection with repeats and
- * entries not yet visible (CSA). */
+ * entries not yet visible (CSA), its list by a bit per entry and, for
+ * more entries than a block's words hold, by the sort. */
 START_TEST(test_gpu_sink_attention)
 {
   /* heads, hd, window, S, ratio, select, ne, nsel */
@@ -5988,6 +5989,7 @@ START_TEST(test_gpu_sink_attention)
       {{3, 16, 6, 11, 4, 1, 12, 1}, 1},
       {{3, 16, 6, 11, 2, 1, 12288, 1}, 0},
       {{3, 16, 6, 11, 4, 2, 12, 5}, 1},
+      {{3, 16, 6, 11, 2, 2, 12288, 5}, 1}, /* select 2's list by the sort */
   };
   static const int32_t sel[] = {0, 2, -1, 1, 2, 7, 0, 3, 1, 1};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -5998,6 +6000,8 @@ START_TEST(test_gpu_sink_attention)
     ck_assert_msg(kgen_gpu(&k.prog, &k.op, &kk, &d) == 0, "kgen_gpu: %s", d.msg);
     char want[32];
     snprintf(want, sizeof want, "#define STORE_SCORES %d\n", cases[i].store);
+    ck_assert_msg(strstr(kk.source, want) != NULL, "case %zu: no %s", i, want);
+    snprintf(want, sizeof want, "#define SEL_BITMAP %d\n", cases[i].c.select == 2 && cases[i].c.ne <= 32 * 256);
     ck_assert_msg(strstr(kk.source, want) != NULL, "case %zu: no %s", i, want);
     kgen_kernel_free(&kk);
     ffn_gpu_case(&k, sel, (int)(sizeof sel / sizeof sel[0]), g_gpu_steps, 2);

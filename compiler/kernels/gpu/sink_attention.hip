@@ -10,16 +10,20 @@
  * e^(sink_h - Mx)). kgen_gpu puts in front the defines T, S, NH, HD, NE,
  * NSEL, WINDOW, RATIO, SELECT, SCALE, CPT (= ceil(HD / NTHREADS)), NLIST
  * (NSEL for SELECT 2, else 1), NPOW (NLIST rounded up to a power of two),
- * Q_SHARED, STORE_SCORES, NKEYS, GRID, NTHREADS and KERNEL_NAME.
+ * SEL_BITMAP, NWORDS (= ceil(NE / 32)), Q_SHARED, STORE_SCORES, NKEYS,
+ * GRID, NTHREADS and KERNEL_NAME.
  * Grid: one block per (token slot, head), T * NH; block b is slot b / NH,
  * head b mod NH. Threads:
- *   0. SELECT 2 only: sel[t] goes to shared memory, each slot holding a
- *      visible entry or, for any other value, a mark above every entry;
- *      the block sorts the NPOW slots ascending (a bitonic network, a
- *      barrier a stage) and keeps each entry's first slot, at its rank
- *      among the kept ones (a prefix sum of the threads' counts): the
- *      distinct visible entries, ascending, and their count, exact
- *      (integers);
+ *   0. SELECT 2 only, the distinct visible entries of sel[t], ascending,
+ *      and their count, exact (integers): with SEL_BITMAP (kgen_gpu:
+ *      where the NE entries' bits fit a word a thread), each visible
+ *      entry of sel[t] sets its bit in shared memory, and thread i writes
+ *      word i's entries at the count of those before it (a scan of the
+ *      words' bit counts); otherwise sel[t] goes to shared memory, each
+ *      slot holding a visible entry or, for any other value, a mark above
+ *      every entry, the block sorts the NPOW slots ascending (a bitonic
+ *      network, a barrier a stage) and keeps each entry's first slot, at
+ *      its rank among the kept ones (a prefix sum of the threads' counts);
  *   1. with Q_SHARED, q[t,h] goes to shared memory; the block's threads
  *      are NG groups of L = 32 lanes, and group g scores keys 4g .. 4g + 3,
  *      4(g + NG) .. 4(g + NG) + 3, ...: s_k = SCALE * q.key_k, each dot
@@ -53,9 +57,14 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   DS4_SHARED float red[NTHREADS];
   DS4_SHARED float prob[NTHREADS];
   DS4_SHARED const float *row[NTHREADS]; /* pass 3: the chunk's key rows */
-  DS4_SHARED int32_t cand[NPOW];         /* SELECT 2: sel[t], sorted */
   DS4_SHARED int32_t keep[NLIST];        /* SELECT 2: the entry list */
-  DS4_SHARED int32_t offs[NTHREADS];     /* SELECT 2: the prefix sum */
+#if SEL_BITMAP
+  DS4_SHARED uint32_t seen[NWORDS];       /* SELECT 2: the visible entries of sel[t] */
+  DS4_SHARED int32_t wtot[NTHREADS / 32]; /* SELECT 2: each warp's count */
+#else
+  DS4_SHARED int32_t cand[NPOW];     /* SELECT 2: sel[t], sorted */
+  DS4_SHARED int32_t offs[NTHREADS]; /* SELECT 2: the prefix sum */
+#endif
 #if Q_SHARED
   DS4_SHARED __attribute__((aligned(16))) float qs[HD];
   constexpr ds4_xspace QX = DS4_X_SHARED;
@@ -88,6 +97,38 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   if (nvis > NE)
     nvis = NE;
   int64_t nent = SELECT == 1 ? nvis : 0;
+#if SEL_BITMAP
+  if (SELECT == 2) {
+    /* a bit per visible entry named in sel[t] (an or: any order), then
+     * thread i writes word i's entries at the count of those before */
+    const int32_t *st = sel + t * NSEL;
+    for (int64_t j = tid; j < NWORDS; j += NTHREADS)
+      seen[j] = 0;
+    ds4_barrier();
+    for (int64_t j = tid; j < NLIST; j += NTHREADS) {
+      int32_t w = st[j];
+      if (w >= 0 && w < nvis)
+        __atomic_fetch_or(&seen[w >> 5], 1u << (w & 31), __ATOMIC_RELAXED);
+    }
+    ds4_barrier();
+    uint32_t word = tid < NWORDS ? seen[tid] : 0u;
+    int32_t mine = __builtin_popcount(word), lane = tid % 32, warp = tid / 32;
+    int32_t at = (int32_t)ds4_lane_scan32((float)mine, lane) - mine;
+    if (lane == 31)
+      wtot[warp] = at + mine;
+    ds4_barrier();
+    nent = 0;
+    for (int i = 0; i < NTHREADS / 32; i++) {
+      if (i < warp)
+        at += wtot[i];
+      nent += wtot[i];
+    }
+    for (int bit = 0; word != 0u; bit++, word >>= 1)
+      if (word & 1u)
+        keep[at++] = tid * 32 + bit;
+    ds4_barrier();
+  }
+#else
   if (SELECT == 2) {
     /* No entry: above every visible one, so it sorts last. */
     constexpr int32_t none = 0x7fffffff;
@@ -133,6 +174,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
         keep[at++] = cand[j];
     ds4_barrier();
   }
+#endif
   auto key = [&](int64_t k) -> const float * {
     if (k < nraw)
       return ring + ((lo + k) % S) * HD;
