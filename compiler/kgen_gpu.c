@@ -275,10 +275,10 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_SINK_ATTENTION: {
     /* red, prob and row (pass 3's key rows); with select 2, keep and
      * either seen and wtot or cand and offs (select 2's list of entries:
-     * only then does the template use them, so only then are they kept); qs, the head's query, where it
-     * fits; score, the keys' scores, where they fit beside them: the
-     * window and the most entries a slot sees (every entry for select 1,
-     * a list's worth for select 2) */
+     * only then does the template use them, so only then are they kept);
+     * qs, the head's query, where it fits; score, the keys' scores, where
+     * they fit beside them: the window and the most entries a slot sees
+     * (every entry for select 1, a list's worth for select 2) */
     int64_t hd = kgen_spec_int(s, "HD"), select = kgen_spec_int(s, "SELECT"), select2 = select == 2;
     int64_t nlist = select2 ? kgen_spec_int(s, "NSEL") : 1, npow = 1;
     while (npow < nlist)
