@@ -108,6 +108,9 @@ typedef struct ir_op {
   int freq; /* moe ops: 1 + the index in the prog's freqs of the chance a
                token chooses each expert (from the schedule's routing
                statistics); 0: none, choices assumed even (order.c) */
+  int asked_rows; /* lower: a matmul or argmax that only the plan's outputs
+                     read computes the rows from step[3] (OPS.md) on, the rows
+                     below it dead */
   int64_t iattr[IR_MAXATTR]; /* by the kind's attr table, see opkinds.h */
   double fattr[IR_MAXATTR];
   int device, stream; /* place */

@@ -858,6 +858,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "TILE", tile);
     kgen_def_int(s, "ROWS", rows);
     kgen_def_int(s, "NTILES", ntiles);
+    if (op->asked_rows)
+      kgen_def_int(s, "ASKED_ROWS", 1);
     s->grid = (uint64_t)ntiles;
     s->grid_text = "tile of output columns, every token slot";
     break;
@@ -1078,6 +1080,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   case IR_OP_ARGMAX:
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "V", v['V']);
+    if (op->asked_rows)
+      kgen_def_int(s, "ASKED_ROWS", 1);
     break;
   case IR_OP_SUM_PARTS: {
     const ir_tensor *a = kgen_tensor(c, 0), *y = kgen_tensor(c, 1);
@@ -1179,6 +1183,8 @@ static void kgen_canonical(const kgen_ctx *c, kgen_buf *b)
       kgen_printf(b, "%" PRId64, c->op->iattr[a]);
     kgen_printf(b, "\n");
   }
+  if (c->op->asked_rows)
+    kgen_printf(b, "asked rows\n");
   if (kgen_has_expert_rows(c->op->kind)) {
     kgen_printf(b, "expert rows ");
     kgen_expert_rows(c->op, c->var['E'], b);

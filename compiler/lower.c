@@ -72,7 +72,16 @@
  * where it launched two (the routed experts' combine and its add to the
  * shared expert's output). Safe by the same rules: whole operands, the
  * combine's output an activation no other op touches, no op between the
- * two that writes the combine's inputs, and no op an ordering hint names. */
+ * two that writes the combine's inputs, and no op an ordering hint names.
+ *
+ * Last, the ops that compute only the rows a step asks for: a matmul or
+ * argmax (on any device) of whole operands whose outputs are plan outputs
+ * that no other op reads, or only ops so marked (the LM head and the
+ * argmax after it). Such an op computes the rows from step[3] to ntok and
+ * writes the rows below step[3] as dead rows (OPS.md, Conventions), so a
+ * prefill chunk that needs only its last position's logits, or none,
+ * skips the LM head's other rows: the head's weights are the largest a
+ * step reads, and a chunk of P slots multiplies its work by P. */
 #include <stdio.h>
 #include <string.h>
 
@@ -447,6 +456,26 @@ static void fuse_norm_ropes(ir_prog *p) {
   }
 }
 
+/* Whether ops[i] computes only the asked rows (see the header): a matmul
+ * or argmax of whole operands that writes only plan outputs, which only
+ * ops already marked read (ops after i are decided first). */
+static int asks_rows(const ir_prog *p, int i) {
+  const ir_op *op = &p->ops[i];
+  if ((op->kind != IR_OP_MATMUL && op->kind != IR_OP_ARGMAX) || !whole_operands(op)) return 0;
+  for (int o = 0; o < op->nout; o++) {
+    int t = op->out[o];
+    if (p->tensors[t].role != PLAN_OUTPUT) return 0;
+    for (int k = 0; k < p->nops; k++)
+      if (k != i && op_uses(&p->ops[k], t, 1) && (!p->ops[k].asked_rows || op_uses(&p->ops[k], t, 0))) return 0;
+  }
+  return 1;
+}
+
+/* Marks the ops that compute only the asked rows, from the last op back. */
+static void mark_asked_rows(ir_prog *p) {
+  for (int i = p->nops - 1; i >= 0; i--) p->ops[i].asked_rows = asks_rows(p, i);
+}
+
 /* The fusions, once the split kinds are in place. */
 static void fuse(ir_prog *p) {
   fuse_hc_pre_norms(p);
@@ -461,6 +490,7 @@ int pass_lower(ir_prog *p, dsl_diag *d) {
   for (int i = 0; i < p->nops; i++) n += lowered_count(p, &p->ops[i]) - 1;
   if (!n) {
     fuse(p);
+    mark_asked_rows(p);
     return 0;
   }
   int cap = p->nops + n, k = 0;
@@ -479,5 +509,6 @@ int pass_lower(ir_prog *p, dsl_diag *d) {
   p->nops = k;
   p->capops = cap;
   fuse(p);
+  mark_asked_rows(p);
   return 0;
 }

@@ -1507,6 +1507,7 @@ static rt_status bundle_open(rt_bundle *b, const char *dir, const rt_options *op
   RT_TRY(choose_serial(b, opts));
   b->seed = opts && opts->weight_seed ? opts->weight_seed : p->info.weight_seed;
   b->weights_cast = opts && opts->weights_cast;
+  b->every_position = opts && opts->every_position;
   RT_TRY(verify_codeobjs(b));
   RT_TRY(bind_weights(b, opts ? opts->weights : NULL));
   RT_TRY(rt_sync_init(&b->sync_own));

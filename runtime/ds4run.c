@@ -28,7 +28,8 @@ static const char usage_text[] =
     "Replays BUNDLE's plans: prefills the prompt (default: the plan's seeded\n"
     "prompt) in chunks of the prefill plan's token slots, then runs N greedy\n"
     "decode steps (default 8) on the decode plan (BUNDLE/decode; a bundle of\n"
-    "one plan decodes on it).\n"
+    "one plan decodes on it). The prefill computes the logits of the prompt's\n"
+    "last position only; --check and --dump-logits ask for every position's.\n"
     "\n"
     "  --steps N       decode steps after the prefill\n"
     "  --check         compare every step with the float64 reference\n"
@@ -604,7 +605,8 @@ static int run(cli *c) {
   rt_options opts = {.weight_seed = c->seed, .threads = c->threads, .weights = c->weights,
                      .weights_cast = c->weights_cast,
                      .watchdog_ms = c->watchdog_ms, .trace = c->trace != NULL,
-                     .graph = c->graph, .cpu_replay = c->cpu_replay};
+                     .graph = c->graph, .cpu_replay = c->cpu_replay,
+                     .every_position = c->check || c->dump_logits};
   rt_bundle *b = NULL;
   step_hooks h = {0};
   rt_status s = c->routing_stats ? check_writable(c->routing_stats) : NULL;

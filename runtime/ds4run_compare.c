@@ -445,7 +445,8 @@ static void print_json(const comparison *c, const spread sp[2], const spread *br
 }
 
 static rt_status prepare(comparison *c, cmp_opts *o) {
-  rt_options opts = {.weight_seed = o->seed, .threads = o->threads};
+  /* Every position's logits, so that the two are compared on all of them. */
+  rt_options opts = {.weight_seed = o->seed, .threads = o->threads, .every_position = 1};
   for (int i = 0; i < 2; i++) {
     side *x = &c->s[i];
     x->label = i ? "B" : "A";

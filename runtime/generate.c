@@ -70,11 +70,12 @@ size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok) {
   return (size_t)(row * (uint64_t)ntok);
 }
 
-/* One step on bundle b (the prefill or the decode plan's). */
-static rt_status run_step(gen_state *g, rt_bundle *b, int32_t pos, int32_t ntok) {
+/* One step on bundle b (the prefill or the decode plan's), whose outputs
+ * are asked for from slot `asked` on (step[3]; ntok: none). */
+static rt_status run_step(gen_state *g, rt_bundle *b, int32_t pos, int32_t ntok, int32_t asked) {
   const plan *p = rt_bundle_plan(b);
   uint32_t slots = p->info.tokens;
-  int32_t step[4] = {pos, ntok, g->r->steps, 0};
+  int32_t step[4] = {pos, ntok, g->r->steps, asked};
   for (uint32_t t = (uint32_t)ntok; t < slots; t++) g->ids[t] = 0;
   RT_TRY(rt_tensor_write(b, p->info.ids_tensor, g->ids, slots * sizeof(int32_t)));
   double t0 = now_seconds();
@@ -125,14 +126,16 @@ static rt_status generate(gen_state *g, const int32_t *prompt, int nprompt, int 
   int32_t last = 0;
   for (int pos = 0; pos < nprompt; pos += (int)T) {
     int ntok = nprompt - pos < (int)T ? nprompt - pos : (int)T;
+    /* Generation reads the next token of the prompt's last position only. */
+    int asked = g->b->every_position ? 0 : pos + ntok < nprompt ? ntok : ntok - 1;
     memcpy(g->ids, prompt + pos, (size_t)ntok * sizeof(int32_t));
-    RT_TRY(run_step(g, g->b, pos, ntok));
+    RT_TRY(run_step(g, g->b, pos, ntok, asked));
     last = g->next[ntok - 1];
   }
   r->generated[r->ngenerated++] = last;
   for (int i = 0; i < ndecode; i++) {
     g->ids[0] = last;
-    RT_TRY(run_step(g, g->decode, nprompt + i, 1));
+    RT_TRY(run_step(g, g->decode, nprompt + i, 1, 0));
     last = g->next[0];
     r->generated[r->ngenerated++] = last;
   }

@@ -241,7 +241,7 @@ static uint64_t host_now_ns(void) {
 
 rt_status rt_replay_step(rt_bundle *b, const int32_t step[4]) {
   const plan *p = &b->p;
-  int32_t block[4] = {step[0], step[1], step[2], 0};
+  int32_t block[4] = {step[0], step[1], step[2], step[3]};
   b->trace_valid = 0;
   if (b->trace_start) b->trace_host[0] = host_now_ns();
   /* The previous step drained every stream, so the block can be written

@@ -38,6 +38,10 @@ typedef struct rt_options {
                            one GPU device; not with trace; docs/RUNTIME.md, "Graph
                            replay") */
   rt_cpu_replay cpu_replay;
+  int every_position;   /* nonzero: rt_generate's prefill steps compute the plan's
+                           outputs (logits, next token) at every prompt position;
+                           0: only at the prompt's last, the one generation reads,
+                           the other rows dead (docs/RUNTIME.md, "Asked rows") */
 } rt_options;
 
 typedef struct rt_bundle rt_bundle;
@@ -130,9 +134,12 @@ rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,
 
 /* Greedy generation: the prompt as prefill chunks of the prefill plan's
  * `tokens` slots, then `ndecode` decode steps on the decode plan
- * (rt_bundle_decode), each fed the previous step's last next token. After
- * every step `hook` (optional) sees the bundle that ran it, the step block
- * and the ids fed; a hook error stops the run. The report accumulates the
+ * (rt_bundle_decode), each fed the previous step's last next token. A
+ * prefill step's block asks for the outputs of the prompt's last position
+ * only (step[3]: the last live slot in the last chunk, none before it), or
+ * of every position with rt_options.every_position; a decode step's for
+ * all its slots. After every step `hook` (optional) sees the bundle that
+ * ran it, the step block and the ids fed; a hook error stops the run. The report accumulates the
  * SHA-256 over the raw bytes of every output tensor (plan order) of every
  * step, of an output whose leading dim is the step's slots only the live
  * tokens' rows: the same bytes whichever plan ran the step. */

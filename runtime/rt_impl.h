@@ -91,6 +91,7 @@ struct rt_bundle {
   rt_binding *bound; /* [p.ntensors] */
   uint32_t nbound, ngenerated; /* weights that are not views, each way */
   int weights_cast;            /* rt_options.weights_cast */
+  int every_position;          /* rt_options.every_position */
   uint32_t ncast;              /* bound weights rounded into the plan's dtype */
   rt_sync *sync;     /* &sync_own, or the parent's: every device's poison point */
   rt_sync sync_own;

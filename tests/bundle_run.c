@@ -10,7 +10,8 @@
 
 void br_run(const char *bundle, int decode, int check, br_result *r) {
   rt_bundle *b = NULL;
-  rt_status s = rt_bundle_open(bundle, NULL, &b);
+  /* A check compares every prompt position's logits. */
+  rt_status s = rt_bundle_open(bundle, &(rt_options){.every_position = check}, &b);
   ck_assert_msg(!s, "%s", rt_status_msg(s));
   ds4run_check *chk = NULL;
   if (check) {

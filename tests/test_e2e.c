@@ -192,7 +192,7 @@ static void compile_schedule(const char *name, char *out, size_t n) {
 START_TEST(schedules_agree_bit_for_bit) {
   static const char *const names[] = {"tiny-streams", "tiny-hotcold"};
   char a[8192], b[8192], args[800], dir[700];
-  snprintf(args, sizeof args, "%s --steps 12", bundle);
+  snprintf(args, sizeof args, "%s --steps 12 --check", bundle);
   ck_assert_int_eq(tu_ds4run(args, a, sizeof a), 0);
   ck_assert_ptr_nonnull(strstr(a, "outputs sha256: "));
   for (int i = 0; i < 2; i++) {
@@ -231,6 +231,84 @@ START_TEST(decode_plan_gives_the_prefill_plans_bits) {
     ck_assert_msg(strstr(a, "+ 12 decode (decode plan, 1 slot) = "), "%s", a);
     ck_assert_msg(strstr(b, "+ 12 decode (on the prefill plan) = "), "%s", b);
   }
+}
+END_TEST
+
+/* What a generation's steps wrote to the logits: every step's [T, V]. */
+typedef struct logit_rows {
+  uint32_t logits;
+  int vocab, nsteps, ntok[16], asked[16];
+  float rows[16][4 * 128];
+} logit_rows;
+
+static rt_status keep_logits(void *ctx, rt_bundle *b, const int32_t step[4], const int32_t *ids) {
+  (void)ids;
+  logit_rows *l = ctx;
+  ck_assert_int_lt(l->nsteps, 16);
+  l->ntok[l->nsteps] = step[1];
+  l->asked[l->nsteps] = step[3];
+  uint32_t T = rt_bundle_plan(b)->info.tokens;
+  return rt_tensor_read(b, l->logits, l->rows[l->nsteps++], (size_t)T * l->vocab * sizeof(float));
+}
+
+static void generate_logits(const char *dir, int every, logit_rows *l, rt_report *r) {
+  rt_bundle *b;
+  rt_status s = rt_bundle_open(dir, &(rt_options){.every_position = every}, &b);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  memset(l, 0, sizeof *l);
+  ck_assert_ptr_null(rt_tensor_find(b, "logits", &l->logits));
+  l->vocab = (int)rt_bundle_plan(b)->tensors[l->logits].dim[1];
+  ck_assert_int_le(l->vocab * (int)rt_bundle_plan(b)->info.tokens, 4 * 128);
+  int32_t prompt[10] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  s = rt_generate(b, prompt, 10, 4, keep_logits, l, r);
+  ck_assert_msg(!s, "%s", rt_status_msg(s));
+  rt_bundle_close(b);
+}
+
+/* A prefill step computes the LM head (a matmul) and its argmax only for
+ * the rows it asks for: none in a chunk before the prompt's last, the last
+ * position in the last one, whose logits are those of a run that asks for
+ * every position bit for bit, as are the tokens generated and the decode
+ * steps' logits; the rows not asked for are zeros. The two ops' kernels
+ * are built for it, and no other's. */
+START_TEST(prefill_computes_the_asked_rows) {
+  char cmd[1400], out[256];
+  snprintf(cmd, sizeof cmd, "grep -l '^#define ASKED_ROWS' %s/kernels/host/*.c %s/decode/kernels/host/*.c | wc -l",
+           bundle, bundle);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(fgets(out, sizeof out, f));
+  pclose(f);
+  ck_assert_int_eq(atoi(out), 4); /* lm_head and sample, in each plan */
+  logit_rows *all = malloc(sizeof *all), *last = malloc(sizeof *last);
+  ck_assert(all && last);
+  rt_report ra, rl;
+  generate_logits(bundle, 1, all, &ra);
+  generate_logits(bundle, 0, last, &rl);
+  ck_assert_int_eq(all->nsteps, 3 + 4);
+  ck_assert_int_eq(last->nsteps, all->nsteps);
+  ck_assert_int_eq(ra.ngenerated, rl.ngenerated);
+  ck_assert_mem_eq(ra.generated, rl.generated, (size_t)ra.ngenerated * sizeof *ra.generated);
+  int V = all->vocab;
+  for (int s = 0; s < all->nsteps; s++) {
+    int ntok = all->ntok[s], want = s < 2 ? ntok : s == 2 ? ntok - 1 : 0;
+    ck_assert_int_eq(all->asked[s], 0);
+    ck_assert_int_eq(last->asked[s], want);
+    for (int t = 0; t < ntok; t++) {
+      const float *a = all->rows[s] + t * V, *l = last->rows[s] + t * V;
+      if (t >= want) {
+        ck_assert_msg(memcmp(a, l, (size_t)V * sizeof *a) == 0, "step %d row %d: other logits", s, t);
+        continue;
+      }
+      for (int v = 0; v < V; v++) ck_assert_msg(l[v] == 0.0f, "step %d row %d: not asked for, %g", s, t, l[v]);
+      ck_assert_msg(a[0] != 0.0f || a[1] != 0.0f, "step %d row %d: zeros where every position was asked for", s,
+                    t);
+    }
+  }
+  free(ra.generated);
+  free(rl.generated);
+  free(all);
+  free(last);
 }
 END_TEST
 
@@ -433,6 +511,7 @@ int main(void) {
   tcase_add_test(tc, damaged_code_object_is_refused);
   tcase_add_test(tc, schedules_agree_bit_for_bit);
   tcase_add_test(tc, decode_plan_gives_the_prefill_plans_bits);
+  tcase_add_test(tc, prefill_computes_the_asked_rows);
   tcase_add_test(tc, mismatched_decode_plan_is_refused);
   tcase_add_test(tc, checkpoint_weights);
   tcase_add_test(tc, damaged_plan_is_refused);

@@ -176,12 +176,19 @@ static void bufs_free(bufs *bs)
 }
 
 /* Runs every block of the grid, in ascending or descending order (blocks
- * write disjoint bytes, so the order must not matter). */
-static void run(const built *b, bufs *bs, int pos, int ntok, int descending)
+ * write disjoint bytes, so the order must not matter), for a step that asks
+ * for its outputs from slot `asked` on (step[3]). */
+static void run_asked(const built *b, bufs *bs, int pos, int ntok, int asked, int descending)
 {
-  int32_t step[4] = {pos, ntok, 7, 0};
+  int32_t step[4] = {pos, ntok, 7, asked};
   for (uint32_t i = 0; i < b->kk.grid; i++)
     b->fn(bs->b, step, descending ? b->kk.grid - 1 - i : i);
+}
+
+/* The same for a step that asks for every slot's outputs. */
+static void run(const built *b, bufs *bs, int pos, int ntok, int descending)
+{
+  run_asked(b, bs, pos, ntok, 0, descending);
 }
 
 /* Runs twice (ascending and descending block order, outputs refilled with
@@ -3408,10 +3415,11 @@ static void emu_free(emu_built *e)
 }
 
 /* Every block of the grid, one after another, ascending or descending
- * (and each block's threads in the same order). */
-static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, int descending)
+ * (and each block's threads in the same order), for a step that asks for
+ * its outputs from slot `asked` on (step[3]). */
+static void emu_run_asked(const emu_built *e, void *const *bufs, int pos, int ntok, int asked, int descending)
 {
-  int32_t step[4] = {pos, ntok, 7, 0};
+  int32_t step[4] = {pos, ntok, 7, asked};
   emu_start((int)e->kk.block);
   g_emu.fn = e->fn;
   g_emu.bufs = bufs;
@@ -3421,6 +3429,11 @@ static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, in
     g_emu.block = descending ? e->kk.grid - 1 - i : i;
     emu_block(descending);
   }
+}
+
+static void emu_run(const emu_built *e, void *const *bufs, int pos, int ntok, int descending)
+{
+  emu_run_asked(e, bufs, pos, ntok, 0, descending);
 }
 
 /* A kernel of the compressor chain: its op, and the host kernel or the GPU
@@ -5904,6 +5917,121 @@ START_TEST(test_gpu_matmul)
 }
 END_TEST
 
+/* ---- the asked rows (lower.c): a matmul or argmax that only the plan's
+ * outputs read computes its rows from step[3] on ---- */
+
+/* One launch of k's host kernel, or with gpu its GPU kernel on the host. */
+static void asked_run(const built *h, const emu_built *g, bufs *bs, int ntok, int asked)
+{
+  if (g)
+    emu_run_asked(g, bs->b, 5, ntok, asked, 0);
+  else
+    run_asked(h, bs, 5, ntok, asked, 0);
+}
+
+/* k (one output, [T, ...]) built with asked_rows is a kernel of its own
+ * (ASKED_ROWS); for a step asking from slot a on, its rows a..ntok-1 hold
+ * the bits of k's kernel built without it, and its rows below a and from
+ * ntok on are dead (+0; -1 for argmax's ids). The host's kernels, or with
+ * gpu the GPU's run on the host. */
+static void asked_case(const kt *k, int gpu)
+{
+  static const int steps[][2] = {{4, 3}, {4, 0}, {3, 1}, {2, 2}, {1, 0}, {4, 9}}; /* ntok, asked */
+  kt all = *k, asked = *k;
+  all.prog.tensors = all.tensors;
+  asked.prog.tensors = asked.tensors;
+  asked.op.asked_rows = 1;
+  built h[2];
+  emu_built *g[2] = {NULL, NULL};
+  if (gpu) {
+    g[0] = emu_build(&all);
+    g[1] = emu_build(&asked);
+  } else {
+    build(&all, &h[0]);
+    build(&asked, &h[1]);
+  }
+  const kgen_kernel *kk[2] = {gpu ? &g[0]->kk : &h[0].kk, gpu ? &g[1]->kk : &h[1].kk};
+  ck_assert_ptr_null(strstr(kk[0]->source, "#define ASKED_ROWS"));
+  ck_assert_ptr_nonnull(strstr(kk[1]->source, "#define ASKED_ROWS"));
+  ck_assert_str_ne(kk[0]->symbol, kk[1]->symbol);
+  int o = k->op.nin;
+  int64_t T = k->tensors[o].dim[0], row = k->tensors[o].bytes / T;
+  int ids = k->tensors[o].dtype == PLAN_I32;
+  bufs want, got;
+  bufs_alloc(&want, k);
+  bufs_alloc(&got, k);
+  for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+    int ntok = steps[s][0], a = steps[s][1];
+    ffn_fill(k, &want, NULL, 0);
+    for (int i = 0; i < o; i++)
+      memcpy(got.b[i], want.b[i], (size_t)k->tensors[i].bytes);
+    fill_garbage(got.b[o], kt_elems(k, o));
+    asked_run(&h[0], g[0], &want, ntok, 0);
+    asked_run(&h[1], g[1], &got, ntok, a);
+    for (int64_t t = 0; t < T; t++) {
+      const char *gr = (const char *)got.b[o] + t * row, *wr = (const char *)want.b[o] + t * row;
+      if (t >= a && t < ntok) {
+        ck_assert_msg(memcmp(gr, wr, (size_t)row) == 0, "%s: row %lld (ntok %d, asked from %d) differs from %s's",
+                      kk[1]->symbol, (long long)t, ntok, a, kk[0]->symbol);
+        continue;
+      }
+      for (int64_t j = 0; j < row / 4; j++) {
+        int32_t v;
+        memcpy(&v, gr + 4 * j, 4);
+        ck_assert_msg(v == (ids ? -1 : 0), "%s: row %lld (ntok %d, asked from %d) not dead: word %lld is 0x%08x",
+                      kk[1]->symbol, (long long)t, ntok, a, (long long)j, (unsigned)v);
+      }
+    }
+  }
+  bufs_free(&want);
+  bufs_free(&got);
+  for (int i = 0; i < 2; i++)
+    if (gpu)
+      emu_free(g[i]);
+    else
+      unbuild(&h[i]);
+}
+
+/* matmul (a few columns a block, and so many that x is staged in shared
+ * memory) and argmax (a row of 16-byte chunks, and one that is not). */
+static void asked_cases(int gpu)
+{
+  static const struct {
+    int kind;
+    int64_t k, n;
+    uint32_t wt;
+  } cases[] = {{IR_OP_MATMUL, 40, 21, PLAN_F32},
+               {IR_OP_MATMUL, 16, 8200, PLAN_BF16},
+               {IR_OP_ARGMAX, 0, 52, PLAN_F32},
+               {IR_OP_ARGMAX, 0, 37, PLAN_F32}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kt k;
+    kt_init(&k, cases[i].kind);
+    if (cases[i].kind == IR_OP_MATMUL) {
+      kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, cases[i].k);
+      kt_add(&k, 0, cases[i].wt, 2, cases[i].n, cases[i].k);
+      kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, cases[i].n);
+    } else {
+      kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, cases[i].n);
+      kt_add(&k, 1, PLAN_I32, 1, (int64_t)4);
+    }
+    asked_case(&k, gpu);
+  }
+}
+
+START_TEST(test_asked_rows)
+{
+  asked_cases(0);
+}
+END_TEST
+
+START_TEST(test_gpu_asked_rows)
+{
+  asked_cases(1);
+  emu_stop();
+}
+END_TEST
+
 /* One launch of k's GPU kernel (host threads) on operands filled by
  * ffn_fill, slot 0 live; returns the buffers, outputs in b[nin..]. */
 static void staged_run(const kt *k, bufs *bs, emu_built **gpu)
@@ -6442,6 +6570,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(tc, test_quant_weights);
   tcase_add_test(tc, test_infer_weights);
   tcase_add_test(tc, test_argmax);
+  tcase_add_test(tc, test_asked_rows);
   tcase_add_test(tc, test_score_route);
   tcase_add_test(tc, test_hash_route);
   tcase_add_test(tc, test_route_errors);
@@ -6468,6 +6597,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_act);
   tcase_add_test(gpu, test_gpu_matmul);
   tcase_add_test(gpu, test_gpu_matmul_staged_x);
+  tcase_add_test(gpu, test_gpu_asked_rows);
   tcase_add_test(gpu, test_gpu_sink_attention);
   tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);

@@ -1339,14 +1339,16 @@ START_TEST(generate_chunks) {
   ck_assert_int_eq(r.steps, 6);
   ck_assert_int_eq(ss.n, 6);
   ck_assert_int_eq(r.tokens, 4 + 4 + 2 + 3);
-  const int32_t want_step[6][2] = {{0, 4}, {4, 4}, {8, 2}, {10, 1}, {11, 1}, {12, 1}};
+  /* pos, ntok and the first slot asked for (step[3]): none of the first two
+   * chunks, the prompt's last position in the third, a decode step's one. */
+  const int32_t want_step[6][3] = {{0, 4, 4}, {4, 4, 4}, {8, 2, 1}, {10, 1, 0}, {11, 1, 0}, {12, 1, 0}};
   rt_sha256_ctx c;
   rt_sha256_init(&c);
   for (int i = 0; i < 6; i++) {
     ck_assert_int_eq(ss.step[i][0], want_step[i][0]);
     ck_assert_int_eq(ss.step[i][1], want_step[i][1]);
     ck_assert_int_eq(ss.step[i][2], i);
-    ck_assert_int_eq(ss.step[i][3], 0);
+    ck_assert_int_eq(ss.step[i][3], want_step[i][2]);
     int32_t next[4], shown[4];
     for (int t = 0; t < 4; t++) {
       int live = t < want_step[i][1];
@@ -1355,8 +1357,8 @@ START_TEST(generate_chunks) {
       next[t] = live ? want_id + 1 : -1;
       shown[t] = ss.step[i][t];
     }
-    /* The outputs in plan order, next then seen, each [tokens]: the live
-     * slots' values only. */
+    /* The outputs in plan order, next then seen (the step block as the
+     * kernel read it), each [tokens]: the live slots' values only. */
     rt_sha256_update(&c, next, (size_t)want_step[i][1] * sizeof *next);
     rt_sha256_update(&c, shown, (size_t)want_step[i][1] * sizeof *shown);
   }
@@ -1368,8 +1370,22 @@ START_TEST(generate_chunks) {
   ck_assert(r.seconds_total > 0 && r.seconds_median > 0 && r.seconds_median <= r.seconds_total);
   free(r.generated);
 
-  /* Same inputs, same bytes; another prompt, another hash. */
   rt_report r2;
+  /* With every_position, every prefill step asks for all its slots. */
+  rt_bundle *every = NULL;
+  s = rt_bundle_open(b.dir, &(rt_options){.every_position = 1}, &every);
+  ck_assert_msg(s == NULL, "%s", rt_status_msg(s));
+  seen_steps se = {.fail_at = -1};
+  ck_assert_ptr_null(rt_generate(every, prompt, 10, 3, record_hook, &se, &r2));
+  ck_assert_int_eq(se.n, 6);
+  for (int i = 0; i < 6; i++) ck_assert_int_eq(se.step[i][3], 0);
+  ck_assert(memcmp(r2.outputs_sha256, want, 32) != 0); /* seen holds step[3] */
+  ck_assert_int_eq(r2.ngenerated, 4);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(r2.generated[i], 30 + i);
+  free(r2.generated);
+  rt_bundle_close(every);
+
+  /* Same inputs, same bytes; another prompt, another hash. */
   ck_assert_ptr_null(rt_generate(bd, prompt, 10, 3, NULL, NULL, &r2));
   ck_assert_mem_eq(r2.outputs_sha256, want, 32);
   free(r2.generated);

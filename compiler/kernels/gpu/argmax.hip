@@ -1,6 +1,7 @@
 /* argmax GPU kernel template: ids[t] = the lowest index of the maximum of
- * logits[t]; dead rows -1. kgen_gpu puts in front the defines T, V, GRID,
- * NTHREADS and KERNEL_NAME.
+ * logits[t]; dead rows -1, and with ASKED_ROWS (an op that computes only
+ * the asked rows, lower.c) the rows below step[3] too. kgen_gpu puts in
+ * front the defines T, V, GRID, NTHREADS, KERNEL_NAME and ASKED_ROWS.
  * Grid: one block per token slot t (T). Threads: thread i scans chunks of
  * 4 logits i, i + NTHREADS, ... upwards with a strict comparison, skipping
  * NaN, loading 8 chunks of 16 bytes ahead (one at a time when the row is
@@ -20,7 +21,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int tid = ds4_thread();
   if (t >= GRID)
     return;
-  if (t >= ntok) {
+#ifdef ASKED_ROWS
+  int64_t t0 = ds4_asked_from(step, ntok);
+#else
+  int64_t t0 = 0;
+#endif
+  if (t < t0 || t >= ntok) {
     if (tid == 0)
       ids[t] = -1;
     return;

@@ -2,8 +2,9 @@
  * f32 or bf16, widened exactly to f32, or f8e4m3 or mxfp4, dequantized
  * exactly as it is read). kgen_gpu puts in front the defines T, K, N,
  * TILE, ROWS, NTILES, W_DT, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
- * NTHREADS / LANES), KERNEL_NAME and W_T (float, ds4_bf16, ds4_f8e4m3 or
- * ds4_mxfp4).
+ * NTHREADS / LANES), KERNEL_NAME, W_T (float, ds4_bf16, ds4_f8e4m3 or
+ * ds4_mxfp4) and, for an op that computes only the asked rows (lower.c),
+ * ASKED_ROWS: then the slots below step[3] are dead too.
  * Grid: the host's, NTILES tiles of TILE output columns; block b holds
  * columns TILE * b and up for every token slot, so a step's dead slots
  * launch no blocks (a decode step's GEMV spreads its rows over the whole
@@ -34,6 +35,11 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const void *w = bufs[1];
   float *y = (float *)bufs[2];
   int64_t ntok = step[1] < T ? step[1] : T;
+#ifdef ASKED_ROWS
+  int64_t t0 = ds4_asked_from(step, ntok);
+#else
+  int64_t t0 = 0;
+#endif
   uint32_t block = ds4_block();
   int tid = ds4_thread(), lane = tid % LANES;
   if (block >= GRID)
@@ -44,9 +50,9 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
    * needs only the lanes of its own group. */
   bool live = n0 < N;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  for (int64_t t = 0; t < ntok; t++) {
+  for (int64_t t = t0; t < ntok; t++) {
 #if X_SHARED
-    if (t > 0)
+    if (t > t0)
       ds4_barrier(); /* the last slot's row read by every group */
     ds4_stage_row<NTHREADS, K>(xs, x + t * K);
     ds4_barrier();
@@ -78,8 +84,8 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     }
   }
   if (live && lane == 0)
-    for (int64_t t = ntok; t < T; t++)
+    for (int64_t t = 0; t < T; t++)
       for (int q = 0; q < ROWS; q++)
-        if (n0 + WARPS * q < N)
+        if ((t < t0 || t >= ntok) && n0 + WARPS * q < N)
           y[t * N + n0 + WARPS * q] = 0.0f;
 }

@@ -147,6 +147,13 @@ DS4_DEVICE float ds4_lane_read(float v, int l) { return __nvvm_shfl_sync_idx_f32
 
 /* ---- math, identical on every target ---- */
 
+/* The first row a kernel built with ASKED_ROWS computes: step[3] within
+ * [0, ntok] (docs/OPS.md, Conventions); the rows below it are dead. */
+DS4_DEVICE int64_t ds4_asked_from(const int32_t *step, int64_t ntok)
+{
+  return step[3] < 0 ? 0 : step[3] < ntok ? step[3] : ntok;
+}
+
 /* Weight dtypes, as the <SLOT>_DT defines give them (enum plan_dtype). */
 #define DS4_DT_F32 0
 #define DS4_DT_BF16 1

@@ -1,6 +1,9 @@
 /* argmax host kernel template: ids[t] = the lowest index of the maximum of
- * logits[t]; dead rows -1. kgen_host prepends <stdint.h>, <math.h> and the
- * defines T, V, GRID and KERNEL_NAME; grid: one block per token slot (T). */
+ * logits[t]; dead rows -1, and with ASKED_ROWS (an op that computes only
+ * the asked rows, lower.c) the rows below step[3] too. kgen_host prepends
+ * <stdint.h>, <math.h>, the defines T, V, GRID, KERNEL_NAME and
+ * ASKED_ROWS, and prelude.h (ds4h_asked_from); grid: one block per token
+ * slot (T). */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -11,7 +14,12 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t t = block, ntok = step[1];
   if (t >= GRID)
     return;
-  if (t >= ntok) {
+#ifdef ASKED_ROWS
+  int64_t t0 = ds4h_asked_from(step, ntok);
+#else
+  int64_t t0 = 0;
+#endif
+  if (t < t0 || t >= ntok) {
     ids[t] = -1;
     return;
   }

@@ -17,5 +17,5 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int second = block >= NTILES1;
   int64_t N = second ? N2 : N1, n0 = (int64_t)(second ? block - NTILES1 : block) * TILE;
   ds4h_matmul_cols((const float *)bufs[0], bufs[second ? 2 : 1], second ? W2_DT : W1_DT,
-                   (float *)bufs[second ? 4 : 3], T, K, N, n0, n0 + TILE < N ? n0 + TILE : N, ntok);
+                   (float *)bufs[second ? 4 : 3], T, K, N, n0, n0 + TILE < N ? n0 + TILE : N, 0, ntok);
 }

@@ -309,20 +309,28 @@ DS4H_FN void ds4h_rope_in_place(float *y, int64_t r, float fpos, const float *in
   }
 }
 
+/* The first row a kernel built with ASKED_ROWS computes: step[3] within
+ * [0, ntok] (docs/OPS.md, Conventions); the rows below it are dead. */
+DS4H_FN int64_t ds4h_asked_from(const int32_t *step, int64_t ntok)
+{
+  return step[3] < 0 ? 0 : step[3] < ntok ? step[3] : ntok;
+}
+
 /* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
- * [ncol,nk], any weight dtype), every one of nt slots: k ascending from +0, a
- * dead slot's +0 (matmul.c, matmul_pair.c; lower-case names, as a kernel's
- * defines come before this file). */
+ * [ncol,nk], any weight dtype), every one of nt slots: k ascending from +0;
+ * the slots before t0 and from ntok on are dead, +0 (matmul.c,
+ * matmul_pair.c; lower-case names, as a kernel's defines come before this
+ * file). */
 DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t dt, float *y, int64_t nt, int64_t nk,
-                              int64_t ncol, int64_t n0, int64_t n1, int64_t ntok)
+                              int64_t ncol, int64_t n0, int64_t n1, int64_t t0, int64_t ntok)
 {
   float buf[nk];
   for (int64_t n = n0; n < n1; n++) {
-    const float *wr = ntok > 0 ? ds4h_weight_row(w, dt, ncol, nk, n, buf) : buf;
+    const float *wr = t0 < ntok ? ds4h_weight_row(w, dt, ncol, nk, n, buf) : buf;
     for (int64_t t = 0; t < nt; t++) {
       const float *xr = x + t * nk;
       float acc = 0.0f;
-      if (t < ntok) /* dead slots: +0 */
+      if (t >= t0 && t < ntok) /* dead slots: +0 */
         for (int64_t k = 0; k < nk; k++)
           acc += xr[k] * wr[k];
       y[t * ncol + n] = acc;
