@@ -480,8 +480,8 @@ static int kgen_specialise_hc(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "D", v['D']);
     kgen_def_int(s, "M", v['M']);
     kgen_def_int(s, "K", v['K']);
-    s->grid = (uint64_t)(v['M'] + 1);
-    s->grid_text = "one block per sum, every token slot";
+    s->grid = (uint64_t)(v['T'] * (v['M'] + 1));
+    s->grid_text = "one block per token slot and sum";
     return 0;
   }
   int pre = kind == IR_OP_HC_PRE || kind == IR_OP_HC_PRE_SUMS || kind == IR_OP_HC_PRE_NORM;

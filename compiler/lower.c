@@ -12,7 +12,7 @@
  * per tile of 8 rows for every choice, spread over the whole GPU.
  * An hc_pre or hc_head on a GPU becomes two launches the same way:
  *   hc_sums  X, fn -> sums: the M mixes' dot products and the sum of
- *            squares ([T, M+1] f32), a block per sum, every slot;
+ *            squares ([T, M+1] f32), a block per slot and sum;
  *   hc_pre_sums (hc_head_sums) sums, X, base, scale -> the op's outputs:
  *            the rest of the op from the sums, a block per slot.
  * As one launch, a block per slot streams all M weight rows (1.5 MB at
