@@ -1,6 +1,7 @@
 /* bench_gpu.c - the helpers the GPU benchmarks share (bench_gpu.h). */
 #include "bench_gpu.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -189,4 +190,81 @@ rt_status prefill(rt_bundle *bd, const plan *p, const int32_t *prompt, int nprom
     *out_last = next[ntok - 1];
   }
   return NULL;
+}
+
+/* ---- timing ---- */
+
+rt_status time_median(gpu *g, run_fn fn, void *ctx, int warmup, int runs, double *out_us) {
+  double us[BENCH_MAX_RUNS];
+  if (runs < 1 || runs > BENCH_MAX_RUNS) return rt_status_make("time_median: %d runs, not 1 to %d", runs, BENCH_MAX_RUNS);
+  for (int i = 0; i < warmup + runs; i++) {
+    double ms = 0;
+    RT_TRY(g->api->event_record(g->drv, g->e0, g->s));
+    RT_TRY(fn(ctx, i));
+    RT_TRY(g->api->event_record(g->drv, g->e1, g->s));
+    RT_TRY(gpu_elapsed(g, &ms));
+    if (i >= warmup) us[i - warmup] = ms * 1e3;
+  }
+  *out_us = quantile(us, runs, 0.5);
+  return NULL;
+}
+
+/* ---- cuBLAS, through dlopen (cublas_api.h's values) ---- */
+
+enum {
+  CUBLAS_OP_N = 0,
+  CUBLAS_OP_T = 1,
+  CUDA_R_32F = 0,
+  CUDA_R_16BF = 14,
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_GEMM_DEFAULT = -1,
+};
+
+void cublas_close(cublas *c) {
+  if (c->handle) c->destroy(c->handle);
+  if (c->lib) dlclose(c->lib);
+  memset(c, 0, sizeof *c);
+}
+
+rt_status cublas_open(cublas *c, gpu *g) {
+  memset(c, 0, sizeof *c);
+  const char *files[] = {getenv("DS4_CUBLAS_LIBRARY"), "libcublas.so.13", "libcublas.so.12"};
+  for (size_t i = 0; i < sizeof files / sizeof *files && !c->lib; i++) {
+    if (!files[i]) continue;
+    c->lib = dlopen(files[i], RTLD_NOW | RTLD_LOCAL);
+    if (c->lib) snprintf(c->file, sizeof c->file, "%s", files[i]);
+  }
+  if (!c->lib)
+    return rt_status_make("cuBLAS: cannot load libcublas.so.13 or libcublas.so.12 (%s); set "
+                          "DS4_CUBLAS_LIBRARY", dlerror());
+  *(void **)&c->create = dlsym(c->lib, "cublasCreate_v2");
+  *(void **)&c->destroy = dlsym(c->lib, "cublasDestroy_v2");
+  *(void **)&c->set_stream = dlsym(c->lib, "cublasSetStream_v2");
+  *(void **)&c->gemm_ex = dlsym(c->lib, "cublasGemmEx");
+  if (!c->create || !c->destroy || !c->set_stream || !c->gemm_ex) {
+    rt_status s = rt_status_make("cuBLAS: %s lacks cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2 "
+                                 "or cublasGemmEx", c->file);
+    cublas_close(c);
+    return s;
+  }
+  int st = c->create(&c->handle);
+  if (st) {
+    c->handle = NULL;
+    cublas_close(c);
+    return rt_status_make("cuBLAS: cublasCreate_v2 failed: status %d", st);
+  }
+  st = c->set_stream(c->handle, g->s);
+  if (st) {
+    cublas_close(c);
+    return rt_status_make("cuBLAS: cublasSetStream_v2 failed: status %d", st);
+  }
+  return NULL;
+}
+
+/* In cuBLAS's column order w is K x N and x K x M, so y (N x M) = w^T x. */
+rt_status cublas_gemm(cublas *c, const void *w, const void *x, float *y, int n, int m, int k) {
+  const float alpha = 1.0f, beta = 0.0f;
+  int st = c->gemm_ex(c->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
+                      &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return st ? rt_status_make("cuBLAS: cublasGemmEx(%d x %d x %d) failed: status %d", n, m, k, st) : NULL;
 }

@@ -66,6 +66,31 @@ void gpu_free_all(gpu *g, owned *o);
 #define BENCH_COPY_RUNS 10
 rt_status bench_copy(gpu *g, double *out_bps);
 
+/* Event-timed median of `runs` calls of fn(ctx, run) on g's stream after
+ * `warmup` more, in microseconds (runs at most BENCH_MAX_RUNS). */
+#define BENCH_MAX_RUNS 64
+typedef rt_status (*run_fn)(void *ctx, int run);
+rt_status time_median(gpu *g, run_fn fn, void *ctx, int warmup, int runs, double *out_us);
+
+/* cuBLAS, dlopen'd (DS4_CUBLAS_LIBRARY, else libcublas.so.13 or .12), on
+ * g's stream. */
+typedef struct cublas {
+  void *lib;
+  void *handle;
+  char file[64];
+  int (*create)(void **handle);
+  int (*destroy)(void *handle);
+  int (*set_stream)(void *handle, void *stream);
+  int (*gemm_ex)(void *handle, int transa, int transb, int m, int n, int k, const void *alpha, const void *a,
+                 int atype, int lda, const void *b, int btype, int ldb, const void *beta, void *c, int ctype,
+                 int ldc, int compute, int algo);
+} cublas;
+rt_status cublas_open(cublas *c, gpu *g);
+void cublas_close(cublas *c);
+/* y[M,N] (f32) = x[M,K] (bf16) . w[N,K]^T (bf16, rows of K), f32
+ * accumulation (cublasGemmEx); M = 1 is a GEMV. */
+rt_status cublas_gemm(cublas *c, const void *w, const void *x, float *y, int n, int m, int k);
+
 /* Feeds ids (ntok live, zeros after) and replays one step. */
 rt_status step_once(rt_bundle *bd, const plan *p, int32_t *ids, int pos, int ntok, int index);
 /* One decode step of token id at pos on the bundle's decode plan

@@ -27,7 +27,6 @@
  * Every time is an event-timed median of KRUNS after KWARMUP. The values
  * are zeros (a quantized zero: code 0, scale 2^-127): the time does not
  * depend on them. */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,79 +41,6 @@
 #define KIT_TENSORS 32
 /* Sets of top_k distinct experts the expert row rotates over, at most. */
 #define MAX_EXPERT_SETS 8
-
-/* ---- cuBLAS, through dlopen (cublas_api.h's values) ---- */
-
-enum {
-  CUBLAS_OP_N = 0,
-  CUBLAS_OP_T = 1,
-  CUDA_R_32F = 0,
-  CUDA_R_16BF = 14,
-  CUBLAS_COMPUTE_32F = 68,
-  CUBLAS_GEMM_DEFAULT = -1,
-};
-
-typedef struct cublas {
-  void *lib;
-  void *handle;
-  char file[64];
-  int (*create)(void **handle);
-  int (*destroy)(void *handle);
-  int (*set_stream)(void *handle, void *stream);
-  int (*gemm_ex)(void *handle, int transa, int transb, int m, int n, int k, const void *alpha, const void *a,
-                 int atype, int lda, const void *b, int btype, int ldb, const void *beta, void *c, int ctype,
-                 int ldc, int compute, int algo);
-} cublas;
-
-static void cublas_close(cublas *c) {
-  if (c->handle) c->destroy(c->handle);
-  if (c->lib) dlclose(c->lib);
-  memset(c, 0, sizeof *c);
-}
-
-static rt_status cublas_open(cublas *c, gpu *g) {
-  memset(c, 0, sizeof *c);
-  const char *files[] = {getenv("DS4_CUBLAS_LIBRARY"), "libcublas.so.13", "libcublas.so.12"};
-  for (size_t i = 0; i < sizeof files / sizeof *files && !c->lib; i++) {
-    if (!files[i]) continue;
-    c->lib = dlopen(files[i], RTLD_NOW | RTLD_LOCAL);
-    if (c->lib) snprintf(c->file, sizeof c->file, "%s", files[i]);
-  }
-  if (!c->lib)
-    return rt_status_make("cuBLAS: cannot load libcublas.so.13 or libcublas.so.12 (%s); set "
-                          "DS4_CUBLAS_LIBRARY", dlerror());
-  *(void **)&c->create = dlsym(c->lib, "cublasCreate_v2");
-  *(void **)&c->destroy = dlsym(c->lib, "cublasDestroy_v2");
-  *(void **)&c->set_stream = dlsym(c->lib, "cublasSetStream_v2");
-  *(void **)&c->gemm_ex = dlsym(c->lib, "cublasGemmEx");
-  if (!c->create || !c->destroy || !c->set_stream || !c->gemm_ex) {
-    rt_status s = rt_status_make("cuBLAS: %s lacks cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2 "
-                                 "or cublasGemmEx", c->file);
-    cublas_close(c);
-    return s;
-  }
-  int st = c->create(&c->handle);
-  if (st) {
-    c->handle = NULL;
-    cublas_close(c);
-    return rt_status_make("cuBLAS: cublasCreate_v2 failed: status %d", st);
-  }
-  st = c->set_stream(c->handle, g->s);
-  if (st) {
-    cublas_close(c);
-    return rt_status_make("cuBLAS: cublasSetStream_v2 failed: status %d", st);
-  }
-  return NULL;
-}
-
-/* y[N] (f32) = w[N,K] (bf16, rows of K) . x[K] (bf16): in cuBLAS's column
- * order w is K x N, so y = w^T x. */
-static rt_status cublas_gemv(cublas *c, const void *w, const void *x, float *y, int n, int k) {
-  const float alpha = 1.0f, beta = 0.0f;
-  int st = c->gemm_ex(c->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, 1, k, &alpha, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
-                      &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return st ? rt_status_make("cuBLAS: cublasGemmEx(%d x %d) failed: status %d", n, k, st) : NULL;
-}
 
 /* ---- the plan's kernels, alone ---- */
 
@@ -240,25 +166,6 @@ static rt_status launch_run(kit *k, const launch *l) {
   return k->g->api->launch(k->g->drv, k->g->s, l->f, l->grid, l->block, 0, args, 2, overlap);
 }
 
-/* ---- timing ---- */
-
-typedef rt_status (*run_fn)(void *ctx, int run);
-
-/* Event-timed median of KRUNS runs after KWARMUP, in microseconds. */
-static rt_status time_median(gpu *g, run_fn fn, void *ctx, double *out_us) {
-  double us[KRUNS];
-  for (int i = 0; i < KWARMUP + KRUNS; i++) {
-    double ms = 0;
-    RT_TRY(g->api->event_record(g->drv, g->e0, g->s));
-    RT_TRY(fn(ctx, i));
-    RT_TRY(g->api->event_record(g->drv, g->e1, g->s));
-    RT_TRY(gpu_elapsed(g, &ms));
-    if (i >= KWARMUP) us[i - KWARMUP] = ms * 1e3;
-  }
-  *out_us = quantile(us, KRUNS, 0.5);
-  return NULL;
-}
-
 /* ---- weights: ours and cuBLAS's ---- */
 
 /* Matrix rows, cols of a weight [..., rows, cols]. */
@@ -348,7 +255,7 @@ static rt_status run_ours(void *ctx, int run) {
 
 static rt_status run_theirs(void *ctx, int run) {
   gemv_ctx *c = ctx;
-  return cublas_gemv(c->cb, c->wb[run % c->bcopies], c->xb, c->y, (int)c->sh.n, (int)c->sh.k);
+  return cublas_gemm(c->cb, c->wb[run % c->bcopies], c->xb, c->y, (int)c->sh.n, 1, (int)c->sh.k);
 }
 
 /* The op a launch belongs to, without its layer ("attn.q_b"). */
@@ -394,8 +301,8 @@ static rt_status gemv_row(gpu *g, kit *k, cublas *cb, const shape *sh, double co
   RT_TRY(g->api->memset_async(g->drv, g->s, c.xb, 0, sh->k * 2));
   RT_TRY(gpu_alloc(g, &k->o, sh->n * 4, (void **)&c.y));
   double ours = 0, theirs = 0;
-  RT_TRY(time_median(g, run_ours, &c, &ours));
-  RT_TRY(time_median(g, run_theirs, &c, &theirs));
+  RT_TRY(time_median(g, run_ours, &c, KWARMUP, KRUNS, &ours));
+  RT_TRY(time_median(g, run_theirs, &c, KWARMUP, KRUNS, &theirs));
   double bw_ours = (double)wbytes / (ours * 1e-6), bw_theirs = (double)bbytes / (theirs * 1e-6);
   const char *dt = plan_dtype_name(sh->dtype);
   char what[80], how[240];
@@ -534,7 +441,7 @@ static rt_status moe_cublas(kit *k, cublas *cb, const uint32_t *cmds, int n, uin
           const plan_tensor *w = &p->tensors[args[m].tensor];
           const void *wp;
           RT_TRY(cublas_weight(k, args[m].tensor, experts, e, j, topk, &wp));
-          RT_TRY(cublas_gemv(cb, wp, up ? xb : actb, y, (int)w_rows(w), (int)w_cols(w)));
+          RT_TRY(cublas_gemm(cb, wp, up ? xb : actb, y, (int)w_rows(w), 1, (int)w_cols(w)));
           bytes += w_rows(w) * w_cols(w) * 2;
         }
       }
@@ -543,7 +450,7 @@ static rt_status moe_cublas(kit *k, cublas *cb, const uint32_t *cmds, int n, uin
         const plan_tensor *w = &p->tensors[args[m].tensor];
         const void *wp;
         RT_TRY(cublas_weight(k, args[m].tensor, experts, 0, 0, 1, &wp));
-        RT_TRY(cublas_gemv(cb, wp, xb, y, (int)w_rows(w), (int)w_cols(w)));
+        RT_TRY(cublas_gemm(cb, wp, xb, y, (int)w_rows(w), 1, (int)w_cols(w)));
         bytes += w_rows(w) * w_cols(w) * 2;
       }
     }
@@ -583,8 +490,8 @@ static rt_status moe_row(gpu *g, kit *k, cublas *cb, double copy_bps, table *t) 
   rt_status s = g->api->capture_begin(g->drv, g->s);
   if (!s) s = capture_finish(g, moe_cublas(k, cb, cmds, n, experts, &io, NULL), &ctx_theirs.exec);
   double us_ours = 0, us_theirs = 0;
-  if (!s) s = time_median(g, run_graph, &ctx_ours, &us_ours);
-  if (!s) s = time_median(g, run_graph, &ctx_theirs, &us_theirs);
+  if (!s) s = time_median(g, run_graph, &ctx_ours, KWARMUP, KRUNS, &us_ours);
+  if (!s) s = time_median(g, run_graph, &ctx_theirs, KWARMUP, KRUNS, &us_theirs);
   if (ctx_ours.exec) g->api->graph_exec_destroy(g->drv, ctx_ours.exec);
   if (ctx_theirs.exec) g->api->graph_exec_destroy(g->drv, ctx_theirs.exec);
   if (s) return s;
@@ -656,7 +563,7 @@ static rt_status expert_row(gpu *g, kit *k, double copy_bps, table *t) {
   rt_status s = capture_launches(k, order, 2 * (int)sets, &c[0].exec);
   if (!s) s = capture_launches(k, ups, (int)sets, &c[1].exec);
   if (!s) s = capture_launches(k, downs, (int)sets, &c[2].exec);
-  for (int i = 0; i < 3 && !s; i++) s = time_median(g, run_graph, &c[i], &us[i]);
+  for (int i = 0; i < 3 && !s; i++) s = time_median(g, run_graph, &c[i], KWARMUP, KRUNS, &us[i]);
   for (int i = 0; i < 3; i++)
     if (c[i].exec) g->api->graph_exec_destroy(g->drv, c[i].exec);
   if (s) return s;

@@ -10,12 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build >/dev/null
-ninja -C build ds4run gpu_ops ds4_bench >/dev/null
+ninja -C build ds4run gpu_ops ds4_bench ds4_prefill >/dev/null
 
 out=out/ds4gpu
 rm -rf "$out"
 mkdir -p "$out/bin"
-cp build/ds4run build/gpu_ops build/ds4_bench "$out/bin/"
+cp build/ds4run build/gpu_ops build/ds4_bench build/ds4_prefill "$out/bin/"
 
 ds4c=build/ds4c
 for m in mini slice mini-bf16 slice-bf16; do
