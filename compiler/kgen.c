@@ -29,6 +29,11 @@
  * columns (q_a, o_b, the shared expert) ran as fast or faster with one. */
 #define KGEN_MATMUL_WIDE 8192
 
+/* Columns from which a matmul on the matrix units takes four tiles of 8
+ * a block (kgen_matmul_mma): the weights of 2048 rows and more spread
+ * over 64 blocks or more. */
+#define KGEN_MMA_WIDE 2048
+
 /* Rows of w2 each moe_down warp keeps in flight (ds4_lane_dot_rows): a
  * block of KGEN_MATMUL_TILE warps takes 8 * 4 output channels of one
  * choice. On an H200 one routed layer's moe_down took 31.8 us against
@@ -827,6 +832,22 @@ static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
+/* Whether a matmul, matmul_pair or group_matmul of w's dtype and rows of
+ * k runs on a GPU's matrix units (matmul_mma.hip, which kgen_gpu takes for
+ * the kind's template): a bf16 weight in a plan of several token slots (a
+ * prefill chunk), k a multiple of the kernel's 32-k chunks. Returns the tiles of 8 columns a
+ * block takes (MMA_NT): four from KGEN_MMA_WIDE columns (the narrower
+ * part's for a pair), so that a warp's loads of x feed four tiles, else
+ * one, so that a narrow weight still spreads over many blocks; 0 for the
+ * CUDA-core kernels. The grid is every target's (the host's kernel takes
+ * the same tiles); the bits depend on K alone, not on the choice. */
+static int64_t kgen_matmul_mma(const kgen_ctx *c, uint32_t wdtype, int64_t k, int64_t ncols)
+{
+  if (c->var['T'] < 2 || wdtype != PLAN_BF16 || k % 32 != 0)
+    return 0;
+  return ncols >= KGEN_MMA_WIDE ? 4 : 1;
+}
+
 /* Fills s from the bound sizes and attrs; checks what the kernel's memory
  * safety relies on (heads divide the channels, k <= E, expert ranges). */
 static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
@@ -850,13 +871,14 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_float(s, "EPS", f);
     break;
   case IR_OP_MATMUL: {
-    int64_t rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1, tile = KGEN_MATMUL_TILE * rows;
+    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], v['N']), rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1;
+    int64_t tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
     int64_t ntiles = (v['N'] + tile - 1) / tile;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
     kgen_def_int(s, "N", v['N']);
     kgen_def_int(s, "TILE", tile);
-    kgen_def_int(s, "ROWS", rows);
+    kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
     kgen_def_int(s, "NTILES", ntiles);
     if (op->asked_rows)
       kgen_def_int(s, "ASKED_ROWS", 1);
@@ -872,14 +894,15 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       return kgen_err(c->d, op->pos, "matmul_pair: w1 (%s) and w2 (%s) must have one dtype", kgen_tensor(c, 1)->path,
                       kgen_tensor(c, 2)->path);
     int64_t narrow = v['N'] < v['M'] ? v['N'] : v['M'];
-    int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1, tile = KGEN_MATMUL_TILE * rows;
+    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], narrow);
+    int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1, tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
     int64_t nt1 = (v['N'] + tile - 1) / tile, nt2 = (v['M'] + tile - 1) / tile;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
     kgen_def_int(s, "N1", v['N']);
     kgen_def_int(s, "N2", v['M']);
     kgen_def_int(s, "TILE", tile);
-    kgen_def_int(s, "ROWS", rows);
+    kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
     kgen_def_int(s, "NTILES1", nt1);
     kgen_def_int(s, "NTILES2", nt2);
     s->grid = (uint64_t)(nt1 + nt2);
@@ -967,13 +990,18 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "GROUPS", g);
     kgen_def_int(s, "KG", v['J']);
-    /* two tiles a block only where both lie in one group */
+    /* two tiles a block only where both lie in one group; on the matrix
+     * units a block's tile always lies in one group (its x is the
+     * group's) */
     int64_t rows = n >= KGEN_MATMUL_WIDE && (n / g) % (2 * KGEN_MATMUL_TILE) == 0 ? 2 : 1;
-    int64_t tile = KGEN_MATMUL_TILE * rows, ntiles = (n + tile - 1) / tile;
+    int64_t mma = (n / g) % 8 == 0 ? kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['J'], n) : 0;
+    if (mma && (n / g) % (8 * mma) != 0)
+      mma = 1;
+    int64_t tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows, ntiles = (n + tile - 1) / tile;
     kgen_def_int(s, "NG", n / g);
     kgen_def_int(s, "N", n);
     kgen_def_int(s, "TILE", tile);
-    kgen_def_int(s, "ROWS", rows);
+    kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
     kgen_def_int(s, "NTILES", ntiles);
     s->grid = (uint64_t)ntiles;
     s->grid_text = "tile of output columns, every token slot";

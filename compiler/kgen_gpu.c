@@ -237,6 +237,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_MATMUL_PAIR:
   case IR_OP_MOE_UP:
   case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
+    if (kgen_spec_int(s, "MMA_NT")) /* part: the warps' sums for 16 slots */
+      return nt / (uint64_t)g->lanes * 16 * (uint64_t)kgen_spec_int(s, "TILE") * 4;
     int64_t k = kgen_gpu_x_row(s);
     int stage = kgen_gpu_stage_x(s);
     kgen_gpu_define(b, undefs, "X_SHARED", "%d", stage);
@@ -352,9 +354,11 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   if (kgen_spec_build(p, op, "GPU", &s, d))
     return -1;
   const kgen_gpu_kind *g = &kgen_gpu_kinds[op->kind];
-  const char *tmpl = ds4_template_find("gpu", s.tmpl);
+  /* a matmul or matmul_pair on the matrix units (kgen.c) */
+  const char *name = kgen_spec_int(&s, "MMA_NT") ? "matmul_mma" : s.tmpl;
+  const char *tmpl = ds4_template_find("gpu", name);
   if (!tmpl || !g->nthreads) {
-    kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, s.tmpl);
+    kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, name);
     kgen_spec_free(&s);
     return -1;
   }

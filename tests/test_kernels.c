@@ -5262,7 +5262,11 @@ START_TEST(test_gpu_matmul_pair)
 {
   matmul_pair_case(64, 20, 8, PLAN_F32);
   matmul_pair_case(72, 24, 40, PLAN_BF16);
-  matmul_pair_case(64, 8200, 8192, PLAN_BF16); /* both wide: two columns a warp, x staged */
+  matmul_pair_case(40, 8200, 8192, PLAN_BF16); /* both wide: two columns a warp, x staged */
+  matmul_pair_case(64, 8200, 8192, PLAN_BF16); /* on the matrix units, four tiles a block */
+  /* on the matrix units, a tile a block (the narrower part's), where the
+   * second matmul alone takes four */
+  matmul_pair_case(96, 24, 2100, PLAN_BF16);
   emu_stop();
 }
 END_TEST
@@ -5913,6 +5917,135 @@ START_TEST(test_gpu_matmul)
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
   rope_op(&k, 2, 64, 64, 160000.0, 1, g_ds4_yarn);
   ffn_gpu_case(&k, NULL, 0, g_gpu_steps, 2);
+  emu_stop();
+}
+END_TEST
+
+/* ---- matmul on the matrix units (kgen.c, kgen_matmul_mma) ---- */
+
+/* The bf16 nearest x, ties to even (prelude.h, ds4_bf16_bits), as a double. */
+static double mma_bf16(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  memcpy(&r, &u, 4);
+  return r;
+}
+
+/* x as the matrix units take it: the bf16 hi and the bf16 of the rest. */
+static double mma_x(float x)
+{
+  double hi = mma_bf16(x);
+  return hi + mma_bf16((float)((double)x - hi));
+}
+
+/* The kernel kgen_gpu makes for k: MMA_NT tiles of 8 a block, 0 for the
+ * CUDA-core template. */
+static int mma_tiles(const kt *k)
+{
+  kgen_kernel g;
+  dsl_diag d = {0};
+  ck_assert_msg(kgen_gpu(&k->prog, &k->op, &g, &d) == 0, "kgen_gpu: %s", d.msg);
+  const char *def = strstr(g.source, "#define MMA_NT ((int64_t)");
+  int nt = def ? atoi(def + strlen("#define MMA_NT ((int64_t)")) : 0;
+  if (nt)
+    ck_assert_ptr_nonnull(strstr(g.source, "DS4_SHARED float part[WARPS][16][TILE];"));
+  kgen_kernel_free(&g);
+  return nt;
+}
+
+/* Every live output of k's GPU kernel (run on the host, every slot live)
+ * against float64 on the operands as the units take them (x as hi + lo,
+ * w's bf16): within the f32 sums' own error, (2 K + 16) units of 2^-24 of
+ * the sum of the terms' magnitudes, far below what a wrong k, row or slot
+ * would move it. */
+static void mma_exact_case(const kt *k)
+{
+  /* a group_matmul's column n reads x's channels (n / NG) * K and up */
+  int64_t T = k->tensors[0].dim[0], KX = k->tensors[0].dim[1], K = k->tensors[1].dim[1], N = k->tensors[1].dim[0];
+  int64_t NG = k->op.kind == IR_OP_GROUP_MATMUL ? N / k->op.iattr[0] : N;
+  emu_built *g = emu_build(k);
+  bufs bs;
+  bufs_alloc(&bs, k);
+  ffn_fill(k, &bs, NULL, 0);
+  emu_run(g, bs.b, 0, (int)T, 0);
+  const float *x = bs.b[0], *y = bs.b[2];
+  const uint16_t *w = bs.b[1];
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t n = 0; n < N; n++) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t kk = 0; kk < K; kk++) {
+        uint32_t wb = (uint32_t)w[n * K + kk] << 16;
+        float wf;
+        memcpy(&wf, &wb, 4);
+        double term = mma_x(x[t * KX + n / NG * K + kk]) * wf;
+        ref += term;
+        mag += fabs(term);
+      }
+      double err = fabs(y[t * N + n] - ref), bound = (2.0 * K + 16.0) * 0x1p-24 * mag;
+      ck_assert_msg(err <= bound, "%s: y[%lld,%lld] = %.9g, float64 %.9g (error %.3g over the bound %.3g)",
+                    g->kk.symbol, (long long)t, (long long)n, (double)y[t * N + n], ref, err, bound);
+    }
+  bufs_free(&bs);
+  emu_free(g);
+}
+
+/* A bf16 matmul of several slots on the matrix units, against the host
+ * kernel (dead slots +0, the same bits off 16-byte alignment) and against
+ * float64: two 16s of slots and a partial tile of 8; fewer chunks of 32 k
+ * than warps; chunks split unevenly over the warps (9 over 8) with four
+ * tiles a block, the last partial. A group_matmul the same, each tile
+ * against its group's channels of x: few columns, a tile of 8; many, a
+ * tile of 8 where 32 columns would straddle two groups (NG 1032), and of
+ * 32 where they do not. The CUDA-core
+ * kernel keeps a decode step's matmul (one slot), an f32 weight and K off
+ * the chunks. */
+START_TEST(test_gpu_matmul_mma)
+{
+  static const struct {
+    int64_t t, k, n;
+    int nt;
+  } mm[] = {{20, 32, 21, 1}, {3, 288, 2050, 4}};
+  static const int steps[][2] = {{0, 20}, {5, 17}, {2, 1}};
+  for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+    kt k;
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, mm[i].t, mm[i].k);
+    kt_add(&k, 0, PLAN_BF16, 2, mm[i].n, mm[i].k);
+    kt_add(&k, 1, PLAN_F32, 2, mm[i].t, mm[i].n);
+    ck_assert_int_eq(mma_tiles(&k), mm[i].nt);
+    ffn_gpu_case(&k, NULL, 0, steps, 3);
+    mma_exact_case(&k);
+  }
+  static const struct {
+    int64_t groups, kg, ng;
+    int nt;
+  } gm[] = {{3, 64, 40, 1}, {2, 64, 1032, 1}, {2, 96, 1056, 4}};
+  for (size_t i = 0; i < sizeof gm / sizeof gm[0]; i++) {
+    kt k;
+    kt_init(&k, IR_OP_GROUP_MATMUL);
+    k.op.iattr[0] = gm[i].groups;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)18, gm[i].groups * gm[i].kg);
+    kt_add(&k, 0, PLAN_BF16, 2, gm[i].groups * gm[i].ng, gm[i].kg);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)18, gm[i].groups * gm[i].ng);
+    ck_assert_int_eq(mma_tiles(&k), gm[i].nt);
+    ffn_gpu_case(&k, NULL, 0, steps, 3);
+    mma_exact_case(&k);
+  }
+  static const struct {
+    int64_t t, k;
+    uint32_t wt;
+  } cuda_cores[] = {{1, 64, PLAN_BF16}, {4, 64, PLAN_F32}, {4, 48, PLAN_BF16}};
+  for (size_t i = 0; i < sizeof cuda_cores / sizeof cuda_cores[0]; i++) {
+    kt k;
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, cuda_cores[i].t, cuda_cores[i].k);
+    kt_add(&k, 0, cuda_cores[i].wt, 2, (int64_t)2100, cuda_cores[i].k);
+    kt_add(&k, 1, PLAN_F32, 2, cuda_cores[i].t, (int64_t)2100);
+    ck_assert_int_eq(mma_tiles(&k), 0);
+  }
   emu_stop();
 }
 END_TEST
@@ -6597,6 +6730,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_act);
   tcase_add_test(gpu, test_gpu_matmul);
   tcase_add_test(gpu, test_gpu_matmul_staged_x);
+  tcase_add_test(gpu, test_gpu_matmul_mma);
   tcase_add_test(gpu, test_gpu_asked_rows);
   tcase_add_test(gpu, test_gpu_sink_attention);
   tcase_add_test(gpu, test_gpu_hc);

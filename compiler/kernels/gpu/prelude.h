@@ -1291,4 +1291,112 @@ DS4_DEVICE void ds4_swiglu(const float *x, float *xs, const void *w1, const void
   }
 }
 
+/* ---- the matrix units: a warp's 16 x 8 x 16 bf16 product, f32 sums ----
+ * ds4_mma_bf16(d, a, b) adds A (16 x 16: rows the token slots, columns k)
+ * times B (16 x 8: rows k, columns the outputs) into D, the fragments laid
+ * out as PTX's mma.m16n8k16 .row.col lays them: lane 4 g + q holds
+ *   a[0] A[g][2q, 2q+1]   a[1] A[g+8][2q, 2q+1]
+ *   a[2] A[g][2q+8, 2q+9] a[3] A[g+8][2q+8, 2q+9]
+ *   b[0] B[2q, 2q+1][g]   b[1] B[2q+8, 2q+9][g]
+ *   d[0], d[1] D[g][2q, 2q+1]   d[2], d[3] D[g+8][2q, 2q+1]
+ * two bf16 a word, the lower k in the low half. On NVPTX the instruction
+ * (the units' own order of the 16 products); elsewhere (the host
+ * emulator, and AMD until its WMMA and MFMA forms are written) the lanes'
+ * fragments are exchanged with ds4_lane_read and each output adds its
+ * products k ascending in f32 (a product of two bf16 is exact in f32).
+ * Every lane of the warp calls it, with the same trip counts. */
+DS4_DEVICE float ds4_bf16_low(uint32_t w) { return __builtin_bit_cast(float, w << 16); }
+DS4_DEVICE float ds4_bf16_high(uint32_t w) { return __builtin_bit_cast(float, w & 0xffff0000u); }
+
+#if defined(__NVPTX__)
+DS4_DEVICE void ds4_mma_bf16(float *d, const uint32_t *a, const uint32_t *b)
+{
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#else
+DS4_DEVICE void ds4_mma_bf16(float *d, const uint32_t *a, const uint32_t *b)
+{
+  int lane = ds4_thread() % 32, g = lane / 4, q = lane % 4;
+  /* k = 2 j + h + 8 s: lane 4 g + j's a[2 s] holds A[g][k] in half h, its
+   * a[2 s + 1] A[g + 8][k]; lane 4 c + j's b[s] holds B[k][c] */
+#pragma unroll
+  for (int s = 0; s < 2; s++)
+#pragma nounroll
+    for (int j = 0; j < 4; j++) {
+      uint32_t a0 = __builtin_bit_cast(uint32_t, ds4_lane_read(__builtin_bit_cast(float, a[2 * s]), 4 * g + j));
+      uint32_t a1 = __builtin_bit_cast(uint32_t, ds4_lane_read(__builtin_bit_cast(float, a[2 * s + 1]), 4 * g + j));
+      uint32_t b0 = __builtin_bit_cast(uint32_t, ds4_lane_read(__builtin_bit_cast(float, b[s]), 8 * q + j));
+      uint32_t b1 = __builtin_bit_cast(uint32_t, ds4_lane_read(__builtin_bit_cast(float, b[s]), 8 * q + 4 + j));
+      for (int h = 0; h < 2; h++) {
+        float x0 = h ? ds4_bf16_high(a0) : ds4_bf16_low(a0), x1 = h ? ds4_bf16_high(a1) : ds4_bf16_low(a1);
+        float y0 = h ? ds4_bf16_high(b0) : ds4_bf16_low(b0), y1 = h ? ds4_bf16_high(b1) : ds4_bf16_low(b1);
+        d[0] = d[0] + x0 * y0;
+        d[1] = d[1] + x0 * y1;
+        d[2] = d[2] + x1 * y0;
+        d[3] = d[3] + x1 * y1;
+      }
+    }
+}
+#endif
+
+/* The bits of the bf16 nearest x (ties to even; a NaN stays a NaN). */
+DS4_DEVICE uint32_t ds4_bf16_bits(float x)
+{
+  uint32_t u = __builtin_bit_cast(uint32_t, x);
+  if (x != x)
+    return 0x7fc0u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* Two f32 values of x as the matrix units take them, two bf16 terms each:
+ * hi, x rounded to bf16, and lo, the rest (exact in f32) rounded to bf16,
+ * so hi + lo is x to about 2^-17 of |x|; x0's in the low halves. */
+DS4_DEVICE void ds4_bf16_split(float x0, float x1, uint32_t *hi, uint32_t *lo)
+{
+  uint32_t h0 = ds4_bf16_bits(x0), h1 = ds4_bf16_bits(x1);
+  float r0 = x0 - __builtin_bit_cast(float, h0 << 16), r1 = x1 - __builtin_bit_cast(float, h1 << 16);
+  *hi = h0 | h1 << 16;
+  *lo = ds4_bf16_bits(r0) | ds4_bf16_bits(r1) << 16;
+}
+
+/* Eight bf16 of a weight row from p as four words (two a word, the lower
+ * k low): one 16-byte load where aligned, else an element at a time. */
+DS4_DEVICE void ds4_load_bf16x8(const ds4_bf16 *p, bool aligned, uint32_t *out)
+{
+  if (aligned) {
+    ds4_u32x4 v = *(const DS4_GLOBAL ds4_u32x4 *)p;
+    for (int i = 0; i < 4; i++) {
+      uint32_t word = v[i];
+      out[i] = word;
+    }
+    return;
+  }
+  for (int i = 0; i < 4; i++)
+    out[i] = (uint32_t)p[2 * i].bits | (uint32_t)p[2 * i + 1].bits << 16;
+}
+
+/* Eight f32 of x from p: two 16-byte loads where aligned, else one at a
+ * time; zeros where live is false (a dead slot's row is not read). */
+DS4_DEVICE void ds4_load_f32x8(const float *p, bool aligned, bool live, float *out)
+{
+  if (!live) {
+    for (int i = 0; i < 8; i++)
+      out[i] = 0.0f;
+    return;
+  }
+  if (aligned) {
+    for (int h = 0; h < 2; h++) {
+      ds4_f32x4 v = *(const DS4_GLOBAL ds4_f32x4 *)(p + 4 * h);
+      for (int i = 0; i < 4; i++)
+        out[4 * h + i] = v[i];
+    }
+    return;
+  }
+  for (int i = 0; i < 8; i++)
+    out[i] = p[i];
+}
+
 #endif
