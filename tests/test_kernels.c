@@ -4098,19 +4098,23 @@ static void mp_all_kinds(mprog *m)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
     mp_take(m, &k);
   }
-  /* two columns a warp with x staged in shared memory (kgen.c: 8192
+  /* K a multiple of 32 (64): on the matrix units, four tiles of 8 a
+   * block, and one where 32 columns would straddle a group (4112); else
+   * (72) two columns a warp with x staged in shared memory (kgen.c: 8192
    * columns and up; a group's columns whole tiles of 16) */
-  kt_init(&k, IR_OP_MATMUL);
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8200, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
-  mp_take(m, &k);
-  kt_init(&k, IR_OP_GROUP_MATMUL);
-  k.op.iattr[0] = 2;
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)128);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8224, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8224);
-  mp_take(m, &k);
+  for (int64_t kdim = 64; kdim <= 72; kdim += 8) {
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, kdim);
+    kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8200, kdim);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
+    mp_take(m, &k);
+    kt_init(&k, IR_OP_GROUP_MATMUL);
+    k.op.iattr[0] = 2;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, 2 * kdim);
+    kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8224, kdim);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8224);
+    mp_take(m, &k);
+  }
   /* a combine and its add as lowered for a GPU (lower.c) */
   kt_init(&k, IR_OP_MOE_COMBINE_ADD);
   kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
