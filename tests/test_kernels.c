@@ -4632,6 +4632,9 @@ START_TEST(test_gpu_build)
       snprintf(entry, sizeof entry, ".entry %s(", ka.kernels[j].symbol);
       ck_assert_msg(strstr(ptx, entry) != NULL, "sm_90.ptx lacks %s", entry);
     }
+    /* the matrix-unit kernels multiply on the units, not in a fallback */
+    ck_assert_msg(strstr(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != NULL,
+                  "sm_90.ptx has no bf16 mma.sync");
     free(ptx);
     /* and no kernel uses local memory or a stack (no spills) */
     snprintf(path, sizeof path, "%s/kernels/sm_90.cubin", a);
