@@ -888,8 +888,9 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   }
   case IR_OP_MATMUL_PAIR: {
     /* Each part tiled as matmul tiles it, both with the same tile (two
-     * columns a warp only when both parts are wide): the bits depend on
-     * neither (matmul.hip). */
+     * columns a warp, or four tiles of 8 on the matrix units, only when
+     * both parts are wide): the bits depend on neither (matmul.hip,
+     * matmul_mma.hip). */
     if (kgen_tensor(c, 1)->dtype != kgen_tensor(c, 2)->dtype)
       return kgen_err(c->d, op->pos, "matmul_pair: w1 (%s) and w2 (%s) must have one dtype", kgen_tensor(c, 1)->path,
                       kgen_tensor(c, 2)->path);
