@@ -5999,16 +5999,54 @@ static void mma_exact_case(const kt *k)
   emu_free(g);
 }
 
+/* Infinities and the largest finite values in x on the matrix units (k a
+ * bf16 matmul of T >= 2 slots, N columns): slot 0 holds +inf, slot 1 a
+ * value that would round past bf16's largest; each output as the host's
+ * f32 sum gives it, an infinity of the same sign (or NaN with it), and a
+ * finite value within REL_TOL, not the NaN of inf - inf. */
+static void mma_extremes_case(const kt *k)
+{
+  int64_t K = k->tensors[0].dim[1], N = k->tensors[1].dim[0];
+  chain_kernel host = {.op = *k}, dev = {.op = *k};
+  host.op.prog.tensors = host.op.tensors;
+  dev.op.prog.tensors = dev.op.tensors;
+  chain_build(&host, 0);
+  chain_build(&dev, 1);
+  bufs want, got;
+  bufs_alloc(&want, k);
+  bufs_alloc(&got, k);
+  ffn_fill(k, &want, NULL, 0);
+  ((float *)want.b[0])[3] = INFINITY;
+  ((float *)want.b[0])[K + 5] = 3.4e38f;
+  for (int i = 0; i < 2; i++)
+    memcpy(got.b[i], want.b[i], (size_t)k->tensors[i].bytes);
+  chain_run(&host, &want, 0, 2);
+  chain_run(&dev, &got, 0, 2);
+  const float *yh = want.b[2], *yg = got.b[2];
+  for (int64_t n = 0; n < N; n++) {
+    ck_assert_msg(isinf(yh[n]) ? yg[n] == yh[n] : isnan(yg[n]) && isnan(yh[n]),
+                  "%s: column %lld of the slot with +inf: %g on the GPU, %g on the host", dev.gpu->kk.symbol,
+                  (long long)n, (double)yg[n], (double)yh[n]);
+    ck_assert_msg(isfinite(yg[N + n]) && fabs((double)yg[N + n] - yh[N + n]) <= REL_TOL * fabs((double)yh[N + n]),
+                  "%s: column %lld of the slot with 3.4e38: %g on the GPU, %g on the host", dev.gpu->kk.symbol,
+                  (long long)n, (double)yg[N + n], (double)yh[N + n]);
+  }
+  bufs_free(&want);
+  bufs_free(&got);
+  chain_unbuild(&host);
+  chain_unbuild(&dev);
+}
+
 /* A bf16 matmul of several slots on the matrix units, against the host
  * kernel (dead slots +0, the same bits off 16-byte alignment) and against
  * float64: two 16s of slots and a partial tile of 8; fewer chunks of 32 k
  * than warps; chunks split unevenly over the warps (9 over 8) with four
- * tiles a block, the last partial. A group_matmul the same, each tile
- * against its group's channels of x: few columns, a tile of 8; many, a
- * tile of 8 where 32 columns would straddle two groups (NG 1032), and of
- * 32 where they do not. The CUDA-core
- * kernel keeps a decode step's matmul (one slot), an f32 weight and K off
- * the chunks. */
+ * tiles a block, the last partial; infinities and the largest values in
+ * x. A group_matmul the same, each tile against its group's channels of
+ * x: few columns, a tile of 8; many, a tile of 8 where 32 columns would
+ * straddle two groups (NG 1032), and of 32 where they do not. The
+ * CUDA-core kernel keeps a decode step's matmul (one slot), an f32 weight
+ * and K off the chunks. */
 START_TEST(test_gpu_matmul_mma)
 {
   static const struct {
@@ -6026,6 +6064,12 @@ START_TEST(test_gpu_matmul_mma)
     ffn_gpu_case(&k, NULL, 0, steps, 3);
     mma_exact_case(&k);
   }
+  kt ext;
+  kt_init(&ext, IR_OP_MATMUL);
+  kt_add(&ext, 0, PLAN_F32, 2, (int64_t)2, (int64_t)64);
+  kt_add(&ext, 0, PLAN_BF16, 2, (int64_t)12, (int64_t)64);
+  kt_add(&ext, 1, PLAN_F32, 2, (int64_t)2, (int64_t)12);
+  mma_extremes_case(&ext);
   static const struct {
     int64_t groups, kg, ng;
     int nt;

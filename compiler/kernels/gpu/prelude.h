@@ -1351,15 +1351,32 @@ DS4_DEVICE uint32_t ds4_bf16_bits(float x)
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-/* Two f32 values of x as the matrix units take them, two bf16 terms each:
- * hi, x rounded to bf16, and lo, the rest (exact in f32) rounded to bf16,
- * so hi + lo is x to about 2^-17 of |x|; x0's in the low halves. */
+/* x as the matrix units take it, two bf16 terms: hi, x rounded to bf16,
+ * and lo, the rest (exact in f32) rounded to bf16, so hi + lo is x to
+ * about 2^-17 of |x|. Where x is infinite, or so large that it would
+ * round past bf16's largest, hi is x truncated (inf stays inf) and lo
+ * takes the rest, 0 for an infinity: x * w is then what f32 gives (an
+ * infinity, or NaN against a zero weight), not inf - inf. A NaN x gives
+ * a NaN hi. */
+DS4_DEVICE void ds4_bf16_terms(float x, uint32_t *hi, uint32_t *lo)
+{
+  uint32_t h = ds4_bf16_bits(x);
+  if ((h & 0x7f80u) == 0x7f80u && x == x)
+    h = __builtin_bit_cast(uint32_t, x) >> 16;
+  float r = x - __builtin_bit_cast(float, h << 16);
+  *hi = h;
+  *lo = r == r ? ds4_bf16_bits(r) : 0u;
+}
+
+/* Two f32 values of x as A's word of each term (ds4_bf16_terms), x0's in
+ * the low halves. */
 DS4_DEVICE void ds4_bf16_split(float x0, float x1, uint32_t *hi, uint32_t *lo)
 {
-  uint32_t h0 = ds4_bf16_bits(x0), h1 = ds4_bf16_bits(x1);
-  float r0 = x0 - __builtin_bit_cast(float, h0 << 16), r1 = x1 - __builtin_bit_cast(float, h1 << 16);
+  uint32_t h0, l0, h1, l1;
+  ds4_bf16_terms(x0, &h0, &l0);
+  ds4_bf16_terms(x1, &h1, &l1);
   *hi = h0 | h1 << 16;
-  *lo = ds4_bf16_bits(r0) | ds4_bf16_bits(r1) << 16;
+  *lo = l0 | l1 << 16;
 }
 
 /* Eight bf16 of a weight row from p as four words (two a word, the lower
