@@ -835,17 +835,20 @@ static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
 /* Whether a matmul, matmul_pair or group_matmul of w's dtype and rows of
  * k runs on a GPU's matrix units (matmul_mma.hip, which kgen_gpu takes for
  * the kind's template): a bf16 weight in a plan of several token slots (a
- * prefill chunk), k a multiple of the kernel's 32-k chunks. Returns the tiles of 8 columns a
- * block takes (MMA_NT): four from KGEN_MMA_WIDE columns (the narrower
- * part's for a pair), so that a warp's loads of x feed four tiles, else
- * one, so that a narrow weight still spreads over many blocks; 0 for the
- * CUDA-core kernels. The grid is every target's (the host's kernel takes
- * the same tiles); the bits depend on K alone, not on the choice. */
-static int64_t kgen_matmul_mma(const kgen_ctx *c, uint32_t wdtype, int64_t k, int64_t ncols)
+ * prefill chunk), k a multiple of the kernel's 32-k chunks, and for a
+ * group_matmul groups of group_cols columns that whole tiles fill (a
+ * tile's x is its group's; 0: no groups). Returns the tiles of 8 columns
+ * a block takes (MMA_NT): four from KGEN_MMA_WIDE columns (the narrower
+ * part's for a pair) where they fit, so that a warp's loads of x feed
+ * four tiles, else one, so that a narrow weight still spreads over many
+ * blocks; 0 for the CUDA-core kernels. The grid is every target's (the
+ * host's kernel takes the same tiles); the bits depend on k alone, not
+ * on the choice. */
+static int64_t kgen_matmul_mma(const kgen_ctx *c, uint32_t wdtype, int64_t k, int64_t ncols, int64_t group_cols)
 {
-  if (c->var['T'] < 2 || wdtype != PLAN_BF16 || k % 32 != 0)
+  if (c->var['T'] < 2 || wdtype != PLAN_BF16 || k % 32 != 0 || group_cols % 8 != 0)
     return 0;
-  return ncols >= KGEN_MMA_WIDE ? 4 : 1;
+  return ncols >= KGEN_MMA_WIDE && group_cols % 32 == 0 ? 4 : 1;
 }
 
 /* Fills s from the bound sizes and attrs; checks what the kernel's memory
@@ -871,8 +874,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_float(s, "EPS", f);
     break;
   case IR_OP_MATMUL: {
-    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], v['N']), rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1;
-    int64_t tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
+    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], v['N'], 0);
+    int64_t rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1, tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
     int64_t ntiles = (v['N'] + tile - 1) / tile;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
@@ -895,7 +898,7 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       return kgen_err(c->d, op->pos, "matmul_pair: w1 (%s) and w2 (%s) must have one dtype", kgen_tensor(c, 1)->path,
                       kgen_tensor(c, 2)->path);
     int64_t narrow = v['N'] < v['M'] ? v['N'] : v['M'];
-    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], narrow);
+    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], narrow, 0);
     int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1, tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
     int64_t nt1 = (v['N'] + tile - 1) / tile, nt2 = (v['M'] + tile - 1) / tile;
     kgen_def_int(s, "T", T);
@@ -992,12 +995,9 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "GROUPS", g);
     kgen_def_int(s, "KG", v['J']);
     /* two tiles a block only where both lie in one group; on the matrix
-     * units a block's tile always lies in one group (its x is the
-     * group's) */
+     * units a block's tile always lies in one group */
     int64_t rows = n >= KGEN_MATMUL_WIDE && (n / g) % (2 * KGEN_MATMUL_TILE) == 0 ? 2 : 1;
-    int64_t mma = (n / g) % 8 == 0 ? kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['J'], n) : 0;
-    if (mma && (n / g) % (8 * mma) != 0)
-      mma = 1;
+    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['J'], n, n / g);
     int64_t tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows, ntiles = (n + tile - 1) / tile;
     kgen_def_int(s, "NG", n / g);
     kgen_def_int(s, "N", n);

@@ -354,7 +354,7 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   if (kgen_spec_build(p, op, "GPU", &s, d))
     return -1;
   const kgen_gpu_kind *g = &kgen_gpu_kinds[op->kind];
-  /* a matmul or matmul_pair on the matrix units (kgen.c) */
+  /* a matmul, matmul_pair or group_matmul on the matrix units (kgen.c) */
   const char *name = kgen_spec_int(&s, "MMA_NT") ? "matmul_mma" : s.tmpl;
   const char *tmpl = ds4_template_find("gpu", name);
   if (!tmpl || !g->nthreads) {

@@ -5930,22 +5930,11 @@ END_TEST
 
 /* ---- matmul on the matrix units (kgen.c, kgen_matmul_mma) ---- */
 
-/* The bf16 nearest x, ties to even (prelude.h, ds4_bf16_bits), as a double. */
-static double mma_bf16(float x)
-{
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  float r;
-  memcpy(&r, &u, 4);
-  return r;
-}
-
 /* x as the matrix units take it: the bf16 hi and the bf16 of the rest. */
 static double mma_x(float x)
 {
-  double hi = mma_bf16(x);
-  return hi + mma_bf16((float)((double)x - hi));
+  double hi = bf16_value(bf16_of(x));
+  return hi + bf16_value(bf16_of((float)((double)x - hi)));
 }
 
 /* The kernel kgen_gpu makes for k: MMA_NT tiles of 8 a block, 0 for the
@@ -5984,10 +5973,7 @@ static void mma_exact_case(const kt *k)
     for (int64_t n = 0; n < N; n++) {
       double ref = 0.0, mag = 0.0;
       for (int64_t kk = 0; kk < K; kk++) {
-        uint32_t wb = (uint32_t)w[n * K + kk] << 16;
-        float wf;
-        memcpy(&wf, &wb, 4);
-        double term = mma_x(x[t * KX + n / NG * K + kk]) * wf;
+        double term = mma_x(x[t * KX + n / NG * K + kk]) * bf16_value(w[n * K + kk]);
         ref += term;
         mag += fabs(term);
       }

@@ -1384,7 +1384,7 @@ DS4_DEVICE void ds4_bf16_split(float x0, float x1, uint32_t *hi, uint32_t *lo)
 DS4_DEVICE void ds4_load_bf16x8(const ds4_bf16 *p, bool aligned, uint32_t *out)
 {
   if (aligned) {
-    ds4_u32x4 v = *(const DS4_GLOBAL ds4_u32x4 *)p;
+    ds4_u32x4 v = ds4_load_chunk(p, 0);
     for (int i = 0; i < 4; i++) {
       uint32_t word = v[i];
       out[i] = word;
@@ -1406,7 +1406,7 @@ DS4_DEVICE void ds4_load_f32x8(const float *p, bool aligned, bool live, float *o
   }
   if (aligned) {
     for (int h = 0; h < 2; h++) {
-      ds4_f32x4 v = *(const DS4_GLOBAL ds4_f32x4 *)(p + 4 * h);
+      ds4_f32x4 v = ds4_load_x<DS4_X_GLOBAL>(p + 4 * h);
       for (int i = 0; i < 4; i++)
         out[4 * h + i] = v[i];
     }
