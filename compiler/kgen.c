@@ -34,11 +34,33 @@
  * over 64 blocks or more. */
 #define KGEN_MMA_WIDE 2048
 
+/* Token slots a matrix-unit matmul block takes (kgen_def_slot_tiles): a
+ * chunk of P slots launches ceil(P / 64) blocks a tile of columns, where
+ * one block looping over every 16 slots left most multiprocessors idle on
+ * the narrow weights (a 512-slot chunk's 1024-column matmuls: 32 blocks). */
+#define KGEN_MMA_MROWS 64
+
 /* Rows of w2 each moe_down warp keeps in flight (ds4_lane_dot_rows): a
  * block of KGEN_MATMUL_TILE warps takes 8 * 4 output channels of one
  * choice. On an H200 one routed layer's moe_down took 31.8 us against
  * 39.4 with a row a warp (bench/NOTES.md). */
 #define KGEN_DOWN_ROWS 4
+
+/* Expert choices (token slots x top-k) up to which moe_up and moe_down run
+ * on the matrix units (kgen_moe_mma): a block lists the slots of its
+ * expert in shared memory, 2 bytes a choice, beside 16 KiB of partial
+ * sums: 24 KiB of list at 12288, a prefill chunk of 2048 slots at top-6,
+ * within the 48 KiB of a block's static shared memory. */
+#define KGEN_MOE_MMA_SLOTS 12288
+
+/* Choices an expert on average from which moe_up and moe_down take the
+ * matrix units (kgen_moe_mma): there a block reads its expert's weights
+ * once for up to 16 choices, the CUDA-core kernels once a choice. On an
+ * H100 (bench/NOTES.md, bench/prefill.c) the bf16 slice's 16-slot chunk
+ * (96 choices over 256 experts, 0.375 an expert) ran its experts in 8.3
+ * ms on the units against 6.4 on the CUDA cores; a 512-slot chunk (12 an
+ * expert) in 31.3 ms against 198.8. */
+#define KGEN_MOE_MMA_SHARE 2
 
 /* Elements per swiglu_act block: one per GPU thread (kgen_gpu.c gives the
  * kind this many), so a warp's loads and stores are contiguous. */
@@ -851,6 +873,41 @@ static int64_t kgen_matmul_mma(const kgen_ctx *c, uint32_t wdtype, int64_t k, in
   return ncols >= KGEN_MMA_WIDE && group_cols % 32 == 0 ? 4 : 1;
 }
 
+/* Whether a moe_up or moe_down of nexperts experts (the op's, however a
+ * schedule splits them) runs on the matrix units as a grouped GEMM
+ * (moe_mma.hip): bf16 weights, rows of x (moe_up's H, moe_down's F) in
+ * whole chunks of 32 k, and from KGEN_MOE_MMA_SHARE choices an expert on
+ * average up to KGEN_MOE_MMA_SLOTS choices. Returns the tiles of 8
+ * columns a block takes of each weight (MMA_NT): moe_up's two of w1 and
+ * two of w3, the four tiles of matmul_mma's wide blocks; moe_down's four;
+ * 0 for the CUDA-core kernels, which read an expert once a choice. The
+ * grid is every target's (the host's kernels take the same blocks); the
+ * bits depend on K alone, not on the choice. */
+static int64_t kgen_moe_mma(const kgen_ctx *c, int64_t nexperts)
+{
+  int up = c->op->kind == IR_OP_MOE_UP;
+  int64_t k = up ? c->var['H'] : c->var['F'], choices = c->var['T'] * c->var['k'];
+  for (int i = 2; i < c->k->nin; i++)
+    if (kgen_tensor(c, i)->dtype != PLAN_BF16)
+      return 0;
+  if (k % 32 != 0 || choices < KGEN_MOE_MMA_SHARE * nexperts || choices > KGEN_MOE_MMA_SLOTS)
+    return 0;
+  return up ? 2 : 4;
+}
+
+/* A matmul kind's slot tiles: on the matrix units (mma) MTILES tiles of
+ * MROWS = KGEN_MMA_MROWS slots for each of the colblocks blocks of
+ * columns, block b taking column block b / MTILES and slots
+ * MROWS (b mod MTILES) and up (the tiles of one column block adjacent, so
+ * they read its weights together); else one tile of every slot. */
+static void kgen_def_slot_tiles(kgen_spec *s, int64_t T, int64_t mma, int64_t colblocks)
+{
+  int64_t mrows = mma ? KGEN_MMA_MROWS : T, mtiles = (T + mrows - 1) / mrows;
+  kgen_def_int(s, "MROWS", mrows);
+  kgen_def_int(s, "MTILES", mtiles);
+  s->grid = (uint64_t)(colblocks * mtiles);
+}
+
 /* Fills s from the bound sizes and attrs; checks what the kernel's memory
  * safety relies on (heads divide the channels, k <= E, expert ranges). */
 static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
@@ -885,8 +942,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "NTILES", ntiles);
     if (op->asked_rows)
       kgen_def_int(s, "ASKED_ROWS", 1);
-    s->grid = (uint64_t)ntiles;
-    s->grid_text = "tile of output columns, every token slot";
+    kgen_def_slot_tiles(s, T, mma, ntiles);
+    s->grid_text = mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
     break;
   }
   case IR_OP_MATMUL_PAIR: {
@@ -909,8 +966,9 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
     kgen_def_int(s, "NTILES1", nt1);
     kgen_def_int(s, "NTILES2", nt2);
-    s->grid = (uint64_t)(nt1 + nt2);
-    s->grid_text = "tile of either part's output columns, every token slot";
+    kgen_def_slot_tiles(s, T, mma, nt1 + nt2);
+    s->grid_text = mma ? "tile of either part's output columns x tile of slots"
+                       : "tile of either part's output columns, every token slot";
     break;
   }
   case IR_OP_ROPE:
@@ -1004,8 +1062,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "TILE", tile);
     kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
     kgen_def_int(s, "NTILES", ntiles);
-    s->grid = (uint64_t)ntiles;
-    s->grid_text = "tile of output columns, every token slot";
+    kgen_def_slot_tiles(s, T, mma, ntiles);
+    s->grid_text = mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
     break;
   }
   case IR_OP_CACHE_WRITE:
@@ -1052,6 +1110,21 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "NEXPERTS", n);
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
+    int64_t mma = op->kind == IR_OP_MOE_EXPERTS ? 0 : kgen_moe_mma(c, n);
+    if (mma) {
+      /* A block per held expert and tile of output columns (moe_up's
+       * gate and up rows together), for the slots that chose it. */
+      int64_t cols = op->kind == IR_OP_MOE_UP ? v['F'] : v['H'], tile = 8 * mma, ntiles = (cols + tile - 1) / tile;
+      if (op->kind == IR_OP_MOE_UP && kgen_def_swiglu_limit(c, s))
+        return -1;
+      kgen_def_int(s, "TILE", tile);
+      kgen_def_int(s, "MMA_NT", mma);
+      kgen_def_int(s, "NTILES", ntiles);
+      s->grid = (uint64_t)(v['E'] * ntiles);
+      s->grid_text = op->kind == IR_OP_MOE_UP ? "held expert x tile of ffn rows, the slots that chose it"
+                                              : "held expert x tile of output channels, the slots that chose it";
+      break;
+    }
     if (op->kind == IR_OP_MOE_DOWN) {
       /* A block per tile of output channels and choice j, for choice j of
        * every slot: a decode step's top_k experts stream side by side

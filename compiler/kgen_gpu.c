@@ -237,8 +237,18 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_MATMUL_PAIR:
   case IR_OP_MOE_UP:
   case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
-    if (kgen_spec_int(s, "MMA_NT")) /* part: the warps' sums for 16 slots */
-      return nt / (uint64_t)g->lanes * 16 * (uint64_t)kgen_spec_int(s, "TILE") * 4;
+    if (kgen_spec_int(s, "MMA_NT")) { /* part: the warps' sums for 16 slots */
+      uint64_t warps = nt / (uint64_t)g->lanes, tile = (uint64_t)kgen_spec_int(s, "TILE");
+      if (s->op->kind != IR_OP_MOE_UP && s->op->kind != IR_OP_MOE_DOWN)
+        return warps * 16 * tile * 4;
+      /* moe_mma.hip: part (moe_up's gate and up columns), the list of
+       * 16-bit slots, the table of expert rows, the warps' counts, each
+       * 16-byte aligned there (so in any order they take these bytes) */
+      uint64_t cols = s->op->kind == IR_OP_MOE_UP ? 2 * tile : tile;
+      uint64_t slots = (uint64_t)(kgen_spec_int(s, "T") * kgen_spec_int(s, "TOPK"));
+      uint64_t nexp = (uint64_t)kgen_spec_int(s, "NEXPERTS");
+      return warps * 16 * cols * 4 + (slots * 2 + 15) / 16 * 16 + (nexp * 4 + 15) / 16 * 16 + (warps * 4 + 15) / 16 * 16;
+    }
     int64_t k = kgen_gpu_x_row(s);
     int stage = kgen_gpu_stage_x(s);
     kgen_gpu_define(b, undefs, "X_SHARED", "%d", stage);
@@ -354,8 +364,11 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   if (kgen_spec_build(p, op, "GPU", &s, d))
     return -1;
   const kgen_gpu_kind *g = &kgen_gpu_kinds[op->kind];
-  /* a matmul, matmul_pair or group_matmul on the matrix units (kgen.c) */
-  const char *name = kgen_spec_int(&s, "MMA_NT") ? "matmul_mma" : s.tmpl;
+  /* a matmul, matmul_pair or group_matmul on the matrix units, or moe_up
+   * or moe_down as a grouped GEMM on them (kgen.c) */
+  const char *name = s.tmpl;
+  if (kgen_spec_int(&s, "MMA_NT"))
+    name = op->kind == IR_OP_MOE_UP || op->kind == IR_OP_MOE_DOWN ? "moe_mma" : "matmul_mma";
   const char *tmpl = ds4_template_find("gpu", name);
   if (!tmpl || !g->nthreads) {
     kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, name);

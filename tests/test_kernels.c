@@ -4137,22 +4137,27 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8192);
   mp_take(m, &k);
-  /* moe_experts lowered for a GPU (lower.c): moe_up, and moe_down with its
-   * activation row staged */
-  kt_init(&k, IR_OP_MOE_UP);
-  k.op.fattr[0] = 10.0;
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
-  kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)24, (int64_t)64);
-  kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)24, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
-  mp_take(m, &k);
-  kt_init(&k, IR_OP_MOE_DOWN);
-  kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
-  kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
-  kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)64, (int64_t)24);
-  kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
-  mp_take(m, &k);
+  /* moe_experts lowered for a GPU (lower.c): moe_up and moe_down over
+   * rows of x of 64 (kgen.c: a grouped GEMM on the matrix units), and of
+   * 72 and 24 (x and the activation row staged) */
+  for (int64_t kdim = 64; kdim <= 72; kdim += 8) {
+    kt_init(&k, IR_OP_MOE_UP);
+    k.op.fattr[0] = 10.0;
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, kdim);
+    kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+    kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)24, kdim);
+    kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)24, kdim);
+    kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)24);
+    mp_take(m, &k);
+  }
+  for (int64_t fdim = 64; fdim >= 24; fdim -= 40) {
+    kt_init(&k, IR_OP_MOE_DOWN);
+    kt_add(&k, 0, PLAN_F32, 3, (int64_t)4, (int64_t)2, fdim);
+    kt_add(&k, 0, PLAN_I32, 2, (int64_t)4, (int64_t)2);
+    kt_add(&k, 0, PLAN_BF16, 3, (int64_t)5, (int64_t)64, fdim);
+    kt_add(&k, 1, PLAN_F32, 3, (int64_t)4, (int64_t)2, (int64_t)64);
+    mp_take(m, &k);
+  }
   for (int r = 0; r <= 8; r += 8) { /* rope_dim 8, and 0: no table */
     kt_init(&k, IR_OP_ROPE);
     k.op.iattr[0] = 4;
@@ -5947,7 +5952,7 @@ static int mma_tiles(const kt *k)
   const char *def = strstr(g.source, "#define MMA_NT ((int64_t)");
   int nt = def ? atoi(def + strlen("#define MMA_NT ((int64_t)")) : 0;
   if (nt)
-    ck_assert_ptr_nonnull(strstr(g.source, "DS4_SHARED float part[WARPS][16][TILE];"));
+    ck_assert_ptr_nonnull(strstr(g.source, "float part[WARPS][16]["));
   kgen_kernel_free(&g);
   return nt;
 }
@@ -6023,12 +6028,22 @@ static void mma_extremes_case(const kt *k)
   chain_unbuild(&dev);
 }
 
+/* A bf16 matmul of 150 slots on the matrix units: three tiles of slots
+ * (kgen.c, KGEN_MMA_MROWS), the last partial. */
+static void mma_tiled_op(kt *k)
+{
+  kt_init(k, IR_OP_MATMUL);
+  kt_add(k, 0, PLAN_F32, 2, (int64_t)150, (int64_t)64);
+  kt_add(k, 0, PLAN_BF16, 2, (int64_t)40, (int64_t)64);
+  kt_add(k, 1, PLAN_F32, 2, (int64_t)150, (int64_t)40);
+}
+
 /* A bf16 matmul of several slots on the matrix units, against the host
  * kernel (dead slots +0, the same bits off 16-byte alignment) and against
  * float64: two 16s of slots and a partial tile of 8; fewer chunks of 32 k
  * than warps; chunks split unevenly over the warps (9 over 8) with four
- * tiles a block, the last partial; infinities and the largest values in
- * x. A group_matmul the same, each tile against its group's channels of
+ * tiles a block, the last partial; three blocks of slots a tile, with the
+ * asked rows too; infinities and the largest values in x. A group_matmul the same, each tile against its group's channels of
  * x: few columns, a tile of 8; many, a tile of 8 where 32 columns would
  * straddle two groups (NG 1032), and of 32 where they do not. The
  * CUDA-core kernel keeps a decode step's matmul (one slot), an f32 weight
@@ -6050,6 +6065,14 @@ START_TEST(test_gpu_matmul_mma)
     ffn_gpu_case(&k, NULL, 0, steps, 3);
     mma_exact_case(&k);
   }
+  /* three tiles of 64 slots, the last partial, the live slots ending in
+   * the second (test_gpu_asked_rows: the asked rows) */
+  static const int tiled_steps[][2] = {{0, 150}, {3, 100}};
+  kt tiled;
+  mma_tiled_op(&tiled);
+  ck_assert_int_eq(mma_tiles(&tiled), 1);
+  ffn_gpu_case(&tiled, NULL, 0, tiled_steps, 2);
+  mma_exact_case(&tiled);
   kt ext;
   kt_init(&ext, IR_OP_MATMUL);
   kt_add(&ext, 0, PLAN_F32, 2, (int64_t)2, (int64_t)64);
@@ -6087,6 +6110,186 @@ START_TEST(test_gpu_matmul_mma)
 }
 END_TEST
 
+/* ---- moe_up and moe_down on the matrix units (kgen.c, kgen_moe_mma) ---- */
+
+/* moe_up (up) or moe_down of T slots and top-K over weights of dtype wt
+ * and held rows, the launch holding the experts of rows (NULL: all
+ * nexp). */
+static void moe_mma_op(kt *k, int up, uint32_t wt, int *rows, int nexp, int64_t held, int64_t T, int64_t K, int64_t H,
+                       int64_t F)
+{
+  kt_init(k, up ? IR_OP_MOE_UP : IR_OP_MOE_DOWN);
+  if (rows) {
+    k->op.expert_row = rows;
+    k->op.nexperts = nexp;
+  }
+  if (up) {
+    kt_add(k, 0, PLAN_F32, 2, T, H);
+    kt_add(k, 0, PLAN_I32, 2, T, K);
+    kt_add(k, 0, wt, 3, held, F, H);
+    kt_add(k, 0, wt, 3, held, F, H);
+    kt_add(k, 1, PLAN_F32, 3, T, K, F);
+  } else {
+    kt_add(k, 0, PLAN_F32, 3, T, K, F);
+    kt_add(k, 0, PLAN_I32, 2, T, K);
+    kt_add(k, 0, wt, 3, held, H, F);
+    kt_add(k, 1, PLAN_F32, 3, T, K, H);
+  }
+}
+
+/* x . w over n as the units take it (x as hi + lo, w's bf16), in float64;
+ * *mag gets the sum of the terms' magnitudes. */
+static double mma_dot(const float *x, const uint16_t *w, int64_t n, double *mag)
+{
+  double sum = 0.0;
+  *mag = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double term = mma_x(x[i]) * bf16_value(w[i]);
+    sum += term;
+    *mag += fabs(term);
+  }
+  return sum;
+}
+
+/* k's GPU kernel (every slot live, idx of n entries) against float64: a
+ * slot whose expert the launch holds within the f32 sums' own error
+ * (mma_exact_case's bound; for moe_up's activation silu(g) u, that bound
+ * on g and on u carried through the product's slopes, and 2^-20 of the
+ * activation for the f32 silu), every other slot +0. */
+static void moe_mma_exact_case(const kt *k, const int32_t *idx, int n, const int *rows, int nexp)
+{
+  int up = k->op.kind == IR_OP_MOE_UP;
+  int64_t T = k->tensors[1].dim[0], K = k->tensors[1].dim[1];
+  int64_t N = k->tensors[2].dim[1], KW = k->tensors[2].dim[2]; /* a weight row's outputs and length */
+  emu_built *g = emu_build(k);
+  bufs bs;
+  bufs_alloc(&bs, k);
+  ffn_fill(k, &bs, idx, n);
+  emu_run(g, bs.b, 0, (int)T, 0);
+  const float *x = bs.b[0], *y = bs.b[up ? 4 : 3];
+  const uint16_t *w1 = bs.b[2], *w3 = bs.b[3];
+  for (int64_t s = 0; s < T * K; s++) {
+    int32_t e = idx[s % n];
+    int r = e >= 0 && e < nexp ? (rows ? rows[e] : e) : -1;
+    const float *xr = x + (up ? s / K : s) * KW;
+    for (int64_t c = 0; c < N; c++) {
+      float got = y[s * N + c];
+      if (r < 0) {
+        uint32_t bits;
+        memcpy(&bits, &got, 4);
+        ck_assert_msg(bits == 0, "%s: slot %lld (expert %d, not held) output %lld is %g, not +0", g->kk.symbol,
+                      (long long)s, e, (long long)c, (double)got);
+        continue;
+      }
+      double mag1, mag3 = 0.0, ref, bound;
+      double d1 = mma_dot(xr, w1 + ((int64_t)r * N + c) * KW, KW, &mag1);
+      double eps = (2.0 * KW + 16.0) * 0x1p-24;
+      if (up) {
+        double u = mma_dot(xr, w3 + ((int64_t)r * N + c) * KW, KW, &mag3);
+        double sig = 1.0 / (1.0 + exp(-d1)), silu = d1 * sig;
+        ref = silu * u;
+        /* d/dg silu(g) = sig (1 + g (1 - sig)), below 1.1 in magnitude */
+        bound = eps * (1.1 * fabs(u) * mag1 + fabs(silu) * mag3) + 0x1p-20 * fabs(ref);
+      } else {
+        ref = d1;
+        bound = eps * mag1;
+      }
+      ck_assert_msg(fabs(got - ref) <= bound,
+                    "%s: slot %lld (expert %d) output %lld = %.9g, float64 %.9g (error %.3g over the bound %.3g)",
+                    g->kk.symbol, (long long)s, e, (long long)c, (double)got, ref, fabs(got - ref), bound);
+    }
+  }
+  bufs_free(&bs);
+  emu_free(g);
+}
+
+/* A moe_down split between two launches as a schedule splits the experts
+ * (part a holding experts 0 and 2, part b 1, 3 and 4, each its rows of
+ * the whole w2): for every slot one part's output and the other's +0,
+ * summed, are the whole launch's bits. */
+static void moe_mma_split_case(const int32_t *idx, int n, int64_t T, int64_t K, int64_t H, int64_t F)
+{
+  static int rows_a[5] = {0, -1, 1, -1, -1}, rows_b[5] = {-1, 0, -1, 1, 2};
+  static const int from_a[2] = {0, 2}, from_b[3] = {1, 3, 4};
+  kt whole, part[2];
+  moe_mma_op(&whole, 0, PLAN_BF16, NULL, 5, 5, T, K, H, F);
+  moe_mma_op(&part[0], 0, PLAN_BF16, rows_a, 5, 2, T, K, H, F);
+  moe_mma_op(&part[1], 0, PLAN_BF16, rows_b, 5, 3, T, K, H, F);
+  bufs bw, bp[2];
+  bufs_alloc(&bw, &whole);
+  ffn_fill(&whole, &bw, idx, n);
+  emu_built *g = emu_build(&whole);
+  emu_run(g, bw.b, 0, (int)T, 0);
+  emu_free(g);
+  size_t mat = (size_t)(H * F) * 2;
+  for (int p = 0; p < 2; p++) {
+    bufs_alloc(&bp[p], &part[p]);
+    memcpy(bp[p].b[0], bw.b[0], (size_t)whole.tensors[0].bytes);
+    memcpy(bp[p].b[1], bw.b[1], (size_t)whole.tensors[1].bytes);
+    for (int i = 0; i < (p ? 3 : 2); i++)
+      memcpy((char *)bp[p].b[2] + (size_t)i * mat, (const char *)bw.b[2] + (size_t)(p ? from_b : from_a)[i] * mat,
+             mat);
+    fill_garbage(bp[p].b[3], kt_elems(&part[p], 3));
+    g = emu_build(&part[p]);
+    emu_run(g, bp[p].b, 0, (int)T, 0);
+    emu_free(g);
+  }
+  const float *yw = bw.b[3], *ya = bp[0].b[3], *yb = bp[1].b[3];
+  for (int64_t i = 0; i < T * K * H; i++) {
+    float sum = ya[i] + yb[i];
+    ck_assert_msg(memcmp(&sum, &yw[i], 4) == 0, "moe_down split: element %lld is %a + %a, the whole launch's %a",
+                  (long long)i, (double)ya[i], (double)yb[i], (double)yw[i]);
+  }
+  bufs_free(&bw);
+  bufs_free(&bp[0]);
+  bufs_free(&bp[1]);
+}
+
+/* moe_up and moe_down of 20 slots at top-3 over 5 experts on the matrix
+ * units: expert 0 in every third choice (20 slots: two 16s, 17 and one
+ * at the partial steps), 1 to 3 in others, expert 4 in none, and ids that
+ * name no expert (-1, 5, INT32_MIN); moe_up's 96 ffn rows in tiles of 16
+ * gate and 16 up rows, K 64 (fewer chunks than warps), moe_down's 64
+ * channels in tiles of 32, K 96. Each against its host kernel (dead and
+ * unheld slots +0, the same bits off 16-byte alignment), against float64
+ * with all experts and with a split's rows, and a split moe_down summing
+ * to the whole bit for bit. The CUDA-core kernels keep one slot (decode),
+ * fewer than two choices an expert (of the op's experts, however many a
+ * launch holds), f32 weights and K off the chunks. */
+START_TEST(test_gpu_moe_mma)
+{
+  enum { T = 20, K = 3, E = 5, H = 64, F = 96 };
+  static int split[E] = {1, -1, -1, 2, 0}; /* experts 4, 0, 3 in rows 0, 1, 2 */
+  static const int steps[][2] = {{0, 20}, {5, 17}, {2, 1}};
+  int32_t idx[T * K];
+  for (int s = 0; s < T * K; s++)
+    idx[s] = s % 3 == 0 ? 0 : s % 10 == 1 ? -1 : s % 10 == 2 ? E : s % 10 == 5 ? INT32_MIN : 1 + s * 7 % 3;
+  for (int up = 1; up >= 0; up--)
+    for (int split_rows = 0; split_rows < 2; split_rows++) {
+      kt k;
+      moe_mma_op(&k, up, PLAN_BF16, split_rows ? split : NULL, E, split_rows ? 3 : E, T, K, H, F);
+      ck_assert_int_eq(mma_tiles(&k), up ? 2 : 4);
+      ffn_gpu_case(&k, idx, T * K, steps, 3);
+      moe_mma_exact_case(&k, idx, T * K, split_rows ? split : NULL, E);
+    }
+  moe_mma_split_case(idx, T * K, T, K, H, F);
+  for (int up = 1; up >= 0; up--) {
+    kt k;
+    moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, 1, K, H, F);
+    ck_assert_int_eq(mma_tiles(&k), 0);
+    moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, 3, K, H, F); /* 9 choices, under 2 an expert */
+    ck_assert_int_eq(mma_tiles(&k), 0);
+    moe_mma_op(&k, up, PLAN_BF16, split, E, 3, 4, K, H, F); /* 12 of 5 experts, 3 held: as all 5 held */
+    ck_assert_int_eq(mma_tiles(&k), up ? 2 : 4);
+    moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, T, K, up ? 48 : H, up ? F : 48);
+    ck_assert_int_eq(mma_tiles(&k), 0);
+    moe_mma_op(&k, up, PLAN_F32, NULL, E, E, T, K, H, F);
+    ck_assert_int_eq(mma_tiles(&k), 0);
+  }
+  emu_stop();
+}
+END_TEST
+
 /* ---- the asked rows (lower.c): a matmul or argmax that only the plan's
  * outputs read computes its rows from step[3] on ---- */
 
@@ -6104,9 +6307,8 @@ static void asked_run(const built *h, const emu_built *g, bufs *bs, int ntok, in
  * the bits of k's kernel built without it, and its rows below a and from
  * ntok on are dead (+0; -1 for argmax's ids). The host's kernels, or with
  * gpu the GPU's run on the host. */
-static void asked_case(const kt *k, int gpu)
+static void asked_case(const kt *k, int gpu, const int (*steps)[2], int nsteps)
 {
-  static const int steps[][2] = {{4, 3}, {4, 0}, {3, 1}, {2, 2}, {1, 0}, {4, 9}}; /* ntok, asked */
   kt all = *k, asked = *k;
   all.prog.tensors = all.tensors;
   asked.prog.tensors = asked.tensors;
@@ -6130,7 +6332,7 @@ static void asked_case(const kt *k, int gpu)
   bufs want, got;
   bufs_alloc(&want, k);
   bufs_alloc(&got, k);
-  for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+  for (int s = 0; s < nsteps; s++) {
     int ntok = steps[s][0], a = steps[s][1];
     ffn_fill(k, &want, NULL, 0);
     for (int i = 0; i < o; i++)
@@ -6166,6 +6368,7 @@ static void asked_case(const kt *k, int gpu)
  * memory) and argmax (a row of 16-byte chunks, and one that is not). */
 static void asked_cases(int gpu)
 {
+  static const int steps[][2] = {{4, 3}, {4, 0}, {3, 1}, {2, 2}, {1, 0}, {4, 9}}; /* ntok, asked */
   static const struct {
     int kind;
     int64_t k, n;
@@ -6185,7 +6388,7 @@ static void asked_cases(int gpu)
       kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, cases[i].n);
       kt_add(&k, 1, PLAN_I32, 1, (int64_t)4);
     }
-    asked_case(&k, gpu);
+    asked_case(&k, gpu, steps, (int)(sizeof steps / sizeof steps[0]));
   }
 }
 
@@ -6197,7 +6400,13 @@ END_TEST
 
 START_TEST(test_gpu_asked_rows)
 {
+  /* on the matrix units, the asked rows from the third tile of slots, the
+   * second, and all */
+  static const int tiled[][2] = {{150, 130}, {100, 70}, {150, 0}};
   asked_cases(1);
+  kt k;
+  mma_tiled_op(&k);
+  asked_case(&k, 1, tiled, 3);
   emu_stop();
 }
 END_TEST
@@ -6768,6 +6977,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_matmul);
   tcase_add_test(gpu, test_gpu_matmul_staged_x);
   tcase_add_test(gpu, test_gpu_matmul_mma);
+  tcase_add_test(gpu, test_gpu_moe_mma);
   tcase_add_test(gpu, test_gpu_asked_rows);
   tcase_add_test(gpu, test_gpu_sink_attention);
   tcase_add_test(gpu, test_gpu_hc);

@@ -2,7 +2,8 @@
  * n is in group g = n / NG and sees only that group's KG input channels:
  * y[t,n] = sum_k x[t, g*KG + k] * w[n,k] (w is [N, KG], rows g*NG.. for
  * group g). kgen_gpu puts in front the defines T, GROUPS, KG, NG, N (=
- * GROUPS * NG), TILE, ROWS, NTILES, W_DT, X_SHARED, LANES, GRID,
+ * GROUPS * NG), TILE, ROWS, NTILES, MROWS, MTILES (T and 1 here), W_DT,
+ * X_SHARED, LANES, GRID,
  * NTHREADS (TILE = ROWS * NTHREADS / LANES), KERNEL_NAME and W_T (float or
  * ds4_bf16, widened exactly, or ds4_f8e4m3 or ds4_mxfp4, dequantized
  * exactly as it is read).
@@ -27,6 +28,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
+  static_assert(MTILES == 1 && MROWS == T, "a block takes every slot (kgen.c: tiles of slots are the matrix units')");
   static_assert(ROWS == 1 || NG % TILE == 0, "a warp's columns in one group");
   static_assert(ds4_wtraits<W_T>::dt == W_DT, "W_T is the weight's dtype");
 #if X_SHARED

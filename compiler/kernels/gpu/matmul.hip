@@ -1,7 +1,8 @@
 /* matmul GPU kernel template: y[t,n] = sum_k x[t,k] * w[n,k] (w is [N,K],
  * f32 or bf16, widened exactly to f32, or f8e4m3 or mxfp4, dequantized
  * exactly as it is read). kgen_gpu puts in front the defines T, K, N,
- * TILE, ROWS, NTILES, W_DT, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
+ * TILE, ROWS, NTILES, MROWS, MTILES (T and 1 here), W_DT, X_SHARED, LANES,
+ * GRID, NTHREADS (TILE = ROWS *
  * NTHREADS / LANES), KERNEL_NAME, W_T (float, ds4_bf16, ds4_f8e4m3 or
  * ds4_mxfp4) and, for an op that computes only the asked rows (lower.c),
  * ASKED_ROWS: then the slots below step[3] are dead too.
@@ -27,6 +28,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
+  static_assert(MTILES == 1 && MROWS == T, "a block takes every slot (kgen.c: tiles of slots are the matrix units')");
   static_assert(ds4_wtraits<W_T>::dt == W_DT, "W_T is the weight's dtype");
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float xs[K];

@@ -3,6 +3,7 @@
  * w2[m,k] (w1 [N1,K] and w2 [N2,K] of one dtype, f32, bf16, f8e4m3 or
  * mxfp4). kgen_gpu
  * puts in front the defines T, K, N1, N2, TILE, ROWS, NTILES1, NTILES2,
+ * MROWS, MTILES (T and 1 here),
  * W1_DT, W2_DT, X_SHARED, LANES, GRID, NTHREADS (TILE = ROWS *
  * NTHREADS / LANES), KERNEL_NAME and W1_T, W2_T.
  * Grid: NTILES1 tiles of y1's columns, then NTILES2 of y2's; a block works
@@ -17,6 +18,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   ds4_grid_wait();
   constexpr int64_t WARPS = NTHREADS / LANES;
   static_assert(TILE == ROWS * WARPS, "ROWS columns a group of LANES threads");
+  static_assert(MTILES == 1 && MROWS == T, "a block takes every slot (kgen.c: tiles of slots are the matrix units')");
   static_assert(W1_DT == W2_DT && ds4_wtraits<W1_T>::dt == W1_DT && ds4_wtraits<W2_T>::dt == W2_DT,
                 "W1_T and W2_T are the weights' one dtype");
 #if X_SHARED

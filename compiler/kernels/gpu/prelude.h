@@ -37,6 +37,7 @@
  * default) and denormals kept, every target computes the same bits. */
 
 /* The fixed-width types the kernel ABI uses (no libc headers here). */
+typedef unsigned short uint16_t;
 typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
@@ -1414,6 +1415,110 @@ DS4_DEVICE void ds4_load_f32x8(const float *p, bool aligned, bool live, float *o
   }
   for (int i = 0; i < 8; i++)
     out[i] = p[i];
+}
+
+/* A warp's share of a 16-slot tile on the matrix units: chunks c0 to c1
+ * (exclusive) of 32 k, for NT tiles of 8 columns. Lane 4 g + q brings x0
+ * and x1, its slots g and g + 8 at k 8 q of the row (live false: a slot
+ * that is not there, read as zeros), and wr[j], row g of tile j at k 8 q;
+ * in a chunk it loads 16 bytes of each and feeds two MMAs, the chunk's
+ * first four k of each 8 and then its last four, as PTX's fragments place
+ * k 2 q, 2 q + 1 and 2 q + 8, 2 q + 9 (ds4_mma_bf16): A and B take the same
+ * permutation of k, and w keeps its 16-byte loads. x enters as two bf16
+ * terms (ds4_bf16_split), hi's MMA before lo's. acc[j] holds the lane's
+ * four outputs of tile j (ds4_mma_bf16's d). Each output's order (the
+ * chunks ascending, the first half before the second, hi before lo)
+ * depends on c0 and c1 alone. */
+template <int NT>
+DS4_DEVICE void ds4_mma_chunks(float (*acc)[4], const float *x0, bool live0, const float *x1, bool live1,
+                               const ds4_bf16 *const *wr, int64_t c0, int64_t c1, bool aligned)
+{
+  for (int64_t c = c0; c < c1; c++) {
+    uint32_t wv[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+      ds4_load_bf16x8(wr[j] + 32 * c, aligned, wv[j]);
+    float xv[2][8];
+    ds4_load_f32x8(x0 + 32 * c, aligned, live0, xv[0]);
+    ds4_load_f32x8(x1 + 32 * c, aligned, live1, xv[1]);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      /* A's words: rows g and g + 8 at the half's first two k, then at
+       * its last two */
+      uint32_t hi[4], lo[4];
+      ds4_bf16_split(xv[0][4 * h], xv[0][4 * h + 1], &hi[0], &lo[0]);
+      ds4_bf16_split(xv[1][4 * h], xv[1][4 * h + 1], &hi[1], &lo[1]);
+      ds4_bf16_split(xv[0][4 * h + 2], xv[0][4 * h + 3], &hi[2], &lo[2]);
+      ds4_bf16_split(xv[1][4 * h + 2], xv[1][4 * h + 3], &hi[3], &lo[3]);
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        uint32_t b[2] = {wv[j][2 * h], wv[j][2 * h + 1]};
+        ds4_mma_bf16(acc[j], hi, b);
+        ds4_mma_bf16(acc[j], lo, b);
+      }
+    }
+  }
+}
+
+/* A warp's acc (ds4_mma_chunks, NT tiles) into its part of the block's
+ * sums, part[slot][column] of COLS columns, its tile j at column 8 j. */
+template <int NT, int COLS>
+DS4_DEVICE void ds4_mma_part(float (*part)[COLS], const float (*acc)[4], int lane)
+{
+  int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+    for (int i = 0; i < 4; i++)
+      part[g + 8 * (i / 2)][8 * j + 2 * q + i % 2] = acc[j][i];
+}
+
+/* Output (row, col) of a 16-slot tile: the WARPS warps' parts added in
+ * warp order. */
+template <int WARPS, int COLS>
+DS4_DEVICE float ds4_mma_sum(const float (*part)[16][COLS], int row, int col)
+{
+  float s = part[0][row][col];
+  for (int v = 1; v < WARPS; v++)
+    s = s + part[v][row][col];
+  return s;
+}
+
+/* The slots s < n (of T * TOPK choices) whose expert idx[s] has weight
+ * row r in rows[] (NEXPERTS entries, in shared memory; an id outside
+ * [0, NEXPERTS) has none), into list in ascending order; returns their
+ * count, the same to every thread. Thread i takes the i-th run of
+ * ceil(n / NT) slots: it counts its matches, learns the counts before it
+ * (ds4_lane_scan32 in its warp, then the warps' totals in wtot), and
+ * writes its matches from there. Every thread of the block calls it. */
+template <int NT, int NEXP>
+DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t *idx, const int32_t *rows,
+                                    int64_t n, int64_t r)
+{
+  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps");
+  int tid = ds4_thread(), lane = tid % 32, warp = tid / 32;
+  int64_t run = (n + NT - 1) / NT, s0 = run * tid, s1 = s0 + run < n ? s0 + run : n;
+  auto held = [&](int64_t s) {
+    int32_t e = idx[s];
+    return e >= 0 && e < NEXP && rows[e] == r;
+  };
+  int32_t mine = 0;
+  for (int64_t s = s0; s < s1; s++)
+    mine += held(s);
+  int32_t at = (int32_t)ds4_lane_scan32((float)mine, lane) - mine;
+  if (lane == 31)
+    wtot[warp] = at + mine;
+  ds4_barrier();
+  int64_t total = 0;
+  for (int v = 0; v < NT / 32; v++) {
+    if (v < warp)
+      at += wtot[v];
+    total += wtot[v];
+  }
+  for (int64_t s = s0; s < s1; s++)
+    if (held(s))
+      list[at++] = (uint16_t)s;
+  ds4_barrier();
+  return total;
 }
 
 #endif

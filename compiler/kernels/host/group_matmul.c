@@ -4,9 +4,10 @@
  * group g; f32, bf16, f8e4m3 or mxfp4 as W_DT says, read exactly: ds4h_weight_row).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, GROUPS, KG, NG,
  * N (= GROUPS * NG), TILE, ROWS (a GPU warp's columns, not used here),
- * NTILES, W_DT, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output columns, each for every
- * token slot (a step's dead slots cost no blocks). Every output sums k
- * ascending, so the bits do not depend on the tiling. */
+ * NTILES, MROWS, MTILES, W_DT, GRID and KERNEL_NAME, and prelude.h; grid:
+ * NTILES tiles of TILE output columns, each in MTILES tiles of MROWS
+ * token slots (matmul.c). Every output sums k ascending, so the bits do
+ * not depend on the tiling. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -18,12 +19,12 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t ntok = step[1] < T ? step[1] : T;
   if (block >= GRID)
     return;
-  int64_t n0 = (int64_t)block * TILE;
+  int64_t m0, m1, n0 = (int64_t)ds4h_slot_tile(block, MTILES, MROWS, T, &m0, &m1) * TILE;
   int64_t n1 = n0 + TILE < N ? n0 + TILE : N;
   float buf[KG];
   for (int64_t n = n0; n < n1; n++) {
     const float *wr = ntok > 0 ? ds4h_weight_row(w, W_DT, N, KG, n, buf) : buf;
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = m0; t < m1; t++) {
       const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
       float acc = 0.0f;
       if (t < ntok) /* dead slots: +0 */

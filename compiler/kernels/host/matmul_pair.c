@@ -2,10 +2,11 @@
  * y1[t,n] = sum_k x[t,k] * w1[n,k] and y2[t,m] = sum_k x[t,k] * w2[m,k]
  * (w1 [N1,K] and w2 [N2,K], any weight dtype, as W1_DT and W2_DT say).
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, K, N1, N2,
- * TILE, ROWS (not used here), NTILES1, NTILES2, W1_DT, W2_DT, GRID and
- * KERNEL_NAME, and prelude.h (ds4h_matmul_cols);
- * grid: NTILES1 tiles of y1's columns, then NTILES2 of y2's, each for
- * every token slot, summed as matmul's are. */
+ * TILE, ROWS (not used here), NTILES1, NTILES2, MROWS, MTILES, W1_DT,
+ * W2_DT, GRID and KERNEL_NAME, and prelude.h (ds4h_slot_tile,
+ * ds4h_matmul_cols); grid: NTILES1 tiles of y1's columns, then NTILES2 of
+ * y2's, each in MTILES tiles of MROWS token slots (matmul.c), summed as
+ * matmul's are. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -14,8 +15,10 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t ntok = step[1] < T ? step[1] : T;
   if (block >= GRID)
     return;
-  int second = block >= NTILES1;
-  int64_t N = second ? N2 : N1, n0 = (int64_t)(second ? block - NTILES1 : block) * TILE;
+  int64_t m0, m1;
+  uint32_t cols = ds4h_slot_tile(block, MTILES, MROWS, T, &m0, &m1);
+  int second = cols >= NTILES1;
+  int64_t N = second ? N2 : N1, n0 = (int64_t)(second ? cols - NTILES1 : cols) * TILE;
   ds4h_matmul_cols((const float *)bufs[0], bufs[second ? 2 : 1], second ? W2_DT : W1_DT,
-                   (float *)bufs[second ? 4 : 3], T, K, N, n0, n0 + TILE < N ? n0 + TILE : N, 0, ntok);
+                   (float *)bufs[second ? 4 : 3], m0, m1, K, N, n0, n0 + TILE < N ? n0 + TILE : N, 0, ntok);
 }

@@ -9,7 +9,11 @@
  * NEXPERTS, EXPERT_ROWS, H, F, TILE, ROWS, NTILES, W2_DT, GRID and
  * KERNEL_NAME, and prelude.h; grid: NTILES tiles of TILE output channels
  * times TOPK choices, block b taking tile b % NTILES of choice b / NTILES
- * for every slot (ROWS, the GPU's channels a warp, is not used here). */
+ * for every slot (ROWS, the GPU's channels a warp, is not used here).
+ * Where the GPU runs the op on its matrix units (MMA_NT defined, kgen.c),
+ * the grid is the GPU's: E held rows times NTILES tiles, block b taking
+ * tile b % NTILES for the slots whose expert has row b / NTILES, and row
+ * 0's blocks also the +0 of the slots no row holds. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -24,12 +28,20 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t ntok = step[1] < T ? step[1] : T;
   if (block >= GRID)
     return;
-  int64_t j = block / NTILES, c0 = (int64_t)(block % NTILES) * TILE;
+  int64_t c0 = (int64_t)(block % NTILES) * TILE;
   int64_t c1 = c0 + TILE < H ? c0 + TILE : H;
-  for (int64_t t = 0; t < T; t++) {
-    int64_t s = t * TOPK + j;
-    int64_t e = t < ntok ? idx[s] : -1;
+#ifdef MMA_NT
+  int64_t held = block / NTILES;
+  for (int64_t s = 0; s < T * TOPK; s++) {
+#else
+  for (int64_t s = block / NTILES; s < T * TOPK; s += TOPK) {
+#endif
+    int64_t e = s / TOPK < ntok ? idx[s] : -1;
     int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
+#ifdef MMA_NT
+    if (r != held && (r >= 0 || held != 0))
+      continue;
+#endif
     for (int64_t c = c0; c < c1; c++) {
       float acc = 0.0f;
       if (r >= 0) {

@@ -8,7 +8,11 @@
  * kgen_host prepends <stdint.h>, <math.h>, the defines T, TOPK, E (rows
  * held), NEXPERTS, EXPERT_ROWS, H, F, TILE, NTILES, SWIGLU_LIMIT, W1_DT,
  * W3_DT, GRID and KERNEL_NAME, and prelude.h; grid: NTILES tiles of
- * TILE ffn rows, each for every choice of every slot. */
+ * TILE ffn rows, each for every choice of every slot. Where the GPU
+ * runs the op on its matrix units (MMA_NT defined, kgen.c), the grid is
+ * the GPU's: E held rows times NTILES tiles, block b taking tile
+ * b % NTILES for the slots whose expert has row b / NTILES, and row 0's
+ * blocks also the +0 of the slots no row holds. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -23,13 +27,21 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t ntok = step[1] < T ? step[1] : T;
   if (block >= GRID)
     return;
+#ifdef MMA_NT
+  int64_t held = block / NTILES, f0 = (int64_t)(block % NTILES) * TILE;
+#else
   int64_t f0 = (int64_t)block * TILE;
+#endif
   int64_t f1 = f0 + TILE < F ? f0 + TILE : F;
   for (int64_t s = 0; s < T * TOPK; s++) {
     /* Experts of other launches, dead rows and ids outside [0, NEXPERTS)
      * (never read out of bounds) leave +0. */
     int64_t e = s / TOPK < ntok ? idx[s] : -1;
     int64_t r = e >= 0 && e < NEXPERTS ? expert_rows[e] : -1;
+#ifdef MMA_NT
+    if (r != held && (r >= 0 || held != 0))
+      continue;
+#endif
     const float *xr = x + (s / TOPK) * H;
     for (int64_t f = f0; f < f1; f++) {
       float a = 0.0f;

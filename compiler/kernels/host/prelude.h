@@ -316,18 +316,29 @@ DS4H_FN int64_t ds4h_asked_from(const int32_t *step, int64_t ntok)
   return step[3] < 0 ? 0 : step[3] < ntok ? step[3] : ntok;
 }
 
+/* A matmul kind's block b (matmul.c, matmul_pair.c, group_matmul.c) in
+ * a grid of mtiles tiles of mrows slots for each block of columns
+ * (kgen.c): sets its slots [*m0, *m1) of nt and returns its block of
+ * columns, b / mtiles. */
+DS4H_FN uint32_t ds4h_slot_tile(uint32_t b, int64_t mtiles, int64_t mrows, int64_t nt, int64_t *m0, int64_t *m1)
+{
+  *m0 = (int64_t)(b % mtiles) * mrows;
+  *m1 = *m0 + mrows < nt ? *m0 + mrows : nt;
+  return (uint32_t)(b / mtiles);
+}
+
 /* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
- * [ncol,nk], any weight dtype), every one of nt slots: k ascending from +0;
- * the slots before t0 and from ntok on are dead, +0 (matmul.c,
+ * [ncol,nk], any weight dtype), for slots m0 <= t < m1: k ascending from
+ * +0; the slots before t0 and from ntok on are dead, +0 (matmul.c,
  * matmul_pair.c; lower-case names, as a kernel's defines come before this
  * file). */
-DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t dt, float *y, int64_t nt, int64_t nk,
-                              int64_t ncol, int64_t n0, int64_t n1, int64_t t0, int64_t ntok)
+DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t dt, float *y, int64_t m0, int64_t m1,
+                              int64_t nk, int64_t ncol, int64_t n0, int64_t n1, int64_t t0, int64_t ntok)
 {
   float buf[nk];
   for (int64_t n = n0; n < n1; n++) {
     const float *wr = t0 < ntok ? ds4h_weight_row(w, dt, ncol, nk, n, buf) : buf;
-    for (int64_t t = 0; t < nt; t++) {
+    for (int64_t t = m0; t < m1; t++) {
       const float *xr = x + t * nk;
       float acc = 0.0f;
       if (t >= t0 && t < ntok) /* dead slots: +0 */
