@@ -1483,20 +1483,43 @@ DS4_DEVICE float ds4_mma_sum(const float (*part)[16][COLS], int row, int col)
   return s;
 }
 
+/* Where a thread's items go when each of the block's NT threads brings
+ * `mine` of them in thread order: returns the count of the threads before
+ * it, and *total the block's (an inclusive scan in the warp,
+ * ds4_lane_scan32, exact below 2^24; then the warps' totals in wtot, NT /
+ * 32 ints of shared memory, after one barrier). Every thread of the block
+ * calls it; a second call must follow a barrier that every thread passes
+ * after reading wtot. */
+template <int NT>
+DS4_DEVICE int32_t ds4_block_count_before(int32_t mine, int32_t *wtot, int64_t *total)
+{
+  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps");
+  int tid = ds4_thread(), lane = tid % 32, warp = tid / 32;
+  int32_t at = (int32_t)ds4_lane_scan32((float)mine, lane) - mine;
+  if (lane == 31)
+    wtot[warp] = at + mine;
+  ds4_barrier();
+  *total = 0;
+  for (int v = 0; v < NT / 32; v++) {
+    if (v < warp)
+      at += wtot[v];
+    *total += wtot[v];
+  }
+  return at;
+}
+
 /* The slots s < n (of T * TOPK choices) whose expert idx[s] has weight
  * row r in rows[] (NEXPERTS entries, in shared memory; an id outside
  * [0, NEXPERTS) has none), into list in ascending order; returns their
  * count, the same to every thread. Thread i takes the i-th run of
- * ceil(n / NT) slots: it counts its matches, learns the counts before it
- * (ds4_lane_scan32 in its warp, then the warps' totals in wtot), and
- * writes its matches from there. Every thread of the block calls it. */
+ * ceil(n / NT) slots: it counts its matches, learns where they go
+ * (ds4_block_count_before, wtot its NT / 32 ints) and writes them there.
+ * Every thread of the block calls it. */
 template <int NT, int NEXP>
 DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t *idx, const int32_t *rows,
                                     int64_t n, int64_t r)
 {
-  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps");
-  int tid = ds4_thread(), lane = tid % 32, warp = tid / 32;
-  int64_t run = (n + NT - 1) / NT, s0 = run * tid, s1 = s0 + run < n ? s0 + run : n;
+  int64_t run = (n + NT - 1) / NT, s0 = run * ds4_thread(), s1 = s0 + run < n ? s0 + run : n;
   auto held = [&](int64_t s) {
     int32_t e = idx[s];
     return e >= 0 && e < NEXP && rows[e] == r;
@@ -1504,16 +1527,8 @@ DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t
   int32_t mine = 0;
   for (int64_t s = s0; s < s1; s++)
     mine += held(s);
-  int32_t at = (int32_t)ds4_lane_scan32((float)mine, lane) - mine;
-  if (lane == 31)
-    wtot[warp] = at + mine;
-  ds4_barrier();
-  int64_t total = 0;
-  for (int v = 0; v < NT / 32; v++) {
-    if (v < warp)
-      at += wtot[v];
-    total += wtot[v];
-  }
+  int64_t total;
+  int32_t at = ds4_block_count_before<NT>(mine, wtot, &total);
   for (int64_t s = s0; s < s1; s++)
     if (held(s))
       list[at++] = (uint16_t)s;

@@ -112,17 +112,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     }
     ds4_barrier();
     uint32_t word = tid < NWORDS ? seen[tid] : 0u;
-    int32_t mine = __builtin_popcount(word), lane = tid % 32, warp = tid / 32;
-    int32_t at = (int32_t)ds4_lane_scan32((float)mine, lane) - mine;
-    if (lane == 31)
-      wtot[warp] = at + mine;
-    ds4_barrier();
-    nent = 0;
-    for (int i = 0; i < NTHREADS / 32; i++) {
-      if (i < warp)
-        at += wtot[i];
-      nent += wtot[i];
-    }
+    int32_t at = ds4_block_count_before<NTHREADS>(__builtin_popcount(word), wtot, &nent);
     for (int bit = 0; word != 0u; bit++, word >>= 1)
       if (word & 1u)
         keep[at++] = tid * 32 + bit;
