@@ -52,6 +52,18 @@ void print_table(const table *t) {
 }
 /* ---- small helpers ---- */
 
+int parse_count(const char *tool, const char *flag, const char *v, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (errno || *end || end == v || n < lo || n > hi) {
+    fprintf(stderr, "%s: error: %s wants an integer in [%ld, %ld], not '%s'\n", tool, flag, lo, hi, v);
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
 double now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

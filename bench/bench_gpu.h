@@ -31,6 +31,10 @@ void add_error(table *t, const char *what, rt_status s);
 void print_table(const table *t);
 
 double now_ns(void);
+/* A command-line count: v as a whole decimal in [lo, hi] into *out, else
+ * "TOOL: error: FLAG wants an integer in [lo, hi], not 'v'" on stderr
+ * and -1. */
+int parse_count(const char *tool, const char *flag, const char *v, long lo, long hi, long *out);
 /* Sorts v and returns quantile q, interpolating between neighbours. */
 double quantile(double *v, int n, double q);
 

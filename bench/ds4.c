@@ -34,7 +34,6 @@
  * at positions 128, 1024 and the last the plan holds (the state grows
  * with the context); and, as a table of its own, the last decode step by
  * op kind from a trace (time, weight bytes, share of copy bandwidth). */
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -337,18 +336,6 @@ static int usage(FILE *f, int rc) {
   return rc;
 }
 
-static int parse_count(const char *flag, const char *v, long lo, long *out) {
-  char *end;
-  errno = 0;
-  long n = strtol(v, &end, 10);
-  if (errno || *end || end == v || n < lo || n > INT_MAX) {
-    fprintf(stderr, "ds4_bench: error: %s wants an integer >= %ld, not '%s'\n", flag, lo, v);
-    return -1;
-  }
-  *out = n;
-  return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o) {
   *o = (opts){.steps = 50, .warmup = 5};
   for (int i = 1; i < argc; i++) {
@@ -358,7 +345,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         fprintf(stderr, "ds4_bench: error: %s needs a value\n", argv[i]);
         return -1;
       }
-      if (parse_count(argv[i], argv[i + 1], !strcmp(argv[i], "--steps"), &v)) return -1;
+      if (parse_count("ds4_bench", argv[i], argv[i + 1], !strcmp(argv[i], "--steps"), INT_MAX, &v)) return -1;
       if (!strcmp(argv[i], "--steps")) o->steps = (int)v;
       else if (!strcmp(argv[i], "--warmup")) o->warmup = (int)v;
       else o->ordinal = (uint32_t)v;

@@ -30,7 +30,6 @@
  * cuBLAS's weights are bf16 buffers of the plan's shapes (for a quantized
  * weight too: cuBLAS has no GEMM on the release's block-scaled codes),
  * zeros: the time does not depend on the values. */
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,18 +317,6 @@ static int usage(FILE *f, int rc) {
   return rc;
 }
 
-static int parse_count(const char *flag, const char *v, long lo, long hi, long *out) {
-  char *end;
-  errno = 0;
-  long n = strtol(v, &end, 10);
-  if (errno || *end || end == v || n < lo || n > hi) {
-    fprintf(stderr, "ds4_prefill: error: %s wants an integer in [%ld, %ld], not '%s'\n", flag, lo, hi, v);
-    return -1;
-  }
-  *out = n;
-  return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o) {
   *o = (opts){.runs = 3};
   for (int i = 1; i < argc; i++) {
@@ -340,7 +327,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         return -1;
       }
       int prompt = !strcmp(argv[i], "--prompt"), runs = !strcmp(argv[i], "--runs");
-      if (parse_count(argv[i], argv[i + 1], prompt || runs, runs ? BENCH_MAX_RUNS : INT_MAX, &v)) return -1;
+      if (parse_count("ds4_prefill", argv[i], argv[i + 1], prompt || runs, runs ? BENCH_MAX_RUNS : INT_MAX, &v)) return -1;
       if (prompt) {
         if (o->nprompt == MAX_PROMPTS) {
           fprintf(stderr, "ds4_prefill: error: at most %d prompt lengths\n", MAX_PROMPTS);
