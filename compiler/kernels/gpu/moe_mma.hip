@@ -1,5 +1,6 @@
 /* moe_up and moe_down (lower.c) on the matrix units, as a grouped GEMM
- * (kgen.c, kgen_moe_mma: bf16 weights in a plan of several token slots):
+ * (kgen.c, kgen_moe_mma: bf16 weights, two choices an expert or more on
+ * average):
  * the slots (t, j) that chose one expert are the rows of one product with
  * that expert's weights, which a block then reads once for up to 16 slots
  * rather than once a slot. moe_up (W3_T defined): for slot s = (t, j)
