@@ -40,6 +40,17 @@
  * the narrow weights (a 512-slot chunk's 1024-column matmuls: 32 blocks). */
 #define KGEN_MMA_MROWS 64
 
+/* Token slots from which a matrix-unit matmul runs tiled
+ * (matmul_tiled.hip, kgen_matmul_tiles): there a block stages a tile of
+ * x and of w in shared memory once for all its slots and columns, where
+ * matmul_mma.hip's blocks read x again for each tile of columns. */
+#define KGEN_TILED_SLOTS 128
+
+/* Blocks from which a tiled matmul takes tiles of 128 slots rather than
+ * 64 (kgen_matmul_tiles): enough for one a multiprocessor of the largest
+ * targets (132 on an H100 or H200). */
+#define KGEN_TILED_BLOCKS 128
+
 /* Rows of w2 each moe_down warp keeps in flight (ds4_lane_dot_rows): a
  * block of KGEN_MATMUL_TILE warps takes 8 * 4 output channels of one
  * choice. On an H200 one routed layer's moe_down took 31.8 us against
@@ -895,14 +906,63 @@ static int64_t kgen_moe_mma(const kgen_ctx *c, int64_t nexperts)
   return up ? 2 : 4;
 }
 
-/* A matmul kind's slot tiles: on the matrix units (mma) MTILES tiles of
- * MROWS = KGEN_MMA_MROWS slots for each of the colblocks blocks of
- * columns, block b taking column block b / MTILES and slots
- * MROWS (b mod MTILES) and up (the tiles of one column block adjacent, so
- * they read its weights together); else one tile of every slot. */
-static void kgen_def_slot_tiles(kgen_spec *s, int64_t T, int64_t mma, int64_t colblocks)
+/* A matmul kind's tiles (kgen_matmul_tiles): cols output columns a
+ * block; mma, matmul_mma.hip's MMA_NT (0: the CUDA-core kernels); mt, the
+ * tiled kernel's MMA_MT (0: not tiled). */
+typedef struct kgen_mm_tiles {
+  int64_t cols, mma, mt;
+} kgen_mm_tiles;
+
+/* The tiles of a matmul, matmul_pair or group_matmul of rows of k with
+ * ncols columns (a pair's narrower part's), group_cols a group's (0: no
+ * groups), rows a CUDA-core warp's columns. On the matrix units
+ * (kgen_matmul_mma), from KGEN_TILED_SLOTS slots and for every row but an
+ * op of asked rows (whose blocks skip the 16s of no live slot), the tiled
+ * kernel, whose block tile is the first of these that fits:
+ *   128 slots x 128 columns  where that gives KGEN_TILED_BLOCKS blocks
+ *    64 slots x 128 columns  a group of a multiple of 128 columns or none
+ *    64 slots x  64 columns  a group of a multiple of 64 columns
+ * (a warp's 16s of slots MMA_MT and 8s of columns MMA_NT: 4 x 4, 2 x 4,
+ * 2 x 2). Else matmul_mma.hip's tiles of 8 MMA_NT columns by
+ * KGEN_MMA_MROWS slots. The bits are the same in every one. */
+static kgen_mm_tiles kgen_matmul_tiles(const kgen_ctx *c, int64_t k, int64_t ncols, int64_t group_cols,
+                                       int64_t rows)
 {
-  int64_t mrows = mma ? KGEN_MMA_MROWS : T, mtiles = (T + mrows - 1) / mrows;
+  int64_t T = c->var['T'];
+  kgen_mm_tiles t = {KGEN_MATMUL_TILE * rows, kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, k, ncols, group_cols), 0};
+  if (!t.mma)
+    return t;
+  t.cols = 8 * t.mma;
+  if (T < KGEN_TILED_SLOTS || c->op->asked_rows || group_cols % 64 != 0)
+    return t;
+  int64_t wide = group_cols % 128 == 0;
+  if (wide && (T + 127) / 128 * ((ncols + 127) / 128) >= KGEN_TILED_BLOCKS)
+    t.mt = 4;
+  else
+    t.mt = 2;
+  t.mma = wide ? 4 : 2;
+  t.cols = 32 * t.mma;
+  return t;
+}
+
+/* A matmul kind's TILE and MMA_NT (ROWS on the CUDA cores). */
+static void kgen_def_tile(kgen_spec *s, const kgen_mm_tiles *t, int64_t rows)
+{
+  kgen_def_int(s, "TILE", t->cols);
+  kgen_def_int(s, t->mma ? "MMA_NT" : "ROWS", t->mma ? t->mma : rows);
+}
+
+/* A matmul kind's slot tiles, defined after its NTILES: MMA_MT where
+ * tiled, and MTILES tiles of MROWS slots (32 MMA_MT tiled,
+ * KGEN_MMA_MROWS on matmul_mma.hip, every slot on the CUDA cores) for
+ * each of the colblocks blocks of columns, block b taking column block
+ * b / MTILES and slots MROWS (b mod MTILES) and up (the tiles of one
+ * column block adjacent, so they read its weights together). */
+static void kgen_def_slot_tiles(kgen_spec *s, int64_t T, const kgen_mm_tiles *t, int64_t colblocks)
+{
+  int64_t mrows = t->mt ? 32 * t->mt : t->mma ? KGEN_MMA_MROWS : T, mtiles = (T + mrows - 1) / mrows;
+  if (t->mt)
+    kgen_def_int(s, "MMA_MT", t->mt);
   kgen_def_int(s, "MROWS", mrows);
   kgen_def_int(s, "MTILES", mtiles);
   s->grid = (uint64_t)(colblocks * mtiles);
@@ -931,19 +991,18 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_float(s, "EPS", f);
     break;
   case IR_OP_MATMUL: {
-    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], v['N'], 0);
-    int64_t rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1, tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
-    int64_t ntiles = (v['N'] + tile - 1) / tile;
+    int64_t rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1;
+    kgen_mm_tiles t = kgen_matmul_tiles(c, v['K'], v['N'], 0, rows);
+    int64_t ntiles = (v['N'] + t.cols - 1) / t.cols;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
     kgen_def_int(s, "N", v['N']);
-    kgen_def_int(s, "TILE", tile);
-    kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
+    kgen_def_tile(s, &t, rows);
     kgen_def_int(s, "NTILES", ntiles);
     if (op->asked_rows)
       kgen_def_int(s, "ASKED_ROWS", 1);
-    kgen_def_slot_tiles(s, T, mma, ntiles);
-    s->grid_text = mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
+    kgen_def_slot_tiles(s, T, &t, ntiles);
+    s->grid_text = t.mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
     break;
   }
   case IR_OP_MATMUL_PAIR: {
@@ -955,19 +1014,18 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       return kgen_err(c->d, op->pos, "matmul_pair: w1 (%s) and w2 (%s) must have one dtype", kgen_tensor(c, 1)->path,
                       kgen_tensor(c, 2)->path);
     int64_t narrow = v['N'] < v['M'] ? v['N'] : v['M'];
-    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['K'], narrow, 0);
-    int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1, tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows;
-    int64_t nt1 = (v['N'] + tile - 1) / tile, nt2 = (v['M'] + tile - 1) / tile;
+    int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1;
+    kgen_mm_tiles t = kgen_matmul_tiles(c, v['K'], narrow, 0, rows);
+    int64_t nt1 = (v['N'] + t.cols - 1) / t.cols, nt2 = (v['M'] + t.cols - 1) / t.cols;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
     kgen_def_int(s, "N1", v['N']);
     kgen_def_int(s, "N2", v['M']);
-    kgen_def_int(s, "TILE", tile);
-    kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
+    kgen_def_tile(s, &t, rows);
     kgen_def_int(s, "NTILES1", nt1);
     kgen_def_int(s, "NTILES2", nt2);
-    kgen_def_slot_tiles(s, T, mma, nt1 + nt2);
-    s->grid_text = mma ? "tile of either part's output columns x tile of slots"
+    kgen_def_slot_tiles(s, T, &t, nt1 + nt2);
+    s->grid_text = t.mma ? "tile of either part's output columns x tile of slots"
                        : "tile of either part's output columns, every token slot";
     break;
   }
@@ -1055,15 +1113,14 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     /* two tiles a block only where both lie in one group; on the matrix
      * units a block's tile always lies in one group */
     int64_t rows = n >= KGEN_MATMUL_WIDE && (n / g) % (2 * KGEN_MATMUL_TILE) == 0 ? 2 : 1;
-    int64_t mma = kgen_matmul_mma(c, kgen_tensor(c, 1)->dtype, v['J'], n, n / g);
-    int64_t tile = mma ? 8 * mma : KGEN_MATMUL_TILE * rows, ntiles = (n + tile - 1) / tile;
+    kgen_mm_tiles t = kgen_matmul_tiles(c, v['J'], n, n / g, rows);
+    int64_t ntiles = (n + t.cols - 1) / t.cols;
     kgen_def_int(s, "NG", n / g);
     kgen_def_int(s, "N", n);
-    kgen_def_int(s, "TILE", tile);
-    kgen_def_int(s, mma ? "MMA_NT" : "ROWS", mma ? mma : rows);
+    kgen_def_tile(s, &t, rows);
     kgen_def_int(s, "NTILES", ntiles);
-    kgen_def_slot_tiles(s, T, mma, ntiles);
-    s->grid_text = mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
+    kgen_def_slot_tiles(s, T, &t, ntiles);
+    s->grid_text = t.mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
     break;
   }
   case IR_OP_CACHE_WRITE:

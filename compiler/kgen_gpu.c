@@ -156,10 +156,15 @@ static int kgen_gpu_stage_x(const kgen_spec *s)
  * row of x is staged and a thread keeps only the weights' loads in
  * registers (80 at most on sm_90; two rows a warp take 72 to 80 with no
  * spills; one row took 81 unbounded, allocated as 88, which leaves two
- * blocks: the LM head on an H200 at 280 us against 261 at three). */
+ * blocks: the LM head on an H200 at 280 us against 261 at three); one
+ * for matmul_tiled.hip, whose threads hold 32 or 64 sums and as many
+ * runs' totals (156 and 244 registers on sm_90; at two blocks the first
+ * spilled). */
 static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
 {
   int kind = s->op->kind;
+  if (kgen_spec_int(s, "MMA_MT"))
+    return 1; /* matmul_tiled.hip: a thread's sums and the runs' totals */
   if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MATMUL_PAIR) && kgen_gpu_stage_x(s))
     return 3;
   return g->min_blocks ? g->min_blocks : 1;
@@ -237,6 +242,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_MATMUL_PAIR:
   case IR_OP_MOE_UP:
   case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
+    if (kgen_spec_int(s, "MMA_MT")) /* matmul_tiled.hip: two chunks of 64-byte rows, x's hi and lo and w's */
+      return 2 * (2 * (uint64_t)kgen_spec_int(s, "MROWS") + (uint64_t)kgen_spec_int(s, "TILE")) * 64;
     if (kgen_spec_int(s, "MMA_NT")) { /* part: the warps' sums for 16 slots */
       uint64_t warps = nt / (uint64_t)g->lanes, tile = (uint64_t)kgen_spec_int(s, "TILE");
       if (s->op->kind != IR_OP_MOE_UP && s->op->kind != IR_OP_MOE_DOWN)
@@ -367,7 +374,9 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   /* a matmul, matmul_pair or group_matmul on the matrix units, or moe_up
    * or moe_down as a grouped GEMM on them (kgen.c) */
   const char *name = s.tmpl;
-  if (kgen_spec_int(&s, "MMA_NT"))
+  if (kgen_spec_int(&s, "MMA_MT"))
+    name = "matmul_tiled";
+  else if (kgen_spec_int(&s, "MMA_NT"))
     name = op->kind == IR_OP_MOE_UP || op->kind == IR_OP_MOE_DOWN ? "moe_mma" : "matmul_mma";
   const char *tmpl = ds4_template_find("gpu", name);
   if (!tmpl || !g->nthreads) {

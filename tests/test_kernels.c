@@ -155,6 +155,18 @@ static void fill_garbage(void *p, int64_t n)
     u[i] = 0x7fc0beefu;
 }
 
+/* Two matmuls of one x of T slots (x [T, K]) in one launch, as lowered
+ * for a GPU: w1 [N1, K] and w2 [N2, K] of dtype wt. */
+static void pair_op(kt *k, uint32_t wt, int64_t T, int64_t K, int64_t N1, int64_t N2)
+{
+  kt_init(k, IR_OP_MATMUL_PAIR);
+  kt_add(k, 0, PLAN_F32, 2, T, K);
+  kt_add(k, 0, wt, 2, N1, K);
+  kt_add(k, 0, wt, 2, N2, K);
+  kt_add(k, 1, PLAN_F32, 2, T, N1);
+  kt_add(k, 1, PLAN_F32, 2, T, N2);
+}
+
 typedef struct bufs {
   void *b[IR_MAXIO * 2];
   int n;
@@ -4123,19 +4135,9 @@ static void mp_all_kinds(mprog *m)
   kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)64);
   mp_take(m, &k);
   /* two matmuls of one x as lowered for a GPU (lower.c), narrow and wide */
-  kt_init(&k, IR_OP_MATMUL_PAIR);
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)150, (int64_t)64);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)40, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)40);
+  pair_op(&k, PLAN_BF16, 4, 64, 150, 40);
   mp_take(m, &k);
-  kt_init(&k, IR_OP_MATMUL_PAIR);
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8200, (int64_t)64);
-  kt_add(&k, 0, PLAN_BF16, 2, (int64_t)8192, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8200);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)8192);
+  pair_op(&k, PLAN_BF16, 4, 64, 8200, 8192);
   mp_take(m, &k);
   /* moe_experts lowered for a GPU (lower.c): moe_up and moe_down over
    * rows of x of 64 (kgen.c: a grouped GEMM on the matrix units), and of
@@ -4314,12 +4316,7 @@ static void mp_all_kinds(mprog *m)
     kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, n);
     mp_take(m, &k);
   }
-  kt_init(&k, IR_OP_MATMUL_PAIR);
-  kt_add(&k, 0, PLAN_F32, 2, (int64_t)4, (int64_t)64);
-  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)150, (int64_t)64);
-  kt_add(&k, 0, PLAN_F8E4M3, 2, (int64_t)40, (int64_t)64);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)150);
-  kt_add(&k, 1, PLAN_F32, 2, (int64_t)4, (int64_t)40);
+  pair_op(&k, PLAN_F8E4M3, 4, 64, 150, 40);
   mp_take(m, &k);
   kt_init(&k, IR_OP_GROUP_MATMUL);
   k.op.iattr[0] = 2;
@@ -5580,12 +5577,7 @@ static unsigned quant_op(kt *k, int which)
     kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)150);
     return 1u << 1;
   case 1:
-    kt_init(k, IR_OP_MATMUL_PAIR);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)T, (int64_t)96);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)24, (int64_t)96);
-    kt_add(k, 0, PLAN_F32, 2, (int64_t)40, (int64_t)96);
-    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)24);
-    kt_add(k, 1, PLAN_F32, 2, (int64_t)T, (int64_t)40);
+    pair_op(k, PLAN_F32, T, 96, 24, 40);
     return 1u << 1 | 1u << 2;
   case 2:
     kt_init(k, IR_OP_GROUP_MATMUL);
@@ -5942,18 +5934,28 @@ static double mma_x(float x)
   return hi + bf16_value(bf16_of((float)((double)x - hi)));
 }
 
-/* The kernel kgen_gpu makes for k: MMA_NT tiles of 8 a block, 0 for the
- * CUDA-core template. */
-static int mma_tiles(const kt *k)
+/* Define name of the GPU kernel kgen_gpu makes for k (0 where it has
+ * none), and in *tiled whether the kernel is matmul_tiled.hip's. */
+static int mma_define(const kt *k, const char *name, int *tiled)
 {
   kgen_kernel g;
   dsl_diag d = {0};
   ck_assert_msg(kgen_gpu(&k->prog, &k->op, &g, &d) == 0, "kgen_gpu: %s", d.msg);
-  const char *def = strstr(g.source, "#define MMA_NT ((int64_t)");
-  int nt = def ? atoi(def + strlen("#define MMA_NT ((int64_t)")) : 0;
-  if (nt)
-    ck_assert_ptr_nonnull(strstr(g.source, "float part[WARPS][16]["));
+  char pat[64];
+  snprintf(pat, sizeof pat, "#define %s ((int64_t)", name);
+  const char *def = strstr(g.source, pat);
+  int v = def ? atoi(def + strlen(pat)) : 0;
+  *tiled = strstr(g.source, "ds4_tiled_sums<") != NULL;
   kgen_kernel_free(&g);
+  return v;
+}
+
+/* The kernel kgen_gpu makes for k: MMA_NT tiles of 8 a block of
+ * matmul_mma.hip or moe_mma.hip, 0 for the CUDA-core template. */
+static int mma_tiles(const kt *k)
+{
+  int tiled, nt = mma_define(k, "MMA_NT", &tiled);
+  ck_assert_msg(!tiled, "%d slots: the tiled kernel", (int)k->tensors[0].dim[0]);
   return nt;
 }
 
@@ -6028,22 +6030,33 @@ static void mma_extremes_case(const kt *k)
   chain_unbuild(&dev);
 }
 
-/* A bf16 matmul of 150 slots on the matrix units: three tiles of slots
- * (kgen.c, KGEN_MMA_MROWS), the last partial. */
-static void mma_tiled_op(kt *k)
+/* A matmul of T slots, x [T, K], w [N, K] of dtype wt; with groups > 0 a
+ * group_matmul, x [T, groups * K], each group's N / groups columns
+ * against its K channels. */
+static void matmul_op(kt *k, uint32_t wt, int64_t groups, int64_t T, int64_t K, int64_t N)
 {
-  kt_init(k, IR_OP_MATMUL);
-  kt_add(k, 0, PLAN_F32, 2, (int64_t)150, (int64_t)64);
-  kt_add(k, 0, PLAN_BF16, 2, (int64_t)40, (int64_t)64);
-  kt_add(k, 1, PLAN_F32, 2, (int64_t)150, (int64_t)40);
+  kt_init(k, groups ? IR_OP_GROUP_MATMUL : IR_OP_MATMUL);
+  k->op.iattr[0] = groups;
+  kt_add(k, 0, PLAN_F32, 2, T, groups ? groups * K : K);
+  kt_add(k, 0, wt, 2, N, K);
+  kt_add(k, 1, PLAN_F32, 2, T, N);
+}
+
+/* A bf16 matmul of T slots on matmul_mma.hip: tiles of KGEN_MMA_MROWS
+ * (64) slots, the last partial (T under KGEN_TILED_SLOTS, or an op of
+ * asked rows). */
+static void mma_tiled_op(kt *k, int64_t T)
+{
+  matmul_op(k, PLAN_BF16, 0, T, 64, 40);
 }
 
 /* A bf16 matmul of several slots on the matrix units, against the host
  * kernel (dead slots +0, the same bits off 16-byte alignment) and against
  * float64: two 16s of slots and a partial tile of 8; fewer chunks of 32 k
  * than warps; chunks split unevenly over the warps (9 over 8) with four
- * tiles a block, the last partial; three blocks of slots a tile, with the
- * asked rows too; infinities and the largest values in x. A group_matmul the same, each tile against its group's channels of
+ * tiles a block, the last partial; two blocks of slots a tile (three
+ * with the asked rows, test_gpu_asked_rows); infinities and the largest
+ * values in x. A group_matmul the same, each tile against its group's channels of
  * x: few columns, a tile of 8; many, a tile of 8 where 32 columns would
  * straddle two groups (NG 1032), and of 32 where they do not. The
  * CUDA-core kernel keeps a decode step's matmul (one slot), an f32 weight
@@ -6057,27 +6070,21 @@ START_TEST(test_gpu_matmul_mma)
   static const int steps[][2] = {{0, 20}, {5, 17}, {2, 1}};
   for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
     kt k;
-    kt_init(&k, IR_OP_MATMUL);
-    kt_add(&k, 0, PLAN_F32, 2, mm[i].t, mm[i].k);
-    kt_add(&k, 0, PLAN_BF16, 2, mm[i].n, mm[i].k);
-    kt_add(&k, 1, PLAN_F32, 2, mm[i].t, mm[i].n);
+    matmul_op(&k, PLAN_BF16, 0, mm[i].t, mm[i].k, mm[i].n);
     ck_assert_int_eq(mma_tiles(&k), mm[i].nt);
     ffn_gpu_case(&k, NULL, 0, steps, 3);
     mma_exact_case(&k);
   }
-  /* three tiles of 64 slots, the last partial, the live slots ending in
+  /* two tiles of 64 slots, the last partial, the live slots ending in
    * the second (test_gpu_asked_rows: the asked rows) */
-  static const int tiled_steps[][2] = {{0, 150}, {3, 100}};
+  static const int tiled_steps[][2] = {{0, 120}, {3, 100}};
   kt tiled;
-  mma_tiled_op(&tiled);
+  mma_tiled_op(&tiled, 120);
   ck_assert_int_eq(mma_tiles(&tiled), 1);
   ffn_gpu_case(&tiled, NULL, 0, tiled_steps, 2);
   mma_exact_case(&tiled);
   kt ext;
-  kt_init(&ext, IR_OP_MATMUL);
-  kt_add(&ext, 0, PLAN_F32, 2, (int64_t)2, (int64_t)64);
-  kt_add(&ext, 0, PLAN_BF16, 2, (int64_t)12, (int64_t)64);
-  kt_add(&ext, 1, PLAN_F32, 2, (int64_t)2, (int64_t)12);
+  matmul_op(&ext, PLAN_BF16, 0, 2, 64, 12);
   mma_extremes_case(&ext);
   static const struct {
     int64_t groups, kg, ng;
@@ -6085,11 +6092,7 @@ START_TEST(test_gpu_matmul_mma)
   } gm[] = {{3, 64, 40, 1}, {2, 64, 1032, 1}, {2, 96, 1056, 4}};
   for (size_t i = 0; i < sizeof gm / sizeof gm[0]; i++) {
     kt k;
-    kt_init(&k, IR_OP_GROUP_MATMUL);
-    k.op.iattr[0] = gm[i].groups;
-    kt_add(&k, 0, PLAN_F32, 2, (int64_t)18, gm[i].groups * gm[i].kg);
-    kt_add(&k, 0, PLAN_BF16, 2, gm[i].groups * gm[i].ng, gm[i].kg);
-    kt_add(&k, 1, PLAN_F32, 2, (int64_t)18, gm[i].groups * gm[i].ng);
+    matmul_op(&k, PLAN_BF16, gm[i].groups, 18, gm[i].kg, gm[i].groups * gm[i].ng);
     ck_assert_int_eq(mma_tiles(&k), gm[i].nt);
     ffn_gpu_case(&k, NULL, 0, steps, 3);
     mma_exact_case(&k);
@@ -6100,12 +6103,109 @@ START_TEST(test_gpu_matmul_mma)
   } cuda_cores[] = {{1, 64, PLAN_BF16}, {4, 64, PLAN_F32}, {4, 48, PLAN_BF16}};
   for (size_t i = 0; i < sizeof cuda_cores / sizeof cuda_cores[0]; i++) {
     kt k;
-    kt_init(&k, IR_OP_MATMUL);
-    kt_add(&k, 0, PLAN_F32, 2, cuda_cores[i].t, cuda_cores[i].k);
-    kt_add(&k, 0, cuda_cores[i].wt, 2, (int64_t)2100, cuda_cores[i].k);
-    kt_add(&k, 1, PLAN_F32, 2, cuda_cores[i].t, (int64_t)2100);
+    matmul_op(&k, cuda_cores[i].wt, 0, cuda_cores[i].t, cuda_cores[i].k, 2100);
     ck_assert_int_eq(mma_tiles(&k), 0);
   }
+  emu_stop();
+}
+END_TEST
+
+/* ---- the tiled matmuls on the matrix units (kgen.c, kgen_matmul_tiles) ---- */
+
+/* k's tiled kernel (matmul_tiled.hip): its 16s of slots a warp, MMA_MT,
+ * and 8s of columns, MMA_NT. */
+static void tiled_shape(const kt *k, int mt, int nt)
+{
+  int tiled;
+  ck_assert_int_eq(mma_define(k, "MMA_MT", &tiled), mt);
+  ck_assert_msg(tiled, "not the tiled kernel");
+  ck_assert_int_eq(mma_define(k, "MMA_NT", &tiled), nt);
+}
+
+/* k (tiled, every slot live) against the same op of `fewer` slots, which
+ * runs on matmul_mma.hip, on the same first rows of x: the same bits in
+ * every output of those rows. */
+static void tiled_mma_bits(const kt *k, int64_t fewer)
+{
+  kt small = *k;
+  small.prog.tensors = small.tensors;
+  for (int i = 0; i < small.prog.ntensors; i++)
+    if (small.tensors[i].dtype != PLAN_BF16) { /* not a weight: slots first */
+      small.tensors[i].bytes = small.tensors[i].bytes / small.tensors[i].dim[0] * fewer;
+      small.tensors[i].dim[0] = fewer;
+    }
+  ck_assert_int_gt(mma_tiles(&small), 0);
+  emu_built *gt = emu_build(k), *gs = emu_build(&small);
+  bufs bt, bsm;
+  bufs_alloc(&bt, k);
+  bufs_alloc(&bsm, &small);
+  ffn_fill(k, &bt, NULL, 0);
+  ffn_fill(&small, &bsm, NULL, 0);
+  for (int i = 0; i < k->op.nin; i++)
+    memcpy(bsm.b[i], bt.b[i], (size_t)small.tensors[i].bytes);
+  emu_run(gt, bt.b, 0, (int)k->tensors[0].dim[0], 0);
+  emu_run(gs, bsm.b, 0, (int)fewer, 0);
+  for (int o = k->op.nin; o < k->prog.ntensors; o++)
+    ck_assert_msg(memcmp(bt.b[o], bsm.b[o], (size_t)small.tensors[o].bytes) == 0,
+                  "%s: output %d of the first %lld slots differs from %s's", gt->kk.symbol, o - k->op.nin,
+                  (long long)fewer, gs->kk.symbol);
+  bufs_free(&bt);
+  bufs_free(&bsm);
+  emu_free(gt);
+  emu_free(gs);
+}
+
+/* Chunks of 130 slots and more take the tiled kernel, each case against
+ * the host kernel (every slot live, the live slots ending inside a tile,
+ * starting past the first: bits the same off 16-byte alignment), against
+ * float64, and bit for bit against matmul_mma.hip on the same rows: K of
+ * one chunk of 32 (seven of the eight runs empty), of nine (runs of one
+ * and two chunks); tiles of 64 and 128 slots and of 64 and 128 columns,
+ * the last of each partial; a pair (its parts' tiles), a group_matmul
+ * whose groups take whole tiles of 64 and of 128 columns. An op of asked
+ * rows and a chunk under KGEN_TILED_SLOTS keep matmul_mma.hip. */
+START_TEST(test_gpu_matmul_tiled)
+{
+  static const int steps[][2] = {{0, 130}, {3, 70}};
+  static const struct {
+    int64_t t, k, n;
+    int mt, nt;
+  } mm[] = {{130, 32, 200, 2, 4}, {130, 288, 70, 2, 4}, {128, 64, 16384, 4, 4}};
+  for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+    kt k;
+    matmul_op(&k, PLAN_BF16, 0, mm[i].t, mm[i].k, mm[i].n);
+    tiled_shape(&k, mm[i].mt, mm[i].nt);
+    if (mm[i].t >= steps[0][1])
+      ffn_gpu_case(&k, NULL, 0, steps, 2);
+    mma_exact_case(&k);
+    tiled_mma_bits(&k, 100);
+  }
+  kt pair;
+  pair_op(&pair, PLAN_BF16, 130, 96, 150, 40);
+  tiled_shape(&pair, 2, 4);
+  ffn_gpu_case(&pair, NULL, 0, steps, 2);
+  tiled_mma_bits(&pair, 40);
+  static const struct {
+    int64_t groups, kg, ng;
+    int nt;
+  } gm[] = {{2, 64, 128, 4}, {3, 96, 64, 2}};
+  for (size_t i = 0; i < sizeof gm / sizeof gm[0]; i++) {
+    kt k;
+    matmul_op(&k, PLAN_BF16, gm[i].groups, 130, gm[i].kg, gm[i].groups * gm[i].ng);
+    tiled_shape(&k, 2, gm[i].nt);
+    ffn_gpu_case(&k, NULL, 0, steps, 2);
+    mma_exact_case(&k);
+    tiled_mma_bits(&k, 20);
+  }
+  kt k;
+  matmul_op(&k, PLAN_BF16, 0, 130, 64, 72);
+  k.op.asked_rows = 1;
+  ck_assert_int_eq(mma_tiles(&k), 1);
+  k.op.asked_rows = 0;
+  k.tensors[0].dim[0] = k.tensors[2].dim[0] = 127;
+  ck_assert_int_eq(mma_tiles(&k), 1);
+  matmul_op(&k, PLAN_BF16, 4, 130, 64, 4 * 32); /* groups of 32 columns: no whole tile */
+  ck_assert_int_eq(mma_tiles(&k), 1);
   emu_stop();
 }
 END_TEST
@@ -6401,11 +6501,12 @@ END_TEST
 START_TEST(test_gpu_asked_rows)
 {
   /* on the matrix units, the asked rows from the third tile of slots, the
-   * second, and all */
+   * second, and all (an op of asked rows keeps matmul_mma.hip at any
+   * slot count) */
   static const int tiled[][2] = {{150, 130}, {100, 70}, {150, 0}};
   asked_cases(1);
   kt k;
-  mma_tiled_op(&k);
+  mma_tiled_op(&k, 150);
   asked_case(&k, 1, tiled, 3);
   emu_stop();
 }
@@ -6977,6 +7078,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_matmul);
   tcase_add_test(gpu, test_gpu_matmul_staged_x);
   tcase_add_test(gpu, test_gpu_matmul_mma);
+  tcase_add_test(gpu, test_gpu_matmul_tiled);
   tcase_add_test(gpu, test_gpu_moe_mma);
   tcase_add_test(gpu, test_gpu_asked_rows);
   tcase_add_test(gpu, test_gpu_sink_attention);

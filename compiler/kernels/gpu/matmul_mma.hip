@@ -41,18 +41,15 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #ifdef N1
   static_assert(ds4_wtraits<W1_T>::dt == DS4_DT_BF16 && ds4_wtraits<W2_T>::dt == DS4_DT_BF16,
                 "the matrix units take bf16 weights");
-  /* The block's part: its weight, output and column count. */
-  bool second = block >= NTILES1;
-  const ds4_bf16 *w = (const ds4_bf16 *)bufs[second ? 2 : 1];
-  float *y = (float *)bufs[second ? 4 : 3];
-  int64_t N = second ? N2 : N1;
-  int64_t n0 = (int64_t)(second ? block - NTILES1 : block) * TILE;
+  ds4_mm_tile mt = ds4_mm_tile_of(bufs, block, TILE, NTILES1, N1, N2);
+  int64_t N = mt.n; /* the block's part's columns */
 #else
   static_assert(ds4_wtraits<W_T>::dt == DS4_DT_BF16, "the matrix units take a bf16 weight");
-  const ds4_bf16 *w = (const ds4_bf16 *)bufs[1];
-  float *y = (float *)bufs[2];
-  int64_t n0 = (int64_t)block * TILE;
+  ds4_mm_tile mt = ds4_mm_tile_of(bufs, block, TILE, 0, N, 0);
 #endif
+  const ds4_bf16 *w = mt.w;
+  float *y = mt.y;
+  int64_t n0 = mt.n0;
 #ifdef GROUPS
   /* The tile's group: its KG channels of x's GROUPS * KG. */
   static_assert(NG % TILE == 0, "a tile lies in one group");

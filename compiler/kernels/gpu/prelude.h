@@ -1483,6 +1483,148 @@ DS4_DEVICE float ds4_mma_sum(const float (*part)[16][COLS], int row, int col)
   return s;
 }
 
+/* The weight, output, column count and first column of a matmul kind's
+ * tile of `width` columns, number `tile`: for a pair (ntiles1 > 0) tiles
+ * below ntiles1 are w1's (bufs 1, y1 in bufs 3) and the rest w2's (bufs
+ * 2, y2 in bufs 4); else w in bufs 1, y in bufs 2. */
+struct ds4_mm_tile {
+  const ds4_bf16 *w;
+  float *y;
+  int64_t n, n0;
+};
+
+DS4_DEVICE ds4_mm_tile ds4_mm_tile_of(void *const *bufs, uint32_t tile, int64_t width, uint32_t ntiles1,
+                                      int64_t n1, int64_t n2)
+{
+  if (ntiles1 == 0)
+    return {(const ds4_bf16 *)bufs[1], (float *)bufs[2], n1, (int64_t)tile * width};
+  bool second = tile >= ntiles1;
+  return {(const ds4_bf16 *)bufs[second ? 2 : 1], (float *)bufs[second ? 4 : 3], second ? n2 : n1,
+          (int64_t)(second ? tile - ntiles1 : tile) * width};
+}
+
+/* The tiled kernel's sums over k (matmul_tiled.hip): a block of NT
+ * threads (8 warps) computes XR rows of x (token slots) by columns of w
+ * (its WR staged rows) on the matrix units, chunks of 32 k passing
+ * through shared memory two in turn: xs holds 2 chunks x 2 terms (hi,
+ * lo) x XR rows x 4 words of 16 bytes (k 8 q to 8 q + 7), ws 2 x WR rows
+ * x 4. Item i of thread tid (tid + NT
+ * i, while under 4 XR for x and 4 WR for w) stages row item / 4 at k 8
+ * (item % 4) of each chunk from xp[i] (live[i] false: zeros) and wp[i],
+ * the chunk's loads in flight while the MMAs take the chunk before.
+ * The warp computes rows r0 + 16 i + g and + 8 (i < MT) by NTT tiles of
+ * 8 columns, tile j the staged w rows bcol[j] + g; sum[i][j] gets
+ * ds4_mma_bf16's d of the whole row. The order is matmul_mma.hip's: the
+ * C chunks in 8 runs (run v: chunks C v / 8 to C (v + 1) / 8), each
+ * summed from zero (chunks ascending, a chunk's first four k of each 8
+ * before its last four, hi before lo), the runs' sums added in order. */
+template <int MT, int NTT, int XR, int WR, int NT>
+DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *ws, const float *const *xp,
+                               const bool *live, const ds4_bf16 *const *wp, bool aligned, int64_t C, int r0,
+                               const int *bcol)
+{
+  constexpr int XI = (4 * XR + NT - 1) / NT, WI = (4 * WR + NT - 1) / NT, RUNS = 8;
+  static_assert(NT == 8 * 32, "8 warps, as matmul_mma.hip's");
+  int tid = ds4_thread(), lane = tid % 32, g = lane / 4, q = lane % 4;
+  float xv[XI][8];
+  uint32_t wv[WI][4];
+  auto load = [&](int64_t c) {
+#pragma unroll
+    for (int i = 0; i < XI; i++)
+      if (4 * XR % NT == 0 || tid + NT * i < 4 * XR)
+        ds4_load_f32x8(xp[i] + 32 * c, aligned, live[i], xv[i]);
+#pragma unroll
+    for (int i = 0; i < WI; i++)
+      if (4 * WR % NT == 0 || tid + NT * i < 4 * WR)
+        ds4_load_bf16x8(wp[i] + 32 * c, aligned, wv[i]);
+  };
+  auto stage = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < XI; i++) {
+      int item = tid + NT * i;
+      if (4 * XR % NT != 0 && item >= 4 * XR)
+        continue;
+      ds4_u32x4 hi, lo;
+#pragma unroll
+      for (int p = 0; p < 4; p++) {
+        uint32_t h, l;
+        ds4_bf16_split(xv[i][2 * p], xv[i][2 * p + 1], &h, &l);
+        hi[p] = h;
+        lo[p] = l;
+      }
+      xs[(2 * buf * XR) * 4 + item] = hi;
+      xs[((2 * buf + 1) * XR) * 4 + item] = lo;
+    }
+#pragma unroll
+    for (int i = 0; i < WI; i++) {
+      int item = tid + NT * i;
+      if (4 * WR % NT == 0 || item < 4 * WR)
+        ws[buf * WR * 4 + item] = ds4_u32x4{wv[i][0], wv[i][1], wv[i][2], wv[i][3]};
+    }
+  };
+  float acc[MT][NTT][4];
+  int run = 0;
+  /* the run's sums into the total (the first run's are the total), then
+   * the next run from zero */
+  auto fold = [&]() {
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+      for (int j = 0; j < NTT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          sum[i][j][e] = run == 0 ? acc[i][j][e] : sum[i][j][e] + acc[i][j][e];
+          acc[i][j][e] = 0.0f;
+        }
+    run++;
+  };
+#pragma unroll
+  for (int i = 0; i < MT; i++)
+#pragma unroll
+    for (int j = 0; j < NTT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        acc[i][j][e] = 0.0f;
+  while (run < RUNS && C * (run + 1) / RUNS == 0) /* runs of no chunk (C < 8) */
+    fold();
+  load(0);
+  stage(0);
+  ds4_barrier();
+  for (int64_t c = 0; c < C; c++) {
+    int buf = (int)(c % 2);
+    if (c + 1 < C)
+      load(c + 1);
+    ds4_u32x4 b[NTT];
+#pragma unroll
+    for (int j = 0; j < NTT; j++)
+      b[j] = ws[(buf * WR + bcol[j] + g) * 4 + q];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+      int r = r0 + 16 * i + g;
+      const ds4_u32x4 *hx = xs + 2 * buf * XR * 4, *lx = hx + XR * 4;
+      ds4_u32x4 h0 = hx[r * 4 + q], h1 = hx[(r + 8) * 4 + q], l0 = lx[r * 4 + q], l1 = lx[(r + 8) * 4 + q];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        /* A's words as ds4_mma_chunks makes them: rows g and g + 8 at the
+         * half's first two k, then at its last two */
+        uint32_t hi[4] = {h0[2 * h], h1[2 * h], h0[2 * h + 1], h1[2 * h + 1]};
+        uint32_t lo[4] = {l0[2 * h], l1[2 * h], l0[2 * h + 1], l1[2 * h + 1]};
+#pragma unroll
+        for (int j = 0; j < NTT; j++) {
+          uint32_t bw[2] = {b[j][2 * h], b[j][2 * h + 1]};
+          ds4_mma_bf16(acc[i][j], hi, bw);
+          ds4_mma_bf16(acc[i][j], lo, bw);
+        }
+      }
+    }
+    if (c + 1 < C)
+      stage(1 - buf);
+    ds4_barrier(); /* the next chunk staged, this one read by every warp */
+    while (run < RUNS && C * (run + 1) / RUNS == c + 1)
+      fold();
+  }
+}
+
 /* Where a thread's items go when each of the block's NT threads brings
  * `mine` of them in thread order: returns the count of the threads before
  * it, and *total the block's (an inclusive scan in the warp,
