@@ -135,7 +135,10 @@ static int eval_param(ir_prog *p, const dsl_kv *kv, ir_param *out, dsl_diag *d) 
 
 /* The schedule's step decides `tokens`, the slots of a step: the prefill
  * plan's are the step's `prefill` (the model's own `tokens` when it names
- * none), the decode plan's its `decode`. Later params and every shape see
+ * none), the decode plan's its `decode`. A chunk never holds more
+ * positions than the state: a `prefill` above the model's max_seq (a
+ * param named before tokens) gives chunks of max_seq slots, so that one
+ * schedule serves models of any context. Later params and every shape see
  * this plan's value; state shapes see the prefill plan's (lookup_param). */
 static int bind_step(ir_prog *p, ir_param *tokens, dsl_diag *d) {
   const dsl_schedule *s = p->sched;
@@ -146,6 +149,8 @@ static int bind_step(ir_prog *p, ir_param *tokens, dsl_diag *d) {
     if (*end || prefill < 1 || prefill > 65536)
       return dsl_error(d, s->step_prefill.pos, "step: prefill slots must be from 1 to 65536, found '%s'",
                        s->step_prefill.text);
+    int64_t max_seq = ir_param_value(p, "max_seq", -1);
+    if (max_seq > 0 && prefill > max_seq) prefill = max_seq;
   }
   if (s->step_decode.text) {
     decode = strtoll(s->step_decode.text, &end, 10);

@@ -470,8 +470,9 @@ START_TEST(decode_plan_differs_in_shapes_and_grids_only) {
 }
 END_TEST
 
-/* The schedule's step: prefill overrides the model's tokens, the state is
- * sized from it in both plans, and what it refuses it names. */
+/* The schedule's step: prefill overrides the model's tokens (at most the
+ * model's max_seq), the state is sized from it in both plans, and what it
+ * refuses it names. */
 START_TEST(step_shapes_from_the_schedule) {
   const char *sched_fmt = "schedule: s\nmodel: tiny-moe\ndevices:\n"
                           "  - {name: cpu0, backend: cpu, arch: host, ordinal: 0, threads: 1,\n"
@@ -497,6 +498,24 @@ START_TEST(step_shapes_from_the_schedule) {
   ck_assert_int_eq(p->tensors[x].dim[0], 3);
   ck_assert_int_eq(q->tensors[x].dim[0], 1);
   if (ring >= 0) ck_assert_int_eq(p->tensors[ring].bytes, q->tensors[ring].bytes);
+  for (int t = 0; t < p->ntensors; t++)
+    if (p->tensors[t].role == PLAN_STATE) ck_assert_int_eq(p->tensors[t].bytes, q->tensors[t].bytes);
+  ds4c_prog_free(p);
+  ds4c_prog_free(q);
+
+  /* chunks above tiny-moe's max_seq (64) hold 64 slots, the state too */
+  snprintf(text, sizeof text, sched_fmt, "prefill: 2048, decode: 1, prompt: 10");
+  tu_write_text(path, text);
+  o.decode_plan = 0;
+  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
+  o.decode_plan = 1;
+  ck_assert_msg(ds4c_build(&o, &q, &d) == 0, "%s", d.msg);
+  ck_assert_int_eq(p->tokens, 64);
+  ck_assert_int_eq(p->max_seq, 64);
+  ck_assert_int_eq(q->tokens, 1);
+  x = ir_find_tensor(p, "embed.x");
+  ck_assert_int_ge(x, 0);
+  ck_assert_int_eq(p->tensors[x].dim[0], 64);
   for (int t = 0; t < p->ntensors; t++)
     if (p->tensors[t].role == PLAN_STATE) ck_assert_int_eq(p->tensors[t].bytes, q->tensors[t].bytes);
   ds4c_prog_free(p);
