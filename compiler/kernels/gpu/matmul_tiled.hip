@@ -23,8 +23,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
   static_assert(LANES == 32 && NTHREADS == 256, "8 warps of 32, as matmul_mma.hip's, so its runs are its warps'");
-  static_assert(TILE == 32 * MMA_NT && MROWS == 32 * MMA_MT && TILE % 64 == 0 && MROWS % 64 == 0,
-                "2 x 4 warps of 16 MMA_MT slots by 8 MMA_NT columns; whole 16-byte items a thread to stage");
+  static_assert(TILE == 32 * MMA_NT && MROWS == 32 * MMA_MT, "2 x 4 warps of 16 MMA_MT slots by 8 MMA_NT columns");
 #ifdef ASKED_ROWS
 #error "an op of asked rows keeps matmul_mma.hip, which skips the 16s of slots with none live"
 #endif
@@ -54,7 +53,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
   static_assert(KW % 32 == 0, "chunks of 32 k");
   constexpr int64_t C = KW / 32;
-  constexpr int XI = MROWS / 64, WI = TILE / 64; /* 16-byte items a thread stages */
+  constexpr int XI = 4 * MROWS / NTHREADS, WI = 4 * TILE / NTHREADS; /* ds4_tiled_sums' items a thread */
   int64_t ntok = step[1] < T ? step[1] : T;
   int tid = ds4_thread(), warp = tid / LANES, lane = tid % LANES, g = lane / 4, q = lane % 4;
   int r0 = warp / 4 * 16 * MMA_MT, c0 = warp % 4 * 8 * MMA_NT; /* the warp's first slot and column */

@@ -1508,8 +1508,7 @@ DS4_DEVICE ds4_mm_tile ds4_mm_tile_of(void *const *bufs, uint32_t tile, int64_t 
  * (its WR staged rows) on the matrix units, chunks of 32 k passing
  * through shared memory two in turn: xs holds 2 chunks x 2 terms (hi,
  * lo) x XR rows x 4 words of 16 bytes (k 8 q to 8 q + 7), ws 2 x WR rows
- * x 4. Item i of thread tid (tid + NT
- * i, while under 4 XR for x and 4 WR for w) stages row item / 4 at k 8
+ * x 4. Item i of thread tid (tid + NT i) stages row item / 4 at k 8
  * (item % 4) of each chunk from xp[i] (live[i] false: zeros) and wp[i],
  * the chunk's loads in flight while the MMAs take the chunk before.
  * The warp computes rows r0 + 16 i + g and + 8 (i < MT) by NTT tiles of
@@ -1523,27 +1522,24 @@ DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *w
                                const bool *live, const ds4_bf16 *const *wp, bool aligned, int64_t C, int r0,
                                const int *bcol)
 {
-  constexpr int XI = (4 * XR + NT - 1) / NT, WI = (4 * WR + NT - 1) / NT, RUNS = 8;
+  constexpr int XI = 4 * XR / NT, WI = 4 * WR / NT, RUNS = 8;
   static_assert(NT == 8 * 32, "8 warps, as matmul_mma.hip's");
+  static_assert(4 * XR % NT == 0 && 4 * WR % NT == 0, "whole items a thread");
   int tid = ds4_thread(), lane = tid % 32, g = lane / 4, q = lane % 4;
   float xv[XI][8];
   uint32_t wv[WI][4];
   auto load = [&](int64_t c) {
 #pragma unroll
     for (int i = 0; i < XI; i++)
-      if (4 * XR % NT == 0 || tid + NT * i < 4 * XR)
-        ds4_load_f32x8(xp[i] + 32 * c, aligned, live[i], xv[i]);
+      ds4_load_f32x8(xp[i] + 32 * c, aligned, live[i], xv[i]);
 #pragma unroll
     for (int i = 0; i < WI; i++)
-      if (4 * WR % NT == 0 || tid + NT * i < 4 * WR)
-        ds4_load_bf16x8(wp[i] + 32 * c, aligned, wv[i]);
+      ds4_load_bf16x8(wp[i] + 32 * c, aligned, wv[i]);
   };
   auto stage = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < XI; i++) {
       int item = tid + NT * i;
-      if (4 * XR % NT != 0 && item >= 4 * XR)
-        continue;
       ds4_u32x4 hi, lo;
 #pragma unroll
       for (int p = 0; p < 4; p++) {
@@ -1556,11 +1552,8 @@ DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *w
       xs[((2 * buf + 1) * XR) * 4 + item] = lo;
     }
 #pragma unroll
-    for (int i = 0; i < WI; i++) {
-      int item = tid + NT * i;
-      if (4 * WR % NT == 0 || item < 4 * WR)
-        ws[buf * WR * 4 + item] = ds4_u32x4{wv[i][0], wv[i][1], wv[i][2], wv[i][3]};
-    }
+    for (int i = 0; i < WI; i++)
+      ws[buf * WR * 4 + tid + NT * i] = ds4_u32x4{wv[i][0], wv[i][1], wv[i][2], wv[i][3]};
   };
   float acc[MT][NTT][4];
   int run = 0;
