@@ -470,6 +470,22 @@ START_TEST(decode_plan_differs_in_shapes_and_grids_only) {
 }
 END_TEST
 
+/* Both plans of tiny-moe under the schedule at path, written from fmt with
+ * its step; every state tensor the same bytes in both. */
+static void step_plans(ds4c_options *o, const char *path, const char *fmt, const char *step, ir_prog **p,
+                       ir_prog **q) {
+  char text[1024];
+  snprintf(text, sizeof text, fmt, step);
+  tu_write_text(path, text);
+  dsl_diag d = {0};
+  o->decode_plan = 0;
+  ck_assert_msg(ds4c_build(o, p, &d) == 0, "%s", d.msg);
+  o->decode_plan = 1;
+  ck_assert_msg(ds4c_build(o, q, &d) == 0, "%s", d.msg);
+  for (int t = 0; t < (*p)->ntensors; t++)
+    if ((*p)->tensors[t].role == PLAN_STATE) ck_assert_int_eq((*p)->tensors[t].bytes, (*q)->tensors[t].bytes);
+}
+
 /* The schedule's step: prefill overrides the model's tokens (at most the
  * model's max_seq), the state is sized from it in both plans, and what it
  * refuses it names. */
@@ -482,14 +498,9 @@ START_TEST(step_shapes_from_the_schedule) {
   char tmpl[] = "/tmp/ds4-step-XXXXXX", path[600], text[1024];
   tu_tmpdir_make(tmpl);
   snprintf(path, sizeof path, "%s/s.yaml", tmpl);
-  snprintf(text, sizeof text, sched_fmt, "prefill: 3, decode: 1, prompt: 10");
-  tu_write_text(path, text);
   ds4c_options o = {.model_path = "models/tiny-moe.yaml", .sched_path = path};
   ir_prog *p, *q;
-  dsl_diag d = {0};
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
-  o.decode_plan = 1;
-  ck_assert_msg(ds4c_build(&o, &q, &d) == 0, "%s", d.msg);
+  step_plans(&o, path, sched_fmt, "prefill: 3, decode: 1, prompt: 10", &p, &q);
   ck_assert_int_eq(p->tokens, 3);
   ck_assert_int_eq(q->tokens, 1);
   ck_assert_int_eq(p->prompt, 10);
@@ -498,26 +509,17 @@ START_TEST(step_shapes_from_the_schedule) {
   ck_assert_int_eq(p->tensors[x].dim[0], 3);
   ck_assert_int_eq(q->tensors[x].dim[0], 1);
   if (ring >= 0) ck_assert_int_eq(p->tensors[ring].bytes, q->tensors[ring].bytes);
-  for (int t = 0; t < p->ntensors; t++)
-    if (p->tensors[t].role == PLAN_STATE) ck_assert_int_eq(p->tensors[t].bytes, q->tensors[t].bytes);
   ds4c_prog_free(p);
   ds4c_prog_free(q);
 
   /* chunks above tiny-moe's max_seq (64) hold 64 slots, the state too */
-  snprintf(text, sizeof text, sched_fmt, "prefill: 2048, decode: 1, prompt: 10");
-  tu_write_text(path, text);
-  o.decode_plan = 0;
-  ck_assert_msg(ds4c_build(&o, &p, &d) == 0, "%s", d.msg);
-  o.decode_plan = 1;
-  ck_assert_msg(ds4c_build(&o, &q, &d) == 0, "%s", d.msg);
+  step_plans(&o, path, sched_fmt, "prefill: 2048, decode: 1, prompt: 10", &p, &q);
   ck_assert_int_eq(p->tokens, 64);
   ck_assert_int_eq(p->max_seq, 64);
   ck_assert_int_eq(q->tokens, 1);
   x = ir_find_tensor(p, "embed.x");
   ck_assert_int_ge(x, 0);
   ck_assert_int_eq(p->tensors[x].dim[0], 64);
-  for (int t = 0; t < p->ntensors; t++)
-    if (p->tensors[t].role == PLAN_STATE) ck_assert_int_eq(p->tensors[t].bytes, q->tensors[t].bytes);
   ds4c_prog_free(p);
   ds4c_prog_free(q);
 
