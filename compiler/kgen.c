@@ -906,6 +906,36 @@ static int64_t kgen_moe_mma(const kgen_ctx *c, int64_t nexperts)
   return up ? 2 : 4;
 }
 
+/* When moe_up and moe_down on the matrix units run tiled
+ * (kgen_moe_tiles): from KGEN_MOE_TILED_SHARE choices an expert on
+ * average (a 2048-slot chunk of 256 experts at top-6 has 48; at 512
+ * slots, 12, the tiled blocks' 32 rows were mostly empty and moe_mma.hip
+ * was faster: bench/NOTES.md), up to KGEN_MOE_TILED_EXPERTS experts and
+ * KGEN_MOE_TILED_LIST slots, so the table of expert rows (4 KiB at most)
+ * and a pass's list of slots (16 KiB at most) leave room in shared
+ * memory for two chunks of weights and one of x (kgen_gpu.c,
+ * kgen_gpu_tiled_staging). */
+#define KGEN_MOE_TILED_SHARE 32
+#define KGEN_MOE_TILED_EXPERTS 1024
+#define KGEN_MOE_TILED_LIST 8192
+
+/* The tiled grouped GEMM's MMA_MT for a moe_up or moe_down on the matrix
+ * units (kgen_moe_mma) of nexperts experts: 1 (blocks of 32 of an
+ * expert's slots, moe_tiled.hip) from KGEN_TILED_SLOTS slots and
+ * KGEN_MOE_TILED_SHARE choices an expert (above), else 0 (moe_mma.hip's
+ * 16 at a time). Its warps take 8 MMA_NT columns of each weight: moe_up
+ * 16 of w1 and 16 of w3 (MMA_NT 2), moe_down 32 of w2 (4), so a block
+ * stages 128 weight rows. The bits are moe_mma's. */
+static int64_t kgen_moe_tiles(const kgen_ctx *c, int64_t nexperts, int64_t *mma)
+{
+  int64_t t = c->var['T'];
+  if (t < KGEN_TILED_SLOTS || t * c->var['k'] < KGEN_MOE_TILED_SHARE * nexperts ||
+      nexperts > KGEN_MOE_TILED_EXPERTS || t > KGEN_MOE_TILED_LIST)
+    return 0;
+  *mma = c->op->kind == IR_OP_MOE_UP ? 2 : 4;
+  return 1;
+}
+
 /* A matmul kind's tiles (kgen_matmul_tiles): cols output columns a
  * block; mma, matmul_mma.hip's MMA_NT (0: the CUDA-core kernels); mt, the
  * tiled kernel's MMA_MT (0: not tiled). */
@@ -1171,12 +1201,18 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     if (mma) {
       /* A block per held expert and tile of output columns (moe_up's
        * gate and up rows together), for the slots that chose it. */
-      int64_t cols = op->kind == IR_OP_MOE_UP ? v['F'] : v['H'], tile = 8 * mma, ntiles = (cols + tile - 1) / tile;
+      int64_t mt = kgen_moe_tiles(c, n, &mma);
+      int64_t cols = op->kind == IR_OP_MOE_UP ? v['F'] : v['H'], tile = (mt ? 32 : 8) * mma;
+      int64_t ntiles = (cols + tile - 1) / tile;
       if (op->kind == IR_OP_MOE_UP && kgen_def_swiglu_limit(c, s))
         return -1;
       kgen_def_int(s, "TILE", tile);
       kgen_def_int(s, "MMA_NT", mma);
       kgen_def_int(s, "NTILES", ntiles);
+      if (mt) {
+        kgen_def_int(s, "MMA_MT", mt);
+        kgen_def_int(s, "MROWS", 32 * mt);
+      }
       s->grid = (uint64_t)(v['E'] * ntiles);
       s->grid_text = op->kind == IR_OP_MOE_UP ? "held expert x tile of ffn rows, the slots that chose it"
                                               : "held expert x tile of output channels, the slots that chose it";

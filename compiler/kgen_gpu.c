@@ -158,13 +158,14 @@ static int kgen_gpu_stage_x(const kgen_spec *s)
  * spills; one row took 81 unbounded, allocated as 88, which leaves two
  * blocks: the LM head on an H200 at 280 us against 261 at three); one
  * for matmul_tiled.hip, whose threads hold 32 or 64 sums and as many
- * runs' totals (156 and 244 registers on sm_90; at two blocks the first
- * spilled). */
+ * runs' totals (150 and 234 registers on sm_90; at two blocks the first
+ * spilled); two for moe_tiled.hip, whose 32-slot blocks hold 16 (128
+ * registers, no spills), so that two blocks' loads are in flight. */
 static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
 {
   int kind = s->op->kind;
   if (kgen_spec_int(s, "MMA_MT"))
-    return 1; /* matmul_tiled.hip: a thread's sums and the runs' totals */
+    return kind == IR_OP_MOE_UP || kind == IR_OP_MOE_DOWN ? 2 : 1;
   if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MATMUL_PAIR) && kgen_gpu_stage_x(s))
     return 3;
   return g->min_blocks ? g->min_blocks : 1;
@@ -216,6 +217,35 @@ static int kgen_gpu_check_quantized(const ir_prog *p, const ir_op *op, const kge
   return 0;
 }
 
+/* The chunks of w in a tiled kernel's ring (prelude.h, ds4_tiled_sums):
+ * one in flight while the MMAs take the other. Four (three in flight,
+ * where the 48 KiB allowed) were no faster on an H100 (bench/NOTES.md). */
+#define KGEN_GPU_TILED_STAGES 2
+
+/* A tiled kernel's staging (matmul_tiled.hip, moe_tiled.hip): chunks of
+ * 32 k, each a 64-byte row of x's hi and lo words per slot and of w per
+ * staged weight row; KGEN_GPU_TILED_STAGES chunks of w, and two of x
+ * where they fit beside them and moe_tiled.hip's list of slots, table of
+ * expert rows and warps' counts (each 16-byte aligned), else one (two
+ * barriers a chunk rather than one). Defines X_BUFS and W_STAGES;
+ * returns the bytes. */
+static uint64_t kgen_gpu_tiled_staging(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s, uint64_t warps)
+{
+  int kind = s->op->kind, moe = kind == IR_OP_MOE_UP || kind == IR_OP_MOE_DOWN;
+  uint64_t mrows = (uint64_t)kgen_spec_int(s, "MROWS"), tile = (uint64_t)kgen_spec_int(s, "TILE");
+  uint64_t wrows = kind == IR_OP_MOE_UP ? 2 * tile : tile, other = 0;
+  if (moe) {
+    /* the list holds T slots a pass (moe_tiled.hip) */
+    uint64_t slots = (uint64_t)kgen_spec_int(s, "T"), nexp = (uint64_t)kgen_spec_int(s, "NEXPERTS");
+    other = (slots * 2 + 15) / 16 * 16 + (nexp * 4 + 15) / 16 * 16 + (warps * 4 + 15) / 16 * 16;
+  }
+  uint64_t xchunk = 2 * mrows * 64, wbytes = KGEN_GPU_TILED_STAGES * wrows * 64;
+  uint64_t xbufs = other + 2 * xchunk + wbytes <= KGEN_GPU_MAX_SHARED ? 2 : 1;
+  kgen_gpu_define(b, undefs, "X_BUFS", "%d", (int)xbufs);
+  kgen_gpu_define(b, undefs, "W_STAGES", "%d", KGEN_GPU_TILED_STAGES);
+  return other + xbufs * xchunk + wbytes;
+}
+
 /* The kind's own defines, and the bytes of the shared arrays its template
  * declares (they must agree: the template sizes them from these defines). */
 static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s, const kgen_gpu_kind *g)
@@ -242,11 +272,12 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_MATMUL_PAIR:
   case IR_OP_MOE_UP:
   case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
-    if (kgen_spec_int(s, "MMA_MT")) /* matmul_tiled.hip: two chunks of 64-byte rows, x's hi and lo and w's */
-      return 2 * (2 * (uint64_t)kgen_spec_int(s, "MROWS") + (uint64_t)kgen_spec_int(s, "TILE")) * 64;
+    int moe = s->op->kind == IR_OP_MOE_UP || s->op->kind == IR_OP_MOE_DOWN;
+    if (kgen_spec_int(s, "MMA_MT"))
+      return kgen_gpu_tiled_staging(b, undefs, s, nt / (uint64_t)g->lanes);
     if (kgen_spec_int(s, "MMA_NT")) { /* part: the warps' sums for 16 slots */
       uint64_t warps = nt / (uint64_t)g->lanes, tile = (uint64_t)kgen_spec_int(s, "TILE");
-      if (s->op->kind != IR_OP_MOE_UP && s->op->kind != IR_OP_MOE_DOWN)
+      if (!moe)
         return warps * 16 * tile * 4;
       /* moe_mma.hip: part (moe_up's gate and up columns), the list of
        * 16-bit slots, the table of expert rows, the warps' counts, each
@@ -374,10 +405,11 @@ int kgen_gpu(const ir_prog *p, const ir_op *op, kgen_kernel *out, dsl_diag *d)
   /* a matmul, matmul_pair or group_matmul on the matrix units, or moe_up
    * or moe_down as a grouped GEMM on them (kgen.c) */
   const char *name = s.tmpl;
+  int moe = op->kind == IR_OP_MOE_UP || op->kind == IR_OP_MOE_DOWN;
   if (kgen_spec_int(&s, "MMA_MT"))
-    name = "matmul_tiled";
+    name = moe ? "moe_tiled" : "matmul_tiled";
   else if (kgen_spec_int(&s, "MMA_NT"))
-    name = op->kind == IR_OP_MOE_UP || op->kind == IR_OP_MOE_DOWN ? "moe_mma" : "matmul_mma";
+    name = moe ? "moe_mma" : "matmul_mma";
   const char *tmpl = ds4_template_find("gpu", name);
   if (!tmpl || !g->nthreads) {
     kgen_err(d, op->pos, "%s: no GPU kernel template (compiler/kernels/gpu/%s.hip)", s.kind, name);

@@ -6123,9 +6123,10 @@ static void tiled_shape(const kt *k, int mt, int nt)
 }
 
 /* k (tiled, every slot live) against the same op of `fewer` slots, which
- * runs on matmul_mma.hip, on the same first rows of x: the same bits in
- * every output of those rows. */
-static void tiled_mma_bits(const kt *k, int64_t fewer)
+ * runs on matmul_mma.hip or moe_mma.hip, on the same first rows of x (and
+ * of idx, from the n values of idx): the same bits in every output of
+ * those rows. */
+static void tiled_mma_bits(const kt *k, int64_t fewer, const int32_t *idx, int n)
 {
   kt small = *k;
   small.prog.tensors = small.tensors;
@@ -6139,8 +6140,8 @@ static void tiled_mma_bits(const kt *k, int64_t fewer)
   bufs bt, bsm;
   bufs_alloc(&bt, k);
   bufs_alloc(&bsm, &small);
-  ffn_fill(k, &bt, NULL, 0);
-  ffn_fill(&small, &bsm, NULL, 0);
+  ffn_fill(k, &bt, idx, n);
+  ffn_fill(&small, &bsm, idx, n);
   for (int i = 0; i < k->op.nin; i++)
     memcpy(bsm.b[i], bt.b[i], (size_t)small.tensors[i].bytes);
   emu_run(gt, bt.b, 0, (int)k->tensors[0].dim[0], 0);
@@ -6178,13 +6179,13 @@ START_TEST(test_gpu_matmul_tiled)
     if (mm[i].t >= steps[0][1])
       ffn_gpu_case(&k, NULL, 0, steps, 2);
     mma_exact_case(&k);
-    tiled_mma_bits(&k, 100);
+    tiled_mma_bits(&k, 100, NULL, 0);
   }
   kt pair;
   pair_op(&pair, PLAN_BF16, 130, 96, 150, 40);
   tiled_shape(&pair, 2, 4);
   ffn_gpu_case(&pair, NULL, 0, steps, 2);
-  tiled_mma_bits(&pair, 40);
+  tiled_mma_bits(&pair, 40, NULL, 0);
   static const struct {
     int64_t groups, kg, ng;
     int nt;
@@ -6195,7 +6196,7 @@ START_TEST(test_gpu_matmul_tiled)
     tiled_shape(&k, 2, gm[i].nt);
     ffn_gpu_case(&k, NULL, 0, steps, 2);
     mma_exact_case(&k);
-    tiled_mma_bits(&k, 20);
+    tiled_mma_bits(&k, 20, NULL, 0);
   }
   kt k;
   matmul_op(&k, PLAN_BF16, 0, 130, 64, 72);
@@ -6385,6 +6386,50 @@ START_TEST(test_gpu_moe_mma)
     ck_assert_int_eq(mma_tiles(&k), 0);
     moe_mma_op(&k, up, PLAN_F32, NULL, E, E, T, K, H, F);
     ck_assert_int_eq(mma_tiles(&k), 0);
+  }
+  emu_stop();
+}
+END_TEST
+
+/* moe_up and moe_down of 130 slots at top-3 over 5 experts, tiled
+ * (moe_tiled.hip): 390 choices, expert 0 the first of every token's and
+ * the last of every odd token's (195: a token may choose an expert
+ * twice, as hash_route's table allows, so its list takes two passes of
+ * T, each in blocks of 32 slots, the last partial), 1 to 3 in others, 4
+ * in none, ids that name no expert; moe_up's 96 ffn rows in tiles of 64
+ * gate and 64 up rows (the last partial), moe_down's 64 channels in a
+ * tile of 128. Each against its host kernel, against float64 with all
+ * experts and a split's rows, bit for bit against moe_mma.hip on the
+ * first 20 slots, and a split moe_down summing to the whole. */
+START_TEST(test_gpu_moe_tiled)
+{
+  enum { T = 130, K = 3, E = 5, H = 64, F = 96 };
+  static int split[E] = {1, -1, -1, 2, 0};
+  static const int steps[][2] = {{0, 130}, {3, 70}};
+  int32_t idx[T * K];
+  for (int s = 0; s < T * K; s++)
+    idx[s] = s % 3 == 0 || s % 6 == 5 ? 0
+             : s % 10 == 1            ? -1
+             : s % 10 == 2            ? E
+             : s % 10 == 5            ? INT32_MIN
+                                      : 1 + s * 7 % 3;
+  for (int up = 1; up >= 0; up--)
+    for (int split_rows = 0; split_rows < 2; split_rows++) {
+      kt k;
+      moe_mma_op(&k, up, PLAN_BF16, split_rows ? split : NULL, E, split_rows ? 3 : E, T, K, H, F);
+      tiled_shape(&k, 1, up ? 2 : 4);
+      ffn_gpu_case(&k, idx, T * K, steps, 2);
+      moe_mma_exact_case(&k, idx, T * K, split_rows ? split : NULL, E);
+      tiled_mma_bits(&k, 20, idx, T * K);
+    }
+  moe_mma_split_case(idx, T * K, T, K, H, F);
+  /* 24 choices an expert (16 experts): moe_mma.hip's, 16 slots a warp */
+  for (int up = 1; up >= 0; up--) {
+    kt few;
+    int tiled;
+    moe_mma_op(&few, up, PLAN_BF16, NULL, 16, 16, T, K, H, F);
+    ck_assert_int_eq(mma_define(&few, "MMA_NT", &tiled), up ? 2 : 4);
+    ck_assert_msg(!tiled, "24 choices an expert took the tiled kernel");
   }
   emu_stop();
 }
@@ -7080,6 +7125,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_matmul_mma);
   tcase_add_test(gpu, test_gpu_matmul_tiled);
   tcase_add_test(gpu, test_gpu_moe_mma);
+  tcase_add_test(gpu, test_gpu_moe_tiled);
   tcase_add_test(gpu, test_gpu_asked_rows);
   tcase_add_test(gpu, test_gpu_sink_attention);
   tcase_add_test(gpu, test_gpu_hc);

@@ -11,9 +11,10 @@
  * MMA_MT slots. The 8 warps stand 2 by 4: warp (wm, wn) computes the
  * block's slots 16 MMA_MT wm and up by its columns 8 MMA_NT wn and up.
  * Staging and order (ds4_tiled_sums): chunks of 32 k pass through
- * shared memory two in turn, x as its hi and lo words (split once, as a
- * chunk is staged) and w as read, chunk c + 1's loads in flight while
- * the MMAs take chunk c; each warp sums the 8 runs of chunks that
+ * shared memory, x as its hi and lo words (split once, as a chunk is
+ * staged; X_BUFS chunks in turn) and w as read (copied there, W_STAGES
+ * chunks in a ring, W_STAGES - 1 in flight while the MMAs take one;
+ * kgen_gpu fills the 48 KiB with them); each warp sums the 8 runs of chunks that
  * matmul_mma.hip's 8 warps take and adds the runs' sums in order, with
  * the same MMAs on the same fragments. So each output is matmul_mma's
  * bit for bit: the bits depend on the row's length alone, and a
@@ -27,9 +28,10 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #ifdef ASKED_ROWS
 #error "an op of asked rows keeps matmul_mma.hip, which skips the 16s of slots with none live"
 #endif
-  /* two chunks: x's hi and lo words and w's, [slot or column][k / 8] */
-  DS4_SHARED __attribute__((aligned(16))) ds4_u32x4 xs[2][2][MROWS][4];
-  DS4_SHARED __attribute__((aligned(16))) ds4_u32x4 ws[2][TILE][4];
+  /* X_BUFS chunks of x's hi and lo words, W_STAGES of w's, [slot or
+   * column][k / 8] */
+  DS4_SHARED __attribute__((aligned(16))) ds4_u32x4 xs[X_BUFS][2][MROWS][4];
+  DS4_SHARED __attribute__((aligned(16))) ds4_u32x4 ws[W_STAGES][TILE][4];
   const float *x = (const float *)bufs[0];
   if (ds4_block() >= GRID)
     return;
@@ -80,8 +82,8 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     for (int j = 0; j < MMA_NT; j++)
       bcol[j] = c0 + 8 * j;
     float sum[MMA_MT][MMA_NT][4];
-    ds4_tiled_sums<MMA_MT, MMA_NT, MROWS, TILE, NTHREADS>(sum, &xs[0][0][0][0], &ws[0][0][0], xp, live, wp,
-                                                         ds4_misaligned(x, mt.w) == 0, C, r0, bcol);
+    ds4_tiled_sums<MMA_MT, MMA_NT, MROWS, TILE, X_BUFS, W_STAGES, NTHREADS>(
+        sum, &xs[0][0][0][0], &ws[0][0][0], xp, live, wp, ds4_misaligned(x, mt.w) == 0, C, r0, bcol);
     /* lane 4 g + q holds columns 2 q and 2 q + 1 of slots g and g + 8 of
      * each tile (ds4_mma_bf16's d) */
 #pragma unroll

@@ -77,7 +77,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       if ((e < 0 || e >= NEXPERTS || rows[e] < 0) && n < N)
         y[s * N + n] = 0.0f;
     }
-  int64_t nlist = ds4_expert_slots<NTHREADS, NEXPERTS>(list, wtot, idx, rows, live, r);
+  int64_t nlist = ds4_expert_slots<NTHREADS, NEXPERTS>(list, wtot, idx, rows, live, r, 0, SLOTS);
   int64_t c0 = CHUNKS * warp / WARPS, c1 = CHUNKS * (warp + 1) / WARPS;
   bool aligned = true;
   /* A column past the last reads the last one's row: its sums are

@@ -1417,6 +1417,35 @@ DS4_DEVICE void ds4_load_f32x8(const float *p, bool aligned, bool live, float *o
     out[i] = p[i];
 }
 
+/* 16 bytes from global memory (src) into shared memory (dst), in flight
+ * until ds4_copy_wait: on NVPTX cp.async (through L2, not L1), elsewhere a
+ * load and a store. ds4_copy_commit closes the group of this thread's
+ * copies issued since the last one; ds4_copy_wait<N> returns once at most
+ * N of its groups are in flight. Other threads see the bytes after the
+ * wait and a barrier. Both 16-byte aligned. */
+#if defined(__NVPTX__)
+DS4_DEVICE void ds4_copy16(ds4_u32x4 *dst, const void *src)
+{
+  unsigned long long d, s;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(d) : "l"(dst));
+  asm("cvta.to.global.u64 %0, %1;" : "=l"(s) : "l"(src));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"l"(d), "l"(s) : "memory");
+}
+DS4_DEVICE void ds4_copy_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+DS4_DEVICE void ds4_copy_wait(void)
+{
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else
+DS4_DEVICE void ds4_copy16(ds4_u32x4 *dst, const void *src) { *dst = *(const DS4_GLOBAL ds4_u32x4 *)src; }
+DS4_DEVICE void ds4_copy_commit(void) {}
+template <int N>
+DS4_DEVICE void ds4_copy_wait(void)
+{
+}
+#endif
+
 /* A warp's share of a 16-slot tile on the matrix units: chunks c0 to c1
  * (exclusive) of 32 k, for NT tiles of 8 columns. Lane 4 g + q brings x0
  * and x1, its slots g and g + 8 at k 8 q of the row (live false: a slot
@@ -1503,43 +1532,67 @@ DS4_DEVICE ds4_mm_tile ds4_mm_tile_of(void *const *bufs, uint32_t tile, int64_t 
           (int64_t)(second ? tile - ntiles1 : tile) * width};
 }
 
-/* The tiled kernel's sums over k (matmul_tiled.hip): a block of NT
- * threads (8 warps) computes XR rows of x (token slots) by columns of w
- * (its WR staged rows) on the matrix units, chunks of 32 k passing
- * through shared memory two in turn: xs holds 2 chunks x 2 terms (hi,
- * lo) x XR rows x 4 words of 16 bytes (k 8 q to 8 q + 7), ws 2 x WR rows
- * x 4. Item i of thread tid (tid + NT i) stages row item / 4 at k 8
- * (item % 4) of each chunk from xp[i] (live[i] false: zeros) and wp[i],
- * the chunk's loads in flight while the MMAs take the chunk before.
- * The warp computes rows r0 + 16 i + g and + 8 (i < MT) by NTT tiles of
- * 8 columns, tile j the staged w rows bcol[j] + g; sum[i][j] gets
- * ds4_mma_bf16's d of the whole row. The order is matmul_mma.hip's: the
- * C chunks in 8 runs (run v: chunks C v / 8 to C (v + 1) / 8), each
- * summed from zero (chunks ascending, a chunk's first four k of each 8
- * before its last four, hi before lo), the runs' sums added in order. */
-template <int MT, int NTT, int XR, int WR, int NT>
+/* The tiled kernels' sums over k (matmul_tiled.hip, moe_tiled.hip): a
+ * block of NT threads (8 warps) computes XR rows of x (token slots or
+ * choices) by columns of w (its WR staged rows) on the matrix units, in
+ * chunks of 32 k through shared memory. w's chunks are copied there
+ * (ds4_copy16) WS in turn, WS - 1 of them in flight while the MMAs take
+ * one; x's are loaded into registers a chunk ahead and split into hi and
+ * lo as they are staged, XB (1 or 2) in turn. xs holds XB chunks x 2
+ * terms (hi, lo) x XR rows x 4 words of 16 bytes (k 8 q to 8 q + 7), ws
+ * WS x WR rows x 4. Item i of thread tid (tid + NT i, while under 4 XR
+ * for x and 4 WR for w) stages row item / 4 at k 8 (item % 4) of each
+ * chunk from xp[i] (live[i] false: zeros) and wp[i]. The warp computes
+ * rows r0 + 16 i + g and + 8 (i < MT) by NTT tiles of 8 columns, tile j
+ * the staged w rows bcol[j] + g; sum[i][j] gets ds4_mma_bf16's d of the
+ * whole row. The order is matmul_mma.hip's: the C chunks in 8 runs (run
+ * v: chunks C v / 8 to C (v + 1) / 8), each summed from zero (chunks
+ * ascending, a chunk's first four k of each 8 before its last four, hi
+ * before lo), the runs' sums added in order; the staging changes when
+ * the bytes arrive, not the sums. */
+template <int MT, int NTT, int XR, int WR, int XB, int WS, int NT>
 DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *ws, const float *const *xp,
                                const bool *live, const ds4_bf16 *const *wp, bool aligned, int64_t C, int r0,
                                const int *bcol)
 {
-  constexpr int XI = 4 * XR / NT, WI = 4 * WR / NT, RUNS = 8;
+  constexpr int XI = (4 * XR + NT - 1) / NT, WI = (4 * WR + NT - 1) / NT, RUNS = 8;
   static_assert(NT == 8 * 32, "8 warps, as matmul_mma.hip's");
-  static_assert(4 * XR % NT == 0 && 4 * WR % NT == 0, "whole items a thread");
+  static_assert((XB == 1 || XB == 2) && WS >= 2, "x staged once or twice, w's chunks in a ring");
   int tid = ds4_thread(), lane = tid % 32, g = lane / 4, q = lane % 4;
+  auto x_item = [&](int i) { return 4 * XR % NT == 0 || tid + NT * i < 4 * XR; };
+  auto w_item = [&](int i) { return 4 * WR % NT == 0 || tid + NT * i < 4 * WR; };
+  /* chunk c of w into its place in the ring; the group is closed even
+   * past the last chunk, so every thread counts the same groups */
+  auto fetch_w = [&](int64_t c) {
+    if (c < C) {
+      ds4_u32x4 *slot = ws + c % WS * WR * 4;
+#pragma unroll
+      for (int i = 0; i < WI; i++)
+        if (w_item(i)) {
+          if (aligned) {
+            ds4_copy16(slot + tid + NT * i, wp[i] + 32 * c);
+          } else {
+            uint32_t v[4];
+            ds4_load_bf16x8(wp[i] + 32 * c, false, v);
+            slot[tid + NT * i] = ds4_u32x4{v[0], v[1], v[2], v[3]};
+          }
+        }
+    }
+    ds4_copy_commit();
+  };
   float xv[XI][8];
-  uint32_t wv[WI][4];
-  auto load = [&](int64_t c) {
+  auto load_x = [&](int64_t c) {
 #pragma unroll
     for (int i = 0; i < XI; i++)
-      ds4_load_f32x8(xp[i] + 32 * c, aligned, live[i], xv[i]);
-#pragma unroll
-    for (int i = 0; i < WI; i++)
-      ds4_load_bf16x8(wp[i] + 32 * c, aligned, wv[i]);
+      if (x_item(i))
+        ds4_load_f32x8(xp[i] + 32 * c, aligned, live[i], xv[i]);
   };
-  auto stage = [&](int buf) {
+  auto stage_x = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < XI; i++) {
       int item = tid + NT * i;
+      if (!x_item(i))
+        continue;
       ds4_u32x4 hi, lo;
 #pragma unroll
       for (int p = 0; p < 4; p++) {
@@ -1551,9 +1604,6 @@ DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *w
       xs[(2 * buf * XR) * 4 + item] = hi;
       xs[((2 * buf + 1) * XR) * 4 + item] = lo;
     }
-#pragma unroll
-    for (int i = 0; i < WI; i++)
-      ws[buf * WR * 4 + tid + NT * i] = ds4_u32x4{wv[i][0], wv[i][1], wv[i][2], wv[i][3]};
   };
   float acc[MT][NTT][4];
   int run = 0;
@@ -1580,21 +1630,26 @@ DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *w
         acc[i][j][e] = 0.0f;
   while (run < RUNS && C * (run + 1) / RUNS == 0) /* runs of no chunk (C < 8) */
     fold();
-  load(0);
-  stage(0);
-  ds4_barrier();
+  for (int c = 0; c < WS - 1; c++)
+    fetch_w(c);
+  load_x(0);
+  stage_x(0);
   for (int64_t c = 0; c < C; c++) {
-    int buf = (int)(c % 2);
+    int xb = XB == 2 ? (int)(c % 2) : 0;
+    const ds4_u32x4 *wc = ws + c % WS * WR * 4;
+    ds4_copy_wait<WS - 2>(); /* this thread's copies of chunk c */
+    ds4_barrier();           /* everyone's, and x's chunk c staged; every warp past chunk c - 1 */
+    fetch_w(c + WS - 1);     /* into chunk c - 1's place */
     if (c + 1 < C)
-      load(c + 1);
+      load_x(c + 1);
     ds4_u32x4 b[NTT];
 #pragma unroll
     for (int j = 0; j < NTT; j++)
-      b[j] = ws[(buf * WR + bcol[j] + g) * 4 + q];
+      b[j] = wc[(bcol[j] + g) * 4 + q];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
       int r = r0 + 16 * i + g;
-      const ds4_u32x4 *hx = xs + 2 * buf * XR * 4, *lx = hx + XR * 4;
+      const ds4_u32x4 *hx = xs + 2 * xb * XR * 4, *lx = hx + XR * 4;
       ds4_u32x4 h0 = hx[r * 4 + q], h1 = hx[(r + 8) * 4 + q], l0 = lx[r * 4 + q], l1 = lx[(r + 8) * 4 + q];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
@@ -1610,12 +1665,15 @@ DS4_DEVICE void ds4_tiled_sums(float (*sum)[NTT][4], ds4_u32x4 *xs, ds4_u32x4 *w
         }
       }
     }
-    if (c + 1 < C)
-      stage(1 - buf);
-    ds4_barrier(); /* the next chunk staged, this one read by every warp */
+    if (c + 1 < C) {
+      if (XB == 1)
+        ds4_barrier(); /* every warp has read x's chunk c before it is overwritten */
+      stage_x(XB == 2 ? 1 - xb : 0);
+    }
     while (run < RUNS && C * (run + 1) / RUNS == c + 1)
       fold();
   }
+  ds4_barrier(); /* every warp past the last chunk, so the caller may stage again */
 }
 
 /* Where a thread's items go when each of the block's NT threads brings
@@ -1645,14 +1703,15 @@ DS4_DEVICE int32_t ds4_block_count_before(int32_t mine, int32_t *wtot, int64_t *
 
 /* The slots s < n (of T * TOPK choices) whose expert idx[s] has weight
  * row r in rows[] (NEXPERTS entries, in shared memory; an id outside
- * [0, NEXPERTS) has none), into list in ascending order; returns their
- * count, the same to every thread. Thread i takes the i-th run of
+ * [0, NEXPERTS) has none), in ascending order: the matches from the
+ * from-th on, up to cap of them, into list; returns the count of all
+ * matches, the same to every thread. Thread i takes the i-th run of
  * ceil(n / NT) slots: it counts its matches, learns where they go
  * (ds4_block_count_before, wtot its NT / 32 ints) and writes them there.
  * Every thread of the block calls it. */
 template <int NT, int NEXP>
 DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t *idx, const int32_t *rows,
-                                    int64_t n, int64_t r)
+                                    int64_t n, int64_t r, int64_t from, int64_t cap)
 {
   int64_t run = (n + NT - 1) / NT, s0 = run * ds4_thread(), s1 = s0 + run < n ? s0 + run : n;
   auto held = [&](int64_t s) {
@@ -1663,10 +1722,13 @@ DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t
   for (int64_t s = s0; s < s1; s++)
     mine += held(s);
   int64_t total;
-  int32_t at = ds4_block_count_before<NT>(mine, wtot, &total);
+  int64_t at = ds4_block_count_before<NT>(mine, wtot, &total) - from;
   for (int64_t s = s0; s < s1; s++)
-    if (held(s))
-      list[at++] = (uint16_t)s;
+    if (held(s)) {
+      if (at >= 0 && at < cap)
+        list[at] = (uint16_t)s;
+      at++;
+    }
   ds4_barrier();
   return total;
 }
