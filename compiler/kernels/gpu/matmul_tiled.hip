@@ -12,19 +12,19 @@
  * block's slots 16 MMA_MT wm and up by its columns 8 MMA_NT wn and up.
  * Staging and order (ds4_tiled_sums): chunks of 32 k pass through
  * shared memory, x as its hi and lo words (split once, as a chunk is
- * staged; X_BUFS chunks in turn) and w as read (copied there, W_STAGES
- * chunks in a ring, W_STAGES - 1 in flight while the MMAs take one;
- * kgen_gpu fills the 48 KiB with them); each warp sums the 8 runs of chunks that
- * matmul_mma.hip's 8 warps take and adds the runs' sums in order, with
- * the same MMAs on the same fragments. So each output is matmul_mma's
- * bit for bit: the bits depend on the row's length alone, and a
+ * staged; X_BUFS chunks in turn) and w as read (copied there, a ring
+ * of W_STAGES chunks, all but one in flight while the MMAs take one);
+ * each warp sums the 8 runs of chunks that matmul_mma.hip's 8 warps take
+ * and adds the runs' sums in order, with the same MMAs on the same
+ * fragments. So each output is matmul_mma's bit for bit: the bits depend on the row's length alone, and a
  * schedule's chunk size does not change them. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
   static_assert(LANES == 32 && NTHREADS == 256, "8 warps of 32, as matmul_mma.hip's, so its runs are its warps'");
-  static_assert(TILE == 32 * MMA_NT && MROWS == 32 * MMA_MT, "2 x 4 warps of 16 MMA_MT slots by 8 MMA_NT columns");
+  static_assert(TILE == 32 * MMA_NT && MROWS == 32 * MMA_MT && TILE % 64 == 0 && MROWS % 64 == 0,
+                "2 x 4 warps of 16 MMA_MT slots by 8 MMA_NT columns; whole 16-byte items a thread to stage");
 #ifdef ASKED_ROWS
 #error "an op of asked rows keeps matmul_mma.hip, which skips the 16s of slots with none live"
 #endif
@@ -55,7 +55,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
   static_assert(KW % 32 == 0, "chunks of 32 k");
   constexpr int64_t C = KW / 32;
-  constexpr int XI = 4 * MROWS / NTHREADS, WI = 4 * TILE / NTHREADS; /* ds4_tiled_sums' items a thread */
+  constexpr int XI = MROWS / 64, WI = TILE / 64; /* 16-byte items a thread stages */
   int64_t ntok = step[1] < T ? step[1] : T;
   int tid = ds4_thread(), warp = tid / LANES, lane = tid % LANES, g = lane / 4, q = lane % 4;
   int r0 = warp / 4 * 16 * MMA_MT, c0 = warp % 4 * 8 * MMA_NT; /* the warp's first slot and column */

@@ -1,6 +1,7 @@
 /* moe_up and moe_down of a prefill chunk as a tiled grouped GEMM (kgen.c,
- * kgen_moe_tiles: moe_mma.hip's choice and a chunk of KGEN_TILED_SLOTS
- * slots and more): moe_mma.hip's math and its block per held expert
+ * kgen_moe_tiles: moe_mma.hip's choice, a chunk of KGEN_TILED_SLOTS
+ * slots and more, KGEN_MOE_TILED_SHARE choices an expert on average):
+ * moe_mma.hip's math and its block per held expert
  * row r and tile of output columns, but the slots that chose the expert
  * are taken MROWS at a time through shared memory (ds4_tiled_sums), so
  * the block reads its tile's weights once for up to MROWS slots and each
