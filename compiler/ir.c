@@ -160,7 +160,7 @@ void ir_prog_free(ir_prog *p) {
   ir_xfree(p->tensor_slots);
   for (int i = 0; i < p->nops; i++) {
     ir_xfree(p->ops[i].path);
-    ir_xfree(p->ops[i].alias);
+    for (int a = 0; a < IR_MAXALIAS; a++) ir_xfree(p->ops[i].alias[a]);
     ir_xfree(p->ops[i].expert_row);
   }
   ir_xfree(p->ops);

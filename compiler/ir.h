@@ -17,7 +17,8 @@
 #define IR_MAXIO 8
 /* The most parts a block is made of (dsl_block.parts). */
 #define IR_MAX_PARTS 8
-#define IR_MAXATTR 12 /* a compile-time bound: rope has 9 */
+#define IR_MAXATTR 16 /* a compile-time bound: sink_attention_rope has 15 */
+#define IR_MAXALIAS 8 /* names of a fused launch: it folds at most four ops (lower.c) */
 /* The most ops (and layer instances) a model may expand to, and half the
  * tensors. Several passes take time and memory quadratic in them (memplan
  * and verify compare pairs): 16384 ops plan in about 4 s, eight times the
@@ -69,6 +70,12 @@ enum ir_opkind {
   /* rmsnorm or rmsnorm_groups with the rope of its output, likewise */
   IR_OP_RMSNORM_ROPE,
   IR_OP_RMSNORM_GROUPS_ROPE,
+  /* rmsnorm_rope with the window write of its output, likewise */
+  IR_OP_RMSNORM_ROPE_WINDOW,
+  /* sink_attention with the rope of its output, likewise */
+  IR_OP_SINK_ATTENTION_ROPE,
+  /* moe_combine_add with the hc_post that reads its output, likewise */
+  IR_OP_HC_POST_COMBINE,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };
@@ -91,8 +98,10 @@ typedef struct ir_tensor {
 
 typedef struct ir_op {
   char *path;
-  char *alias; /* lower: the path of an op a fusion folded in that an ordering
-                  hint names; the fused op answers to it (order.c). NULL: none */
+  /* lower: the paths of the ops a fusion folded in that an ordering hint
+   * names, where the fused op's path is not theirs; the fused op answers
+   * to them (order.c). NULL past the last. */
+  char *alias[IR_MAXALIAS];
   dsl_pos pos;
   int kind; /* enum ir_opkind */
   int in[IR_MAXIO], nin;

@@ -258,6 +258,25 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           10, {KGEN_ROPE_ATTRS, {"eps", 1}}, "rmsnorm"},
   [IR_OP_RMSNORM_GROUPS_ROPE] = {"rmsnorm_groups_rope", 1, 1, {{"x", 'f', "TC"}, {"y", 'f', "TC"}},
                                  11, {KGEN_ROPE_ATTRS, {"eps", 1}, {"group", 0}}, "rmsnorm_groups"},
+  /* rmsnorm_rope and the window write of its output (lower.c): the
+   * norm's template with RING defined */
+  [IR_OP_RMSNORM_ROPE_WINDOW] = {"rmsnorm_rope_window", 2, 1, {{"x", 'f', "TH"}, {"w", 'f', "H"}, {"ring", 'f', "SH"}},
+                                 10, {KGEN_ROPE_ATTRS, {"eps", 1}}, "rmsnorm"},
+  /* sink_attention and the rope of its output (lower.c): its template
+   * with INV_FREQ defined, rope's attrs first */
+  [IR_OP_SINK_ATTENTION_ROPE] = {"sink_attention_rope", 5, 1,
+                                 {{"q", 'f', "TC"}, {"ring", 'f', "SD"}, {"entries", 'f', "ED"},
+                                  {"sel", 'i', "UK"}, {"sinks", 'f', "H"}, {"o", 'f', "TC"}},
+                                 15,
+                                 {KGEN_ROPE_ATTRS, {"window", 0}, {"ratio", 0}, {"select", 0}, {"scale", 1},
+                                  {"q_norm", 0, 1}, {"q_eps", 1, 1}},
+                                 "sink_attention"},
+  /* moe_combine_add and the hc_post after it (lower.c): hc_post's
+   * template with COMBINE defined */
+  [IR_OP_HC_POST_COMBINE] = {"hc_post_combine", 6, 1,
+                             {{"slots", 'f', "TkD"}, {"w", 'f', "Tk"}, {"b", 'f', "TD"}, {"X", 'f', "TND"},
+                              {"post", 'f', "TN"}, {"comb", 'f', "TNN"}, {"X_out", 'f', "TND"}},
+                             0, {{0}}, "hc_post"},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -691,6 +710,23 @@ static int kgen_def_rope(kgen_ctx *c, kgen_spec *s, int64_t hd)
   return 0;
 }
 
+/* S, the rows of a window ring that a step's T slots write (window_write
+ * and the norm fused with it): live slots go to distinct rows only while
+ * they fit in the ring. */
+static int kgen_def_ring(kgen_ctx *c, kgen_spec *s, int64_t T, int64_t S)
+{
+  if (T > S)
+    return kgen_err(c->d, c->op->pos, "%s: the ring's %" PRId64 " rows are fewer than the %" PRId64 " token slots",
+                    c->k->name, S, T);
+  kgen_def_int(s, "S", S);
+  return 0;
+}
+
+/* Channels an hc_post_combine block takes: one a GPU thread (kgen_gpu.c
+ * gives hc_post 256), so that a decode step's few streams still spread
+ * over many multiprocessors. */
+#define KGEN_HC_POST_TILE 256
+
 /* (window, head) dot products an index_scores block computes: one per GPU
  * thread (kgen_gpu.c gives the kind this many threads), so a block scores
  * KGEN_INDEX_PAIRS / heads windows (at least one). */
@@ -827,11 +863,31 @@ static int kgen_specialise_embed(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
+/* sink_attention_rope's q_norm: Q_EPS where q enters as the input of the
+ * head norm and rope folded into it (lower.c). */
+static int kgen_def_q_norm(kgen_ctx *c, kgen_spec *s)
+{
+  const ir_op *op = c->op;
+  float f;
+  if (op->iattr[13] != 0 && op->iattr[13] != 1)
+    return kgen_attr_error(c, "q_norm", "must be 0 or 1");
+  if (!op->iattr[13])
+    return 0;
+  if (kgen_finite_float(c, 14, &f))
+    return -1;
+  if (!(f > 0.0f))
+    return kgen_attr_error(c, "q_eps", "must be positive");
+  kgen_def_float(s, "Q_EPS", f);
+  return 0;
+}
+
 static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
 {
   const int64_t *v = c->var;
   const ir_op *op = c->op;
-  int64_t heads = op->iattr[0], window = op->iattr[1], ratio = op->iattr[2], select = op->iattr[3];
+  /* heads is attr 0 of both kinds; the rest follow it, or rope's attrs */
+  int a = op->kind == IR_OP_SINK_ATTENTION_ROPE ? 9 : 1;
+  int64_t heads = op->iattr[0], window = op->iattr[a], ratio = op->iattr[a + 1], select = op->iattr[a + 2];
   if (heads != v['H'] || v['C'] != heads * v['D'])
     return kgen_err(c->d, op->pos, "sink_attention: attr heads = %" PRId64 " must equal the %" PRId64
                      " sinks, and q's %" PRId64 " channels must be heads x %" PRId64 " (ring's width)",
@@ -848,7 +904,9 @@ static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
     return kgen_err(c->d, op->pos, "sink_attention: sel has %" PRId64 " rows; select 2 reads one per token slot (%" PRId64 ")",
                     v['U'], v['T']);
   float f;
-  if (kgen_finite_float(c, 4, &f))
+  if (kgen_finite_float(c, a + 3, &f))
+    return -1;
+  if (op->kind == IR_OP_SINK_ATTENTION_ROPE && (kgen_def_rope(c, s, v['D']) || kgen_def_q_norm(c, s)))
     return -1;
   kgen_def_int(s, "T", v['T']);
   kgen_def_int(s, "S", v['S']);
@@ -1088,6 +1146,7 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     break;
   }
   case IR_OP_RMSNORM_ROPE:
+  case IR_OP_RMSNORM_ROPE_WINDOW:
     /* One head: the row's last R channels rotate, as rope with heads 1. */
     if (op->iattr[0] != 1)
       return kgen_attr_error(c, "heads", "must be 1: the norm's row is the rope's one head");
@@ -1096,6 +1155,8 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "H", v['H']);
     kgen_def_float(s, "EPS", f);
+    if (op->kind == IR_OP_RMSNORM_ROPE_WINDOW && kgen_def_ring(c, s, T, v['S']))
+      return -1;
     break;
   case IR_OP_RMSNORM_GROUPS:
   case IR_OP_RMSNORM_GROUPS_ROPE: {
@@ -1119,15 +1180,13 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     break;
   }
   case IR_OP_WINDOW_WRITE:
-    /* Live slots go to distinct rows only while they fit in the ring. */
-    if (T > v['S'])
-      return kgen_err(c->d, op->pos, "window_write: the ring's %" PRId64 " rows are fewer than the %" PRId64
-                       " token slots", v['S'], T);
     kgen_def_int(s, "T", T);
-    kgen_def_int(s, "S", v['S']);
+    if (kgen_def_ring(c, s, T, v['S']))
+      return -1;
     kgen_def_int(s, "D", v['D']);
     break;
   case IR_OP_SINK_ATTENTION:
+  case IR_OP_SINK_ATTENTION_ROPE:
     if (kgen_specialise_sink_attention(c, s))
       return -1;
     break;
@@ -1309,6 +1368,19 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     s->grid = (uint64_t)(T * v['N']);
     s->grid_text = "token slot x output stream";
     break;
+  case IR_OP_HC_POST_COMBINE: {
+    /* a block a tile of channels: each block also sums the combine of its
+     * channels, which one block a stream would read N times over */
+    int64_t ntiles = (v['D'] + KGEN_HC_POST_TILE - 1) / KGEN_HC_POST_TILE;
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "N", v['N']);
+    kgen_def_int(s, "D", v['D']);
+    kgen_def_int(s, "TOPK", v['k']);
+    kgen_def_int(s, "DTILE", KGEN_HC_POST_TILE);
+    s->grid = (uint64_t)(T * v['N'] * ntiles);
+    s->grid_text = "token slot x output stream x tile of channels";
+    break;
+  }
   case IR_OP_SCORE_ROUTE:
   case IR_OP_HASH_ROUTE:
     if (kgen_specialise_route(c, s))
@@ -1471,6 +1543,7 @@ void kgen_write_head(kgen_buf *b, const kgen_spec *s, const char *title, const c
 static int kgen_has_rope_table(int kind)
 {
   return kind == IR_OP_ROPE || kind == IR_OP_RMSNORM_ROPE || kind == IR_OP_RMSNORM_GROUPS_ROPE ||
+         kind == IR_OP_RMSNORM_ROPE_WINDOW || kind == IR_OP_SINK_ATTENTION_ROPE ||
          kind == IR_OP_COMPRESS_POOL;
 }
 

@@ -94,6 +94,12 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   /* rmsnorm_rope, rmsnorm_groups_rope (lower.c): as their norms */
   [IR_OP_RMSNORM_ROPE] = {256, 0, 1u << 1},
   [IR_OP_RMSNORM_GROUPS_ROPE] = {256, 0, 0},
+  /* rmsnorm_rope_window (lower.c): as rmsnorm */
+  [IR_OP_RMSNORM_ROPE_WINDOW] = {256, 0, 1u << 1},
+  /* sink_attention_rope (lower.c): as sink_attention */
+  [IR_OP_SINK_ATTENTION_ROPE] = {256, 0, 0, 2},
+  /* hc_post_combine (lower.c): as hc_post */
+  [IR_OP_HC_POST_COMBINE] = {256, 0, 0},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -320,10 +326,13 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_RMSNORM_GROUPS: /* red */
     return nt * 4;
   case IR_OP_RMSNORM_ROPE:
+  case IR_OP_RMSNORM_ROPE_WINDOW:
   case IR_OP_RMSNORM_GROUPS_ROPE: /* red, the rotated channels */
     return (nt + (uint64_t)kgen_spec_int(s, "R") + 1) * 4;
-  case IR_OP_SINK_ATTENTION: {
-    /* red, prob and row (pass 3's key rows); with select 2, keep and
+  case IR_OP_SINK_ATTENTION:
+  case IR_OP_SINK_ATTENTION_ROPE: {
+    /* red, prob and row (pass 3's key rows), and sink_attention_rope's
+     * rotated channels; with select 2, keep and
      * either seen and wtot or cand and offs (select 2's list of entries:
      * only then does the template use them, so only then are they kept);
      * qs, the head's query, where it fits; score, the keys' scores, where
@@ -340,7 +349,12 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     int bitmap = select2 && nwords <= (int64_t)nt;
     uint64_t list = bitmap ? (uint64_t)nwords + nt / 32 : (uint64_t)npow + nt;
     uint64_t bytes = nt * 4 * 2 + nt * 8 + (select2 ? (list + (uint64_t)nlist) * 4 : 0);
-    int qshared = hd % 4 == 0 && bytes + (uint64_t)hd * 4 <= KGEN_GPU_MAX_SHARED;
+    if (s->op->kind == IR_OP_SINK_ATTENTION_ROPE)
+      bytes += ((uint64_t)kgen_spec_int(s, "R") + 1) * 4;
+    /* a q normalised in the block (sink_attention_rope's q_norm, Q_EPS)
+     * is always staged */
+    int qnorm = s->op->kind == IR_OP_SINK_ATTENTION_ROPE && s->op->iattr[13];
+    int qshared = qnorm || (hd % 4 == 0 && bytes + (uint64_t)hd * 4 <= KGEN_GPU_MAX_SHARED);
     if (qshared)
       bytes += (uint64_t)hd * 4;
     int store = bytes + (uint64_t)nkeys * 4 <= KGEN_GPU_MAX_SHARED;

@@ -25,7 +25,10 @@
  *
  * Then fuse joins two ops into one launch where that is safe by
  * construction, in this order: an hc_pre's mix and its norm, a norm and
- * its rope, two matmuls of one x, a routed combine and its add.
+ * its rope, that and the window write of its output, an attention core
+ * and its rope, that and the head norm and rope of its q, two matmuls of
+ * one x, a routed combine and its add, and those two and the hc_post of
+ * their sum.
  *
  * An hc_pre_sums (an hc_pre's second launch) whose x only an rmsnorm on
  * the same stream reads becomes, with that norm, one launch, hc_pre_norm
@@ -48,9 +51,45 @@
  * stay (the kv and q of a DeepSeek-V4 attention). Safe by hc_pre_norm's
  * rules, the norm's output taking x's part, except that an ordering hint
  * may name the rope: the rope can only run after the norm, so the fused
- * launch takes the rope's path as its alias and answers to the hint in
+ * launch takes the rope's path as an alias and answers to the hint in
  * the rope's place (a schedule that resolves a rope early then gets the
  * same kernels as one that does not, in another order).
+ *
+ * Three more fusions follow, on the same rules, except that a hint may
+ * name either op: the first op's output is read by the second alone, so
+ * no other op waits on the first, and the fused launch takes the names a
+ * hint uses for either (fold_names) and answers to every such hint in
+ * their place; ds4-flash-decode-early, which resolves its CSA layers'
+ * ropes, kv write and core early, gets ds4-flash-h200's kernels.
+ *
+ * An rmsnorm_rope whose output only a window_write on the same stream
+ * reads becomes, with that write, one launch, rmsnorm_rope_window (the
+ * norm's operands, the write's ring), in the norm's place, named
+ * <norm>+<the write's last name>: the block that normalises and rotates
+ * a live slot's row stores it straight into the slot's ring row, with
+ * both kernels' operations, so the bits stay, and the row never goes
+ * through device memory twice (the kv of a DeepSeek-V4 attention and its
+ * sliding window). Safe by norm-rope's rules, the ring taking the rope's
+ * output's part: no op between the two touches the ring.
+ *
+ * A sink_attention on a GPU whose output only a rope on the same stream
+ * reads, with the attention's heads, becomes, with that rope, one launch,
+ * sink_attention_rope (the attention's operands, the rope's output), in
+ * the attention's place, named <attention>+<the rope's last name>: the
+ * block that computes a head's output rotates its last rope_dim channels
+ * with rope's operations before they leave it, so the bits stay (the
+ * inverse rope on the output of a DeepSeek-V4 attention). Safe by
+ * norm-rope's rules.
+ *
+ * A sink_attention_rope whose q is the output of an rmsnorm_groups_rope
+ * on the same stream that only it reads, a group a head and the same
+ * rope as the output's but not inverse, takes that norm in too: it reads
+ * the norm's input, and each block normalises and rotates its head of q
+ * with the norm's operations (its 256 threads, its tree) before scoring
+ * (q_norm 1, q_eps the norm's eps), so the bits stay; the path is
+ * <norm>+<the attention's last name>
+ * (layers.2.attn.q_head_norm+q_rope+core+o_rope). Safe by the same rules:
+ * no op between the two writes the norm's input.
  *
  * Two matmuls on one GPU stream that read the same x become one
  * launch, matmul_pair (x, w1, w2 -> y1, y2), in the first one's place,
@@ -73,6 +112,18 @@
  * shared expert's output). Safe by the same rules: whole operands, the
  * combine's output an activation no other op touches, no op between the
  * two that writes the combine's inputs, and no op an ordering hint names.
+ *
+ * A moe_combine_add whose output only an hc_post on the same stream
+ * reads, as its y, becomes, with that hc_post, one launch,
+ * hc_post_combine (slots, w, b, X, post, comb -> X_out), in the hc_post's
+ * place, named <combine>+<the hc_post's last name>: each block computes
+ * its channels' y with moe_combine_add's operations, then hc_post's, so
+ * the bits stay, and a decoder layer's feed-forward ends in one launch
+ * where it ended in two. A block takes a tile of channels of one slot and
+ * stream (kgen.c), so the combine of a channel is summed once a stream.
+ * Safe by the combine's rules: whole operands, its output an activation
+ * only the hc_post reads, and no op between the two that writes the
+ * combine's inputs; a hint may name either, as above.
  *
  * Last, the ops that compute only the rows a step asks for: a matmul or
  * argmax (on any device) of whole operands whose outputs are plan outputs
@@ -243,10 +294,39 @@ static int hinted_path(const dsl_schedule *s, const char *path) {
   return 0;
 }
 
-/* Whether an ordering hint names op (by its path or its alias). */
+/* Whether an ordering hint names op (by its path or an alias). */
 static int hinted(const ir_prog *p, const ir_op *op) {
   const dsl_schedule *s = p->sched;
-  return s && (hinted_path(s, op->path) || (op->alias && hinted_path(s, op->alias)));
+  if (!s) return 0;
+  if (hinted_path(s, op->path)) return 1;
+  for (int a = 0; a < IR_MAXALIAS && op->alias[a]; a++)
+    if (hinted_path(s, op->alias[a])) return 1;
+  return 0;
+}
+
+/* into, folding `from` in, takes the path `path`: the names a hint uses
+ * for either op (its old path, from's path, their aliases) become into's
+ * aliases, so that every hint still names the fused launch; the other
+ * names are freed. A fused launch folds at most four ops, each bringing
+ * its path and, fused before, the fused op's path: within IR_MAXALIAS. */
+static void fold_names(const ir_prog *p, ir_op *into, ir_op *from, char *path) {
+  char *names[2 * IR_MAXALIAS + 2];
+  int n = 0, k = 0;
+  names[n++] = into->path;
+  names[n++] = from->path;
+  for (int a = 0; a < IR_MAXALIAS; a++) {
+    names[n++] = into->alias[a];
+    names[n++] = from->alias[a];
+    into->alias[a] = from->alias[a] = NULL;
+  }
+  into->path = path;
+  from->path = NULL;
+  for (int i = 0; i < n; i++) {
+    if (names[i] && p->sched && hinted_path(p->sched, names[i]) && k < IR_MAXALIAS)
+      into->alias[k++] = names[i];
+    else
+      ir_xfree(names[i]);
+  }
 }
 
 /* ops[j] joins ops[i] (i < j) as its matmul_pair: see the header. */
@@ -354,6 +434,55 @@ static void fuse_combine_adds(ir_prog *p) {
   }
 }
 
+/* The hc_post that ops[i], a moe_combine_add, folds into its launch (see
+ * the header), or -1. */
+static int combine_hc_post_of(const ir_prog *p, int i) {
+  const ir_op *c = &p->ops[i];
+  int y = c->out[0], post = -1;
+  if (!whole_operands(c) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], y, 1)) continue;
+    const ir_op *h = &p->ops[k];
+    if (post >= 0 || k < i || h->kind != IR_OP_HC_POST || h->in[0] != y || op_uses(h, y, 0)) return -1;
+    for (int s = 1; s < h->nin; s++)
+      if (h->in[s] == y) return -1;
+    post = k;
+  }
+  if (post < 0) return -1;
+  const ir_op *h = &p->ops[post];
+  if (h->device != c->device || h->stream != c->stream || !whole_operands(h)) return -1;
+  for (int k = i + 1; k < post; k++)
+    for (int s = 0; s < c->nin; s++)
+      if (op_uses(&p->ops[k], c->in[s], 0)) return -1;
+  return post;
+}
+
+/* Folds each moe_combine_add into the hc_post that reads its output: the
+ * hc_post becomes an hc_post_combine in its own place, the combine's
+ * three inputs before its other three; the combine is dropped. */
+static void fuse_combine_hc_posts(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_MOE_COMBINE_ADD) continue;
+    int j = combine_hc_post_of(p, i);
+    if (j < 0) continue;
+    ir_op *c = &p->ops[i], *h = &p->ops[j];
+    h->kind = IR_OP_HC_POST_COMBINE;
+    for (int s = 3; s >= 1; s--) {
+      h->in[s + 2] = h->in[s];
+      h->in_pos[s + 2] = h->in_pos[s];
+    }
+    for (int s = 0; s < 3; s++) {
+      h->in[s] = c->in[s];
+      h->in_pos[s] = c->in_pos[s];
+    }
+    h->nin = 6;
+    fold_names(p, h, c, pair_path(c->path, h->path));
+    memmove(c, c + 1, (size_t)(p->nops - i - 1) * sizeof *c);
+    p->nops--;
+    i--;
+  }
+}
+
 /* The rmsnorm that ops[i], an hc_pre_sums, folds into its launch (see the
  * header), or -1. */
 static int hc_norm_of(const ir_prog *p, int i) {
@@ -438,8 +567,6 @@ static void fuse_norm_ropes(ir_prog *p) {
     double eps = n->fattr[0];
     int64_t group = kind == IR_OP_RMSNORM_GROUPS ? n->iattr[1] : 0;
     char *path = pair_path(n->path, r->path);
-    ir_xfree(n->path);
-    n->path = path;
     n->kind = kind == IR_OP_RMSNORM ? IR_OP_RMSNORM_ROPE : IR_OP_RMSNORM_GROUPS_ROPE;
     memcpy(n->iattr, r->iattr, sizeof n->iattr);
     memcpy(n->fattr, r->fattr, sizeof n->fattr);
@@ -447,12 +574,145 @@ static void fuse_norm_ropes(ir_prog *p) {
     n->iattr[10] = group;
     n->out[0] = r->out[0];
     n->out_pos[0] = r->out_pos[0];
-    if (hinted(p, r))
-      n->alias = r->path; /* the hint now orders the fused launch */
-    else
-      ir_xfree(r->path);
+    fold_names(p, n, r, path);
     memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
     p->nops--;
+  }
+}
+
+/* The window_write that ops[i], an rmsnorm_rope, folds into its launch
+ * (see the header), or -1. */
+static int norm_window_of(const ir_prog *p, int i) {
+  const ir_op *n = &p->ops[i];
+  int y = n->out[0], ww = -1;
+  if (!whole_operands(n) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], y, 1)) continue;
+    if (ww >= 0 || k < i || p->ops[k].kind != IR_OP_WINDOW_WRITE || op_uses(&p->ops[k], y, 0)) return -1;
+    ww = k;
+  }
+  if (ww < 0) return -1;
+  const ir_op *w = &p->ops[ww];
+  if (w->device != n->device || w->stream != n->stream || !whole_operands(w)) return -1;
+  for (int k = i + 1; k < ww; k++)
+    if (op_uses(&p->ops[k], w->out[0], 1)) return -1;
+  return ww;
+}
+
+/* Folds each rmsnorm_rope into the window_write that reads its output:
+ * the norm becomes an rmsnorm_rope_window in its own place, writing the
+ * ring; the window write is dropped. */
+static void fuse_norm_windows(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_RMSNORM_ROPE) continue;
+    int j = norm_window_of(p, i);
+    if (j < 0) continue;
+    ir_op *n = &p->ops[i], *w = &p->ops[j];
+    n->kind = IR_OP_RMSNORM_ROPE_WINDOW;
+    n->out[0] = w->out[0];
+    n->out_pos[0] = w->out_pos[0];
+    fold_names(p, n, w, pair_path(n->path, w->path));
+    memmove(w, w + 1, (size_t)(p->nops - j - 1) * sizeof *w);
+    p->nops--;
+  }
+}
+
+/* The rope that ops[i], a sink_attention, folds into its launch (see the
+ * header), or -1. */
+static int attention_rope_of(const ir_prog *p, int i) {
+  const ir_op *a = &p->ops[i];
+  int o = a->out[0], rope = -1;
+  if (!on_gpu(p, a) || !whole_operands(a) || p->tensors[o].role != PLAN_ACTIVATION) return -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], o, 1)) continue;
+    if (rope >= 0 || k < i || p->ops[k].kind != IR_OP_ROPE || op_uses(&p->ops[k], o, 0)) return -1;
+    rope = k;
+  }
+  if (rope < 0) return -1;
+  const ir_op *r = &p->ops[rope];
+  if (r->device != a->device || r->stream != a->stream || !whole_operands(r) || r->iattr[1] < 2 ||
+      r->iattr[0] != a->iattr[0])
+    return -1;
+  for (int k = i + 1; k < rope; k++)
+    if (op_uses(&p->ops[k], r->out[0], 1)) return -1;
+  return rope;
+}
+
+/* Folds each GPU sink_attention into the rope that reads its output: the
+ * attention becomes a sink_attention_rope in its own place, rope's attrs
+ * in rope's slots and the attention's window, ratio, select and scale
+ * after them; the rope is dropped. */
+static void fuse_attention_ropes(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_SINK_ATTENTION) continue;
+    int j = attention_rope_of(p, i);
+    if (j < 0) continue;
+    ir_op *a = &p->ops[i], *r = &p->ops[j];
+    int64_t window = a->iattr[1], ratio = a->iattr[2], select = a->iattr[3];
+    double scale = a->fattr[4];
+    a->kind = IR_OP_SINK_ATTENTION_ROPE;
+    memcpy(a->iattr, r->iattr, sizeof a->iattr);
+    memcpy(a->fattr, r->fattr, sizeof a->fattr);
+    a->iattr[9] = window;
+    a->iattr[10] = ratio;
+    a->iattr[11] = select;
+    a->fattr[12] = scale;
+    a->out[0] = r->out[0];
+    a->out_pos[0] = r->out_pos[0];
+    fold_names(p, a, r, pair_path(a->path, r->path));
+    memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
+    p->nops--;
+  }
+}
+
+/* Whether the rope attrs of a and b (slots 0 to 8) agree but for
+ * inverse: the same heads, rope_dim, theta, YaRN and position. */
+static int same_rope_but_inverse(const ir_op *a, const ir_op *b) {
+  for (int s = 0; s < 9; s++)
+    if (s != 3 && (a->iattr[s] != b->iattr[s] || a->fattr[s] != b->fattr[s])) return 0;
+  return 1;
+}
+
+/* The rmsnorm_groups_rope that ops[i], a sink_attention_rope, folds in
+ * before it (see the header), or -1. */
+static int attention_qnorm_of(const ir_prog *p, int i) {
+  const ir_op *a = &p->ops[i];
+  if (a->iattr[13] || !whole_operands(a)) return -1;
+  int q = a->in[0], norm = -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], q, 1)) continue;
+    if (norm >= 0 || k > i || p->ops[k].kind != IR_OP_RMSNORM_GROUPS_ROPE || p->ops[k].out[0] != q) return -1;
+    norm = k;
+  }
+  if (norm < 0) return -1;
+  const ir_op *n = &p->ops[norm];
+  const ir_tensor *qt = &p->tensors[q];
+  int64_t hd = qt->dim[qt->ndim - 1] / (a->iattr[0] ? a->iattr[0] : 1);
+  if (qt->role != PLAN_ACTIVATION || n->device != a->device || n->stream != a->stream || !whole_operands(n) ||
+      n->iattr[10] != hd || n->iattr[3] != 0 || a->iattr[3] != 1 || !same_rope_but_inverse(n, a))
+    return -1;
+  for (int k = norm + 1; k < i; k++)
+    if (op_uses(&p->ops[k], n->in[0], 0)) return -1;
+  return norm;
+}
+
+/* Folds into each sink_attention_rope the head norm and rope of its q:
+ * the attention reads the norm's input, q_norm 1 and the norm's eps in
+ * its q_eps; the norm is dropped. */
+static void fuse_attention_qnorms(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    if (p->ops[i].kind != IR_OP_SINK_ATTENTION_ROPE) continue;
+    int j = attention_qnorm_of(p, i);
+    if (j < 0) continue;
+    ir_op *a = &p->ops[i], *n = &p->ops[j];
+    a->in[0] = n->in[0];
+    a->in_pos[0] = n->in_pos[0];
+    a->iattr[13] = 1;
+    a->fattr[14] = n->fattr[9];
+    fold_names(p, a, n, pair_path(n->path, a->path));
+    memmove(n, n + 1, (size_t)(p->nops - j - 1) * sizeof *n);
+    p->nops--;
+    i--;
   }
 }
 
@@ -480,8 +740,12 @@ static void mark_asked_rows(ir_prog *p) {
 static void fuse(ir_prog *p) {
   fuse_hc_pre_norms(p);
   fuse_norm_ropes(p);
+  fuse_norm_windows(p);
+  fuse_attention_ropes(p);
+  fuse_attention_qnorms(p);
   fuse_matmul_pairs(p);
   fuse_combine_adds(p);
+  fuse_combine_hc_posts(p);
 }
 
 int pass_lower(ir_prog *p, dsl_diag *d) {

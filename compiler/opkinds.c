@@ -33,6 +33,7 @@ static const char *const in_hc_pre[] = {"X", "fn", "base", "scale"};
 static const char *const out_hc_pre[] = {"x", "post", "comb"};
 static const char *const in_hc_post[] = {"y", "X", "post", "comb"};
 static const char *const out_hc_post[] = {"X_out"};
+static const char *const in_hc_post_combine[] = {"slots", "w", "b", "X", "post", "comb"};
 static const char *const in_hc_head[] = {"X", "fn", "base", "scale"};
 static const char *const out_h[] = {"h"};
 static const char *const in_score_route[] = {"logits", "bias"};
@@ -151,6 +152,22 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     [IR_OP_RMSNORM_ROPE] = {"rmsnorm_rope", 2, 1, in_norm, out_y, {ROPE_ATTRS, {"eps", IR_ATTR_FLOAT, 0, 1e-6}}, 10, 0, 1},
     [IR_OP_RMSNORM_GROUPS_ROPE] = {"rmsnorm_groups_rope", 1, 1, in_x, out_y,
                                    {ROPE_ATTRS, {"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"group", IR_ATTR_INT, 0, 0}}, 11, 0, 1},
+    /* rmsnorm_rope and the window write of its output, fused for a GPU
+     * (lower.c): the rotated row goes straight to its ring row */
+    [IR_OP_RMSNORM_ROPE_WINDOW] = {"rmsnorm_rope_window", 2, 1, in_norm, out_ring,
+                                   {ROPE_ATTRS, {"eps", IR_ATTR_FLOAT, 0, 1e-6}}, 10, 1u, 1},
+    /* sink_attention and the rope of its output, fused for a GPU
+     * (lower.c): rope's attrs in rope's slots (heads both ops'), then
+     * sink_attention's other four; q_norm 1: q is the input of the
+     * rmsnorm_groups_rope before it (a head a group, q_eps its eps, the
+     * same rope but not inverse), fused too */
+    [IR_OP_SINK_ATTENTION_ROPE] = {"sink_attention_rope", 5, 1, in_sink_attn, out_o,
+                                   {ROPE_ATTRS, {"window", IR_ATTR_INT, 0, 128}, {"ratio", IR_ATTR_INT, 0, 0},
+                                    {"select", IR_ATTR_INT, 0, 0}, {"scale", IR_ATTR_FLOAT, 0, 0.0},
+                                    {"q_norm", IR_ATTR_INT, 0, 0}, {"q_eps", IR_ATTR_FLOAT, 0, 0.0}}, 15, 0, 1},
+    /* moe_combine_add and the hc_post that reads its output, fused for a
+     * GPU (lower.c): hc_post with y = combine + b */
+    [IR_OP_HC_POST_COMBINE] = {"hc_post_combine", 6, 1, in_hc_post_combine, out_hc_post, {{0}}, 0, 0, 1},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 

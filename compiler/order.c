@@ -33,12 +33,19 @@ static double operand_rows(const ir_prog *p, const ir_op *op, int slot) {
   return (double)ir_operand_view(p, op, slot).dim[0];
 }
 
+/* sink_attention's int attr i (1 window, 3 select), also where
+ * sink_attention_rope keeps it: after rope's nine (lower.c). */
+static int64_t sink_attr(const ir_op *op, int i) {
+  return op->iattr[op->kind == IR_OP_SINK_ATTENTION_ROPE ? 8 + i : i];
+}
+
 /* Keys a sink_attention query attends over beyond its window: none
  * (select 0), every closed window, at most E (select 1), or its K
  * selected ones, at most E (select 2). */
 static double sink_entry_keys(const ir_prog *p, const ir_op *op) {
   double E = operand_rows(p, op, 2), K = (double)p->tensors[op->in[3]].dim[1];
-  return op->iattr[3] == 0 ? 0 : op->iattr[3] == 1 ? E : min2(K, E);
+  int64_t select = sink_attr(op, 3);
+  return select == 0 ? 0 : select == 1 ? E : min2(K, E);
 }
 
 /* Floating-point work of one op, from its shapes and attrs (docs/OPS.md),
@@ -49,13 +56,15 @@ static double sink_entry_keys(const ir_prog *p, const ir_op *op) {
  * decide their time on every profile: rmsnorm and rmsnorm_groups (square,
  * sum, scale), rope (a rotation of 6 flops per pair, and its sin and cos,
  * over the rope_dim channels only), the two fused (rmsnorm_rope,
- * rmsnorm_groups_rope), add, moe_combine (and moe_combine_add),
+ * rmsnorm_groups_rope; rmsnorm_rope_window by its x, its output being a
+ * ring), add, moe_combine (and moe_combine_add),
  * hash_route (a table lookup and a score per slot), argmax, embed,
  * cache_write. */
 static double op_flops(const ir_prog *p, const ir_op *op) {
   const ir_tensor *in0 = &p->tensors[op->in[0]], *out0 = &p->tensors[op->out[0]];
   switch (op->kind) {
     case IR_OP_MATMUL: return 2.0 * elems(out0) * (double)in0->dim[1];
+    case IR_OP_RMSNORM_ROPE_WINDOW: return 4.0 * elems(in0);
     case IR_OP_MATMUL_PAIR:
       return 2.0 * (elems(out0) + elems(&p->tensors[op->out[1]])) * (double)in0->dim[1];
     case IR_OP_MOE_EXPERTS: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[2]].dim[1];
@@ -69,7 +78,8 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
     case IR_OP_GROUP_MATMUL: return 2.0 * elems(out0) * (double)p->tensors[op->in[1]].dim[1];
     /* Per query and head, q·k and p·k (2d each) for the W window keys and
      * the entry keys. */
-    case IR_OP_SINK_ATTENTION: return 4.0 * elems(out0) * ((double)op->iattr[1] + sink_entry_keys(p, op));
+    case IR_OP_SINK_ATTENTION:
+    case IR_OP_SINK_ATTENTION_ROPE: return 4.0 * elems(out0) * ((double)sink_attr(op, 1) + sink_entry_keys(p, op));
     /* Per query, window and head: a dot of d (q is [T, nh·d]), relu and
      * the head's weight. */
     case IR_OP_INDEX_SCORES: return 2.0 * elems(out0) * ((double)in0->dim[1] + (double)op->iattr[0]);
@@ -94,6 +104,9 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
     case IR_OP_HC_HEAD_SUMS: return 4.0 * elems(&p->tensors[op->in[1]]);
     /* Per output element: post·y and the N-term mix of the streams. */
     case IR_OP_HC_POST: return elems(out0) * (2.0 + 2.0 * (double)p->tensors[op->in[1]].dim[1]);
+    /* and the combine's k products and sums and the add, once a stream */
+    case IR_OP_HC_POST_COMBINE:
+      return elems(out0) * (3.0 + 2.0 * (double)p->tensors[op->in[4]].dim[1] + 2.0 * (double)in0->dim[1]);
     /* Per token and expert: the score sqrt(softplus(z)) (an exp, a log
      * and a sqrt, ~20 flops) and k selection scans. */
     case IR_OP_SCORE_ROUTE: return elems(in0) * (20.0 + (double)op->iattr[0]);
@@ -155,7 +168,8 @@ static double expert_read_share(const ir_prog *p, const ir_op *op) {
  * for the routed experts:
  *   moe_experts, moe_up and moe_down read the share of their expert
  *     weights a step's routing reaches (expert_read_share);
- *   window_write and compress_store write the step's T rows of a ring;
+ *   window_write, compress_store and rmsnorm_rope_window write the
+ *     step's T rows of a ring;
  *   compress_pool writes the entries of the windows that close in the
  *     step, at most ceil(T / ratio) rows;
  *   sink_attention reads W + T - 1 rows of its ring at most, of its
@@ -169,18 +183,20 @@ static double operand_bytes(const ir_prog *p, const ir_op *op, int slot) {
   switch (op->kind) {
     case IR_OP_WINDOW_WRITE:
     case IR_OP_COMPRESS_STORE:
+    case IR_OP_RMSNORM_ROPE_WINDOW:
       T = operand_rows(p, op, 0);
       return slot >= op->nin ? min2(rows, T) * row : (double)len;
     case IR_OP_COMPRESS_POOL:
       return slot >= op->nin ? min2(rows, ceil_div(p->tokens, (double)op->iattr[0])) * row : (double)len;
     case IR_OP_SINK_ATTENTION:
+    case IR_OP_SINK_ATTENTION_ROPE:
       T = operand_rows(p, op, 0);
-      if (slot == 1) return min2(rows, (double)op->iattr[1] + T - 1.0) * row;
+      if (slot == 1) return min2(rows, (double)sink_attr(op, 1) + T - 1.0) * row;
       if (slot == 2) {
-        double read = op->iattr[3] == 2 ? T * (double)p->tensors[op->in[3]].dim[1] : sink_entry_keys(p, op);
+        double read = sink_attr(op, 3) == 2 ? T * (double)p->tensors[op->in[3]].dim[1] : sink_entry_keys(p, op);
         return min2(rows, read) * row;
       }
-      if (slot == 3) return op->iattr[3] == 2 ? (double)len : 0;
+      if (slot == 3) return sink_attr(op, 3) == 2 ? (double)len : 0;
       return (double)len;
     case IR_OP_MOE_EXPERTS:
     case IR_OP_MOE_UP:
@@ -222,11 +238,12 @@ static double op_cost(const ir_prog *p, ir_op *op) {
 
 /* The path an ordering hint sees: the op's, or for the two launches of a
  * lowered op (lower.c) the op they came from, so that a hint naming it
- * orders both (a fused op answers to its path and its alias, hint_match). */
+ * orders both (a fused op answers to its path and its aliases, hint_match). */
 static const char *hint_path(const ir_op *op, char *buf, size_t n) {
   if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY || op->kind == IR_OP_MATMUL_PAIR ||
       op->kind == IR_OP_MOE_COMBINE_ADD || op->kind == IR_OP_HC_PRE_NORM || op->kind == IR_OP_RMSNORM_ROPE ||
-      op->kind == IR_OP_RMSNORM_GROUPS_ROPE)
+      op->kind == IR_OP_RMSNORM_GROUPS_ROPE || op->kind == IR_OP_RMSNORM_ROPE_WINDOW ||
+      op->kind == IR_OP_SINK_ATTENTION_ROPE || op->kind == IR_OP_HC_POST_COMBINE)
     return op->path;
   snprintf(buf, n, "%s", op->path);
   char *dot = strrchr(buf, '.');
@@ -234,11 +251,14 @@ static const char *hint_path(const ir_op *op, char *buf, size_t n) {
   return buf;
 }
 
-/* Whether a hint glob names op: its hint path, or the alias a fusion gave
+/* Whether a hint glob names op: its hint path, or an alias a fusion gave
  * it (lower.c). */
 static int hint_match(const char *glob, const ir_op *op) {
   char buf[1024];
-  return ir_glob_match(glob, hint_path(op, buf, sizeof buf)) || (op->alias && ir_glob_match(glob, op->alias));
+  if (ir_glob_match(glob, hint_path(op, buf, sizeof buf))) return 1;
+  for (int a = 0; a < IR_MAXALIAS && op->alias[a]; a++)
+    if (ir_glob_match(glob, op->alias[a])) return 1;
+  return 0;
 }
 
 /* 1 when a glob of the list names the op. */

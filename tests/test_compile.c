@@ -835,10 +835,11 @@ START_TEST(cpu_retargets_every_device) {
 }
 END_TEST
 
-/* On a GPU each decoder layer's routed combine and its add to the shared
- * expert's output are one moe_combine_add, in the add's place and on its
- * stream, reading the combine's inputs and the shared output (lower.c);
- * the cpu schedule keeps both. */
+/* On a GPU each decoder layer's routed combine, its add to the shared
+ * expert's output and the hc_post of that sum are one hc_post_combine, in
+ * the hc_post's place and on its stream, reading the combine's inputs,
+ * the shared output and the hc_post's other three (lower.c); ffn_out,
+ * their sum, is read by no op. The cpu schedule keeps all three. */
 START_TEST(combine_add_fused_on_gpu) {
   ir_prog *gpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml");
   ir_prog *cpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml");
@@ -846,18 +847,26 @@ START_TEST(combine_add_fused_on_gpu) {
   for (int i = 0; i < gpu->nops; i++) {
     const ir_op *op = &gpu->ops[i];
     ck_assert_int_ne(op->kind, IR_OP_MOE_COMBINE);
-    if (op->kind != IR_OP_MOE_COMBINE_ADD) continue;
+    ck_assert_int_ne(op->kind, IR_OP_MOE_COMBINE_ADD);
+    for (int j = 0; j < op->nin; j++)
+      ck_assert_msg(!strstr(gpu->tensors[op->in[j]].path, ".ffn_out"), "%s reads %s", op->path,
+                    gpu->tensors[op->in[j]].path);
+    if (op->kind != IR_OP_HC_POST_COMBINE) continue;
     fused++;
-    const char *tail = strstr(op->path, ".ffn.combine+add_shared");
-    ck_assert_msg(tail && !tail[strlen(".ffn.combine+add_shared")], "%s", op->path);
-    ck_assert_int_eq(op->nin, 3);
+    const char *tail = strstr(op->path, ".ffn.combine+add_shared+hc_post");
+    ck_assert_msg(tail && !tail[strlen(".ffn.combine+add_shared+hc_post")], "%s", op->path);
+    ck_assert_int_eq(op->nin, 6);
     ck_assert(strstr(gpu->tensors[op->in[0]].path, ".slots") != NULL);
     ck_assert(strstr(gpu->tensors[op->in[2]].path, ".shared_out") != NULL);
-    ck_assert(strstr(gpu->tensors[op->out[0]].path, ".ffn_out") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[3]].path, ".X_mid") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[4]].path, ".post_f") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[5]].path, ".comb_f") != NULL);
+    ck_assert(strstr(gpu->tensors[op->out[0]].path, ".X_out") != NULL);
     ck_assert_str_eq(gpu->streams[op->stream].name, "main");
   }
   for (int i = 0; i < cpu->nops; i++) {
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_COMBINE_ADD);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_HC_POST_COMBINE);
     layers += cpu->ops[i].kind == IR_OP_MOE_COMBINE;
   }
   ck_assert_int_gt(layers, 0);
@@ -931,26 +940,55 @@ START_TEST(hc_pre_norm_not_fused_when_wide) {
 }
 END_TEST
 
+/* Whether an alias of op ends in suffix. */
+static int has_alias(const ir_op *op, const char *suffix) {
+  for (int a = 0; a < IR_MAXALIAS && op->alias[a]; a++) {
+    size_t n = strlen(op->alias[a]), m = strlen(suffix);
+    if (n >= m && strcmp(op->alias[a] + n - m, suffix) == 0) return 1;
+  }
+  return 0;
+}
+
 /* On a GPU each attention's kv_norm and q_head_norm fold in the rope that
  * reads their output (lower.c): rmsnorm_rope and rmsnorm_groups_rope, in
  * the norm's place, named <norm>+<rope>, writing the rope's output, rope's
- * attrs in rope's slots and the norm's eps after them; the other ropes
- * (the indexer's q, o) stay. The cpu schedule keeps every norm and rope. */
+ * attrs in rope's slots and the norm's eps after them; kv's then folds in
+ * the window write of its output too (rmsnorm_rope_window, writing the
+ * ring), and each attention core the rope of its output
+ * (sink_attention_rope: rope's attrs, then the core's window, ratio,
+ * select and scale) and then q's norm and rope (q_norm 1, q_eps the
+ * norm's eps, reading the norm's input); the indexer's q rope stays. The
+ * cpu schedule keeps every norm, rope, window write and core. */
 START_TEST(norm_rope_fused_on_gpu) {
   ir_prog *gpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml");
   ir_prog *cpu = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-cpu.yaml");
-  int kv = 0, q = 0, ropes = 0, cpu_ropes = 0, cpu_kv = 0;
+  int kv = 0, q = 0, cores = 0, ropes = 0, cpu_ropes = 0, cpu_kv = 0, cpu_cores = 0;
   for (int i = 0; i < gpu->nops; i++) {
     const ir_op *op = &gpu->ops[i];
     ropes += op->kind == IR_OP_ROPE;
-    if (op->kind != IR_OP_RMSNORM_ROPE && op->kind != IR_OP_RMSNORM_GROUPS_ROPE) continue;
-    int grouped = op->kind == IR_OP_RMSNORM_GROUPS_ROPE;
-    kv += !grouped;
-    q += grouped;
-    const char *want = grouped ? ".attn.q_head_norm+q_rope" : "_rope";
-    ck_assert_msg(strstr(op->path, want) != NULL, "%s", op->path);
-    ck_assert_msg(strstr(gpu->tensors[op->out[0]].path, grouped ? ".qrot" : ".kvr") != NULL, "%s",
-                  gpu->tensors[op->out[0]].path);
+    ck_assert_int_ne(op->kind, IR_OP_WINDOW_WRITE);
+    ck_assert_int_ne(op->kind, IR_OP_SINK_ATTENTION);
+    ck_assert_int_ne(op->kind, IR_OP_RMSNORM_ROPE);
+    ck_assert_int_ne(op->kind, IR_OP_RMSNORM_GROUPS_ROPE);
+    if (op->kind == IR_OP_SINK_ATTENTION_ROPE) {
+      cores++;
+      q += op->iattr[13];
+      const char *tail = strstr(op->path, ".attn.q_head_norm+q_rope+core+o_rope");
+      ck_assert_msg(tail && !tail[strlen(".attn.q_head_norm+q_rope+core+o_rope")], "%s", op->path);
+      ck_assert_msg(strstr(gpu->tensors[op->out[0]].path, ".od") != NULL, "%s", gpu->tensors[op->out[0]].path);
+      const char *qin = gpu->tensors[op->in[0]].path;
+      ck_assert_msg(strlen(qin) > 2 && strcmp(qin + strlen(qin) - 2, ".q") == 0, "%s", qin);
+      ck_assert_int_eq(op->iattr[3], 1); /* the output's rope is the inverse one */
+      ck_assert_int_gt(op->iattr[9], 0); /* window */
+      ck_assert(op->fattr[12] > 0.0);    /* scale */
+      ck_assert(op->fattr[14] > 0.0);    /* q's eps */
+      ck_assert_str_eq(gpu->streams[op->stream].name, "main");
+      continue;
+    }
+    if (op->kind != IR_OP_RMSNORM_ROPE_WINDOW) continue;
+    kv++;
+    ck_assert_msg(strstr(op->path, "_rope+kv_write") != NULL, "%s", op->path);
+    ck_assert_msg(strstr(gpu->tensors[op->out[0]].path, ".ring") != NULL, "%s", gpu->tensors[op->out[0]].path);
     ck_assert_int_gt(op->iattr[1], 0);
     ck_assert(op->fattr[9] > 0.0);
     ck_assert_str_eq(gpu->streams[op->stream].name, "main");
@@ -958,32 +996,57 @@ START_TEST(norm_rope_fused_on_gpu) {
   for (int i = 0; i < cpu->nops; i++) {
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_RMSNORM_ROPE);
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_RMSNORM_GROUPS_ROPE);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_RMSNORM_ROPE_WINDOW);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_SINK_ATTENTION_ROPE);
     cpu_ropes += cpu->ops[i].kind == IR_OP_ROPE;
     cpu_kv += strstr(cpu->ops[i].path, ".attn.kv_norm") != NULL;
+    cpu_cores += cpu->ops[i].kind == IR_OP_SINK_ATTENTION;
   }
   ck_assert_int_gt(cpu_kv, 0);
   ck_assert_int_eq(kv, cpu_kv);
   ck_assert_int_eq(q, cpu_kv);
-  ck_assert_int_eq(ropes, cpu_ropes - kv - q);
-  /* decode-early names the CSA layers' ropes in early_resolve: they fuse
-   * all the same, and the fused launch answers to the rope's path */
+  ck_assert_int_eq(cores, cpu_kv);
+  ck_assert_int_eq(cpu_cores, cpu_kv);
+  ck_assert_int_eq(ropes, cpu_ropes - kv - q - cores);
+  /* decode-early names the CSA layers' ropes, kv_write and core in
+   * early_resolve: every fusion happens all the same, and the fused
+   * launch answers to the names of the ops it folded that a hint uses
+   * (its aliases): kv's norm to its rope and write, the core to itself,
+   * its q's rope and its output's rope */
   ir_prog *early = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-decode-early.yaml");
-  int aliased = 0, fused = 0;
+  int kv_early = 0, cores_early = 0, core_aliases = 0, kv_aliases = 0;
   for (int i = 0; i < early->nops; i++) {
     const ir_op *op = &early->ops[i];
-    if (op->kind != IR_OP_RMSNORM_ROPE && op->kind != IR_OP_RMSNORM_GROUPS_ROPE) {
-      ck_assert_ptr_null(op->alias);
+    ck_assert_int_ne(op->kind, IR_OP_SINK_ATTENTION);
+    ck_assert_int_ne(op->kind, IR_OP_RMSNORM_GROUPS_ROPE);
+    ck_assert_int_ne(op->kind, IR_OP_RMSNORM_ROPE);
+    int n = 0;
+    while (n < IR_MAXALIAS && op->alias[n]) {
+      ck_assert_msg(strstr(op->alias[n], ".attn.csa.") != NULL, "%s: alias %s", op->path, op->alias[n]);
+      n++;
+    }
+    if (op->kind == IR_OP_SINK_ATTENTION_ROPE) {
+      cores_early++;
+      ck_assert_int_eq(op->iattr[13], 1);
+      /* a CSA layer's: the core, its q's rope and its output's rope */
+      int csa = has_alias(op, ".csa.core") + has_alias(op, ".csa.q_rope") + has_alias(op, ".csa.o_rope");
+      ck_assert_msg(csa == 0 || csa == 3, "%s: %d of its three parts' names", op->path, csa);
+      core_aliases += csa == 3;
       continue;
     }
-    fused++;
-    if (!strstr(op->path, ".attn.kv_norm+") && !strstr(op->path, ".attn.q_head_norm+")) continue;
-    if (op->alias) {
-      aliased++;
-      ck_assert_msg(strstr(op->alias, ".attn.csa.") && strstr(op->alias, "_rope"), "%s", op->alias);
+    if (op->kind == IR_OP_RMSNORM_ROPE_WINDOW) {
+      kv_early++;
+      int csa = has_alias(op, ".csa.kv_rope") + has_alias(op, ".csa.kv_write"); /* a CSA layer's */
+      ck_assert_msg(csa == 0 || csa == 2, "%s: %d of its two parts' names", op->path, csa);
+      kv_aliases += csa == 2;
+      continue;
     }
+    ck_assert_msg(n == 0, "%s has an alias", op->path);
   }
-  ck_assert_int_eq(fused, kv + q);
-  ck_assert_int_gt(aliased, 0);
+  ck_assert_int_eq(kv_early, kv);
+  ck_assert_int_eq(cores_early, cores);
+  ck_assert_int_gt(core_aliases, 0);
+  ck_assert_int_eq(core_aliases, kv_aliases);
   ds4c_prog_free(early);
   ds4c_prog_free(gpu);
   ds4c_prog_free(cpu);

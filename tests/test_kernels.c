@@ -4958,6 +4958,63 @@ static void ffn_fill(const kt *k, bufs *bs, const int32_t *idx, int n)
     fill_garbage(bs->b[o], kt_elems(k, o));
 }
 
+/* A fused kind against the two kernels it replaces (lower.c), on the host
+ * and on the GPU (its kernels as host fibers), in both block orders, at
+ * each (pos, ntok) of steps: the fused kernel's one output bit for bit
+ * the second kernel's, which reads the first's output as its input link.
+ * fin_a[j] and fin_b[j] name the fused kernel's input that feeds input j
+ * of the first and of the second (fin_b[link] is not read). The fused
+ * output and the second's start from the same garbage, so a ring's rows
+ * that a step does not write are compared too; i32 inputs take idx's
+ * nidx values in turn. */
+static void fused_chain_case(const char *what, const kt *fused, const kt *a, const kt *b, int link, const int *fin_a,
+                             const int *fin_b, const int32_t *idx, int nidx, const int (*steps)[2], int nsteps)
+{
+  int nf = fused->op.nin, na = a->op.nin, nb = b->op.nin;
+  ck_assert_int_eq(b->tensors[nb].bytes, fused->tensors[nf].bytes);
+  for (int gpu = 0; gpu < 2; gpu++) {
+    chain_kernel kf = {.op = *fused}, ka = {.op = *a}, kb = {.op = *b};
+    kf.op.prog.tensors = kf.op.tensors;
+    ka.op.prog.tensors = ka.op.tensors;
+    kb.op.prog.tensors = kb.op.tensors;
+    chain_build(&kf, gpu);
+    chain_build(&ka, gpu);
+    chain_build(&kb, gpu);
+    bufs bf, ba, bb;
+    bufs_alloc(&bf, fused);
+    bufs_alloc(&ba, a);
+    bufs_alloc(&bb, b);
+    for (int st = 0; st < nsteps; st++) {
+      int pos = steps[st][0], ntok = steps[st][1];
+      ffn_fill(fused, &bf, idx, nidx);
+      memcpy(bb.b[nb], bf.b[nf], (size_t)fused->tensors[nf].bytes);
+      for (int j = 0; j < na; j++)
+        memcpy(ba.b[j], bf.b[fin_a[j]], (size_t)a->tensors[j].bytes);
+      fill_garbage(ba.b[na], kt_elems(a, na));
+      chain_run(&kf, &bf, pos, ntok);
+      chain_run(&ka, &ba, pos, ntok);
+      for (int j = 0; j < nb; j++)
+        memcpy(bb.b[j], j == link ? ba.b[na] : bf.b[fin_b[j]], (size_t)b->tensors[j].bytes);
+      chain_run(&kb, &bb, pos, ntok);
+      ck_assert_msg(memcmp(bf.b[nf], bb.b[nb], (size_t)fused->tensors[nf].bytes) == 0,
+                    "%s %s: differs from the two kernels it replaces (pos %d, ntok %d)", gpu ? "GPU" : "host", what,
+                    pos, ntok);
+    }
+    bufs_free(&bf);
+    bufs_free(&ba);
+    bufs_free(&bb);
+    chain_unbuild(&kf);
+    chain_unbuild(&ka);
+    chain_unbuild(&kb);
+  }
+}
+
+/* Steps for the fused cases: every slot live from 0, two live from 3, one
+ * from 9 (a ring of 8 wraps), and a negative position (a bad parameter
+ * block: the window writes nothing). */
+static const int g_fused_steps[][2] = {{0, 4}, {3, 2}, {9, 1}, {-2, 4}};
+#define NFUSED_STEPS ((int)(sizeof g_fused_steps / sizeof g_fused_steps[0]))
+
 /* ||gpu - host|| / ||host|| over n floats; every +0 of the host's (dead
  * rows, other launches' and skipped expert slots) is +0 on the GPU too. */
 static double ffn_rel_err(const char *what, const float *gpu, const float *host, int64_t n)
@@ -5222,41 +5279,8 @@ static void combine_add_case(int64_t H, int64_t K)
   kt_add(&add, 0, PLAN_F32, 2, (int64_t)T, H);
   kt_add(&add, 0, PLAN_F32, 2, (int64_t)T, H);
   kt_add(&add, 1, PLAN_F32, 2, (int64_t)T, H);
-  for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kf = {.op = fused}, kc = {.op = comb}, ka = {.op = add};
-    kf.op.prog.tensors = kf.op.tensors;
-    kc.op.prog.tensors = kc.op.tensors;
-    ka.op.prog.tensors = ka.op.tensors;
-    chain_build(&kf, gpu);
-    chain_build(&kc, gpu);
-    chain_build(&ka, gpu);
-    bufs bf, bc, ba;
-    bufs_alloc(&bf, &fused);
-    bufs_alloc(&bc, &comb);
-    bufs_alloc(&ba, &add);
-    for (int st = 0; st < 2; st++) {
-      int pos = g_gpu_steps[st][0], ntok = g_gpu_steps[st][1];
-      ffn_fill(&fused, &bf, NULL, 1);
-      memcpy(bc.b[0], bf.b[0], (size_t)fused.tensors[0].bytes);
-      memcpy(bc.b[1], bf.b[1], (size_t)fused.tensors[1].bytes);
-      fill_garbage(bc.b[2], kt_elems(&comb, 2));
-      chain_run(&kf, &bf, pos, ntok);
-      chain_run(&kc, &bc, pos, ntok);
-      memcpy(ba.b[0], bc.b[2], (size_t)comb.tensors[2].bytes);
-      memcpy(ba.b[1], bf.b[2], (size_t)fused.tensors[2].bytes);
-      fill_garbage(ba.b[2], kt_elems(&add, 2));
-      chain_run(&ka, &ba, pos, ntok);
-      ck_assert_msg(memcmp(bf.b[3], ba.b[2], (size_t)add.tensors[2].bytes) == 0,
-                    "%s: moe_combine_add differs from moe_combine then add (H %lld, k %lld; pos %d, ntok %d)",
-                    gpu ? "GPU" : "host", (long long)H, (long long)K, pos, ntok);
-    }
-    bufs_free(&bf);
-    bufs_free(&bc);
-    bufs_free(&ba);
-    chain_unbuild(&kf);
-    chain_unbuild(&kc);
-    chain_unbuild(&ka);
-  }
+  static const int fin_a[] = {0, 1}, fin_b[] = {-1, 2};
+  fused_chain_case("moe_combine_add", &fused, &comb, &add, 0, fin_a, fin_b, NULL, 0, g_gpu_steps, 2);
 }
 
 START_TEST(test_gpu_moe_combine_add)
@@ -6756,43 +6780,120 @@ static void norm_rope_case(int grouped, int64_t C, int64_t group, int64_t r, int
     rmsnorm_op(&norm, T, C, 1e-6);
   }
   rope_op(&rope, (int)(C / g), (int)g, (int)r, fused.op.fattr[2], inverse, inverse ? g_ds4_yarn : NULL);
-  int nin = fused.op.nin;
-  for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kf = {.op = fused}, kn = {.op = norm}, kr = {.op = rope};
-    kf.op.prog.tensors = kf.op.tensors;
-    kn.op.prog.tensors = kn.op.tensors;
-    kr.op.prog.tensors = kr.op.tensors;
-    chain_build(&kf, gpu);
-    chain_build(&kn, gpu);
-    chain_build(&kr, gpu);
-    bufs bf, bn, br;
-    bufs_alloc(&bf, &fused);
-    bufs_alloc(&bn, &norm);
-    bufs_alloc(&br, &rope);
-    for (int st = 0; st < 2; st++) {
-      int pos = g_gpu_steps[st][0] + 1000 * st, ntok = g_gpu_steps[st][1];
-      ffn_fill(&fused, &bf, NULL, 1);
-      for (int i = 0; i < nin; i++)
-        memcpy(bn.b[i], bf.b[i], (size_t)fused.tensors[i].bytes);
-      fill_garbage(bn.b[nin], kt_elems(&norm, nin));
-      chain_run(&kf, &bf, pos, ntok);
-      chain_run(&kn, &bn, pos, ntok);
-      memcpy(br.b[0], bn.b[nin], (size_t)norm.tensors[nin].bytes);
-      fill_garbage(br.b[1], kt_elems(&rope, 1));
-      chain_run(&kr, &br, pos, ntok);
-      ck_assert_msg(memcmp(bf.b[nin], br.b[1], (size_t)rope.tensors[1].bytes) == 0,
-                    "%s %s: y differs from the norm then rope (C %lld, group %lld, R %lld; pos %d, ntok %d)",
-                    gpu ? "GPU" : "host", grouped ? "rmsnorm_groups_rope" : "rmsnorm_rope", (long long)C,
-                    (long long)g, (long long)r, pos, ntok);
-    }
-    bufs_free(&bf);
-    bufs_free(&bn);
-    bufs_free(&br);
-    chain_unbuild(&kf);
-    chain_unbuild(&kn);
-    chain_unbuild(&kr);
-  }
+  /* the second step far along, where the rotation angles are large */
+  static const int steps[][2] = {{0, 4}, {1003, 2}}, fin_a[] = {0, 1}, fin_b[] = {-1};
+  fused_chain_case(grouped ? "rmsnorm_groups_rope" : "rmsnorm_rope", &fused, &norm, &rope, 0, fin_a, fin_b, NULL, 0,
+                   steps, 2);
 }
+
+/* rmsnorm_rope_window against rmsnorm_rope then window_write: T = 4 slots
+ * of a row of h (r rotated) into a ring of 8 rows. */
+static void norm_window_case(int64_t h, int64_t r, int inverse)
+{
+  enum { T = 4, S = 8 };
+  kt fused, norm, ww;
+  norm_rope_op(&norm, 0, h, 0, r, inverse);
+  fused = norm;
+  fused.op.kind = IR_OP_RMSNORM_ROPE_WINDOW;
+  fused.tensors[2].dim[0] = S;
+  fused.tensors[2].bytes = S * h * 4;
+  kt_init(&ww, IR_OP_WINDOW_WRITE);
+  kt_add(&ww, 0, PLAN_F32, 2, (int64_t)T, h);
+  kt_add(&ww, 1, PLAN_F32, 2, (int64_t)S, h);
+  static const int fin_a[] = {0, 1}, fin_b[] = {-1};
+  fused_chain_case("rmsnorm_rope_window", &fused, &norm, &ww, 0, fin_a, fin_b, NULL, 0, g_fused_steps,
+                   NFUSED_STEPS);
+}
+
+/* The core of c on T = 4 slots (core) and, as lower.c fuses it with the
+ * inverse rope of r of each head's channels, theta 10000 (rope),
+ * sink_attention_rope (fused). */
+static void attention_rope_ops(kt *fused, kt *core, kt *rope, const sink_cfg *c, int64_t r)
+{
+  sink_op(core, c, 4);
+  rope_op(rope, c->heads, c->hd, (int)r, 10000.0, 1, NULL);
+  *fused = *core;
+  fused->op.kind = IR_OP_SINK_ATTENTION_ROPE;
+  memcpy(fused->op.iattr, rope->op.iattr, sizeof fused->op.iattr);
+  memcpy(fused->op.fattr, rope->op.fattr, sizeof fused->op.fattr);
+  fused->op.iattr[9] = core->op.iattr[1];
+  fused->op.iattr[10] = core->op.iattr[2];
+  fused->op.iattr[11] = core->op.iattr[3];
+  fused->op.fattr[12] = core->op.fattr[4];
+}
+
+static const int32_t g_fused_sel[] = {0, 3, 1, -1, 3, 7};
+static const int g_attn_steps[][2] = {{0, 4}, {3, 2}, {9, 4}, {13, 1}};
+
+/* sink_attention_rope against sink_attention then the inverse rope of its
+ * output (r of each head's channels), per c (kt_init's T = 4 slots). */
+static void attention_rope_case(const sink_cfg *c, int64_t r)
+{
+  kt fused, core, rope;
+  attention_rope_ops(&fused, &core, &rope, c, r);
+  static const int fin_a[] = {0, 1, 2, 3, 4}, fin_b[] = {-1};
+  fused_chain_case("sink_attention_rope", &fused, &core, &rope, 0, fin_a, fin_b, g_fused_sel, 6, g_attn_steps, 4);
+}
+
+/* sink_attention_rope with q_norm against rmsnorm_groups_rope (a head a
+ * group, eps 1e-6, the same rope not inverse) then sink_attention_rope. */
+static void attention_qnorm_case(const sink_cfg *c, int64_t r)
+{
+  kt fused, core_rope, core, rope, norm;
+  attention_rope_ops(&core_rope, &core, &rope, c, r);
+  norm_rope_op(&norm, 1, (int64_t)c->heads * c->hd, c->hd, r, 0);
+  fused = core_rope;
+  fused.op.iattr[13] = 1;
+  fused.op.fattr[14] = norm.op.fattr[9];
+  static const int fin_a[] = {0}, fin_b[] = {-1, 1, 2, 3, 4};
+  fused_chain_case("sink_attention_rope (q_norm)", &fused, &norm, &core_rope, 0, fin_a, fin_b, g_fused_sel, 6,
+                   g_attn_steps, 4);
+}
+
+/* hc_post_combine against moe_combine_add then hc_post: T = 4 slots of k
+ * choices and N streams of d channels (tiles of 256, the last short). */
+static void combine_hc_post_case(int64_t k, int64_t n, int64_t d)
+{
+  enum { T = 4 };
+  kt fused, comb, post;
+  kt_init(&comb, IR_OP_MOE_COMBINE_ADD);
+  kt_add(&comb, 0, PLAN_F32, 3, (int64_t)T, k, d);
+  kt_add(&comb, 0, PLAN_F32, 2, (int64_t)T, k);
+  kt_add(&comb, 0, PLAN_F32, 2, (int64_t)T, d);
+  kt_add(&comb, 1, PLAN_F32, 2, (int64_t)T, d);
+  kt_init(&post, IR_OP_HC_POST);
+  kt_add(&post, 0, PLAN_F32, 2, (int64_t)T, d);
+  kt_add(&post, 0, PLAN_F32, 3, (int64_t)T, n, d);
+  kt_add(&post, 0, PLAN_F32, 2, (int64_t)T, n);
+  kt_add(&post, 0, PLAN_F32, 3, (int64_t)T, n, n);
+  kt_add(&post, 1, PLAN_F32, 3, (int64_t)T, n, d);
+  kt_init(&fused, IR_OP_HC_POST_COMBINE);
+  kt_add(&fused, 0, PLAN_F32, 3, (int64_t)T, k, d);
+  kt_add(&fused, 0, PLAN_F32, 2, (int64_t)T, k);
+  kt_add(&fused, 0, PLAN_F32, 2, (int64_t)T, d);
+  kt_add(&fused, 0, PLAN_F32, 3, (int64_t)T, n, d);
+  kt_add(&fused, 0, PLAN_F32, 2, (int64_t)T, n);
+  kt_add(&fused, 0, PLAN_F32, 3, (int64_t)T, n, n);
+  kt_add(&fused, 1, PLAN_F32, 3, (int64_t)T, n, d);
+  static const int fin_a[] = {0, 1, 2}, fin_b[] = {-1, 3, 4, 5};
+  fused_chain_case("hc_post_combine", &fused, &comb, &post, 0, fin_a, fin_b, NULL, 0, g_gpu_steps, 2);
+}
+
+START_TEST(test_gpu_fused_tails)
+{
+  norm_window_case(600, 64, 0); /* kv: 64 rotated over two threads' columns */
+  norm_window_case(64, 64, 1);
+  static const sink_cfg swa = {.heads = 3, .hd = 72, .window = 4, .S = 8, .ne = 1, .nsel = 1};
+  static const sink_cfg csa = {.heads = 2, .hd = 64, .window = 4, .S = 8, .ratio = 4, .select = 2, .ne = 8, .nsel = 6};
+  attention_rope_case(&swa, 16);
+  attention_rope_case(&csa, 64); /* every channel rotated */
+  attention_qnorm_case(&swa, 16);
+  attention_qnorm_case(&csa, 64);
+  combine_hc_post_case(6, 4, 600); /* three tiles of channels, the last of 88 */
+  combine_hc_post_case(2, 3, 37);
+  emu_stop();
+}
+END_TEST
 
 START_TEST(test_gpu_norm_rope)
 {
@@ -7133,6 +7234,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_matmul_pair);
   tcase_add_test(gpu, test_gpu_moe_combine_add);
   tcase_add_test(gpu, test_gpu_norm_rope);
+  tcase_add_test(gpu, test_gpu_fused_tails);
   tcase_add_test(gpu, test_gpu_quant_matmuls);
   tcase_add_test(gpu, test_gpu_quant_ffn);
   suite_add_tcase(s, gpu);

@@ -3,7 +3,12 @@
  * NTHREADS, KERNEL_NAME and W_T; for rmsnorm_rope (an rmsnorm and the
  * rope of its output, lower.c) also R, THETA, INVERSE and INV_FREQ: the
  * row's last R outputs go to shared memory instead, and ds4_rope_tail
- * rotates them as rope does a row of one head (the two kernels' bits).
+ * rotates them as rope does a row of one head (the two kernels' bits);
+ * for rmsnorm_rope_window (that and the window write of its output,
+ * lower.c) also S: bufs[2] is then a ring of S rows, a live slot's row
+ * goes to ring row (pos + t) mod S as window_write puts it (the two
+ * kernels' bits), and a dead slot, or any slot at a negative position,
+ * writes nothing.
  * Grid: one block per token slot t (T). Threads: thread i sums x[t,j]^2
  * over j = i, i + NTHREADS, ... in ascending order, then the block adds the
  * NTHREADS partial sums with ds4_block_sum's fixed pairwise tree; every
@@ -26,12 +31,19 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int tid = ds4_thread();
   if (t >= GRID)
     return;
+#ifdef S
+  int64_t pos = step[0];
+  if (t >= ntok || pos < 0)
+    return;
+  float *yr = y + ((pos + t) % S) * H;
+#else
   float *yr = y + t * H;
   if (t >= ntok) {
     for (int64_t j = tid; j < H; j += NTHREADS)
       yr[j] = 0.0f;
     return;
   }
+#endif
   const float *xr = x + t * H;
   constexpr int64_t STRIDE = (int64_t)NTHREADS * DS4_BATCH;
   float ss = 0.0f;

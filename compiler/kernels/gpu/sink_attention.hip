@@ -11,7 +11,14 @@
  * NSEL, WINDOW, RATIO, SELECT, SCALE, CPT (= ceil(HD / NTHREADS)), NLIST
  * (NSEL for SELECT 2, else 1), NPOW (NLIST rounded up to a power of two),
  * SEL_BITMAP, NWORDS (= ceil(NE / 32)), Q_SHARED, STORE_SCORES, NKEYS,
- * GRID, NTHREADS and KERNEL_NAME.
+ * GRID, NTHREADS and KERNEL_NAME; for sink_attention_rope (that and the
+ * rope of its output, lower.c) also R, THETA, INVERSE and INV_FREQ: a
+ * head's last R channels then go to shared memory, and ds4_rope_tail
+ * rotates them as rope does each head of o (the two kernels' bits); with
+ * Q_EPS too (its q_norm: q is the input of the head norm and rope before
+ * it), the block first normalises q[t,h] and rotates its last R channels
+ * by the same table, not inverse, as rmsnorm_groups_rope computes a group
+ * (its operations with its 256 threads, so its bits), into qs.
  * Grid: one block per (token slot, head), T * NH; block b is slot b / NH,
  * head b mod NH. Threads:
  *   0. SELECT 2 only, the distinct visible entries of sel[t], ascending,
@@ -73,6 +80,10 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
 #if STORE_SCORES
   DS4_SHARED float score[NKEYS];
+#endif
+#ifdef INV_FREQ
+  static const float inv_freq[R / 2 + 1] = INV_FREQ;
+  DS4_SHARED float tail[R + 1];
 #endif
   const float *q = (const float *)bufs[0];
   const float *ring = (const float *)bufs[1];
@@ -175,36 +186,52 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *qh = q + t * (NH * HD) + h * HD;
   float sink = sinks[h];
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  /* pass 1's groups: NG of L lanes, each scoring R keys at a time */
-  constexpr int L = 32, NG = NTHREADS / L, R = 4;
+  /* pass 1's groups: NG of L lanes, each scoring KR keys at a time */
+  constexpr int L = 32, NG = NTHREADS / L, KR = 4;
   static_assert(NTHREADS % L == 0, "a block is whole groups of lanes");
   const int lane = tid % L, grp = tid / L;
 #if Q_SHARED
+#ifdef Q_EPS
+  float qss = 0.0f;
+  for (int64_t c = tid; c < HD; c += NTHREADS)
+    qss += qh[c] * qh[c];
+  qss = ds4_block_sum<NTHREADS>(red, qss);
+  float qden = __builtin_sqrtf(qss / (float)HD + Q_EPS);
+  for (int64_t c = tid; c < HD; c += NTHREADS) {
+    float v = qh[c] / qden;
+    if (c >= HD - R)
+      tail[c - (HD - R)] = v;
+    else
+      qs[c] = v;
+  }
+  ds4_rope_tail<NTHREADS, R>(tail, qs + (HD - R), (float)p, inv_freq, false);
+#else
   for (int64_t c = tid; c < HD; c += NTHREADS)
     qs[c] = qh[c];
+#endif
   ds4_barrier();
   const float *qr = qs;
 #else
   const float *qr = qh;
 #endif
-  /* s_k of the group's keys of [k0, k1): R keys a round, keys kb .. kb +
-   * R - 1 with kb = k0 + R * grp, k0 + R * (grp + NG), ...; each dot split
-   * over the group's lanes in ds4_lane_dot's order (the R rows' chunks in
+  /* s_k of the group's keys of [k0, k1): KR keys a round, keys kb .. kb +
+   * KR - 1 with kb = k0 + KR * grp, k0 + KR * (grp + NG), ...; each dot split
+   * over the group's lanes in ds4_lane_dot's order (the KR rows' chunks in
    * flight together, where one thread a key would wait on its 2 KB row
    * a load at a time) and added across them by ds4_lane_sum's tree.
    * use(k, s_k) runs on the group's first lane. A round's keys past k1
    * load key kb again and are dropped. The trip count is the group's
    * alone, so its lanes stay together for the lane sums. */
   auto scores = [&](int64_t k0, int64_t k1, auto &&use) {
-    for (int64_t kb = k0 + (int64_t)grp * R; kb < k1; kb += (int64_t)NG * R) {
-      const float *kr[R];
-      float s[R];
+    for (int64_t kb = k0 + (int64_t)grp * KR; kb < k1; kb += (int64_t)NG * KR) {
+      const float *kr[KR];
+      float s[KR];
 #pragma unroll
-      for (int r = 0; r < R; r++)
+      for (int r = 0; r < KR; r++)
         kr[r] = key(kb + r < k1 ? kb + r : kb);
-      ds4_lane_dot_rows<L, HD, float, QX, R, 4>(qr, kr, lane, zero, s);
+      ds4_lane_dot_rows<L, HD, float, QX, KR, 4>(qr, kr, lane, zero, s);
 #pragma unroll
-      for (int r = 0; r < R; r++) {
+      for (int r = 0; r < KR; r++) {
         float v = ds4_lane_sum<L>(s[r]);
         if (lane == 0 && kb + r < k1)
           use(kb + r, SCALE * v);
@@ -267,7 +294,16 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
   for (int i = 0; i < CPT; i++) {
     int64_t c = tid + (int64_t)i * NTHREADS;
+#ifdef INV_FREQ
+    if (c >= HD - R && c < HD) {
+      tail[c - (HD - R)] = acc[i];
+      continue;
+    }
+#endif
     if (c < HD)
       oh[c] = acc[i];
   }
+#ifdef INV_FREQ
+  ds4_rope_tail<NTHREADS, R>(tail, oh + (HD - R), (float)p, inv_freq, INVERSE != 0);
+#endif
 }

@@ -10,7 +10,11 @@
  * e^(sink_h - Mx)), every sum in key order, f32. kgen_host prepends
  * <stdint.h>, <math.h> and the defines T, S, NH, HD, NE, NSEL, WINDOW,
  * RATIO, SELECT, SCALE, GRID and KERNEL_NAME; grid: one block per (token
- * slot, head), T * NH. */
+ * slot, head), T * NH. For sink_attention_rope (that and the rope of its
+ * output) also R, THETA, INVERSE and INV_FREQ: each head's last R outputs
+ * then rotate as rope's do; with Q_EPS too, q[t,h] is first normalised
+ * and its last R channels rotated by the same table, not inverse, as
+ * rmsnorm_groups_rope computes a group. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -83,6 +87,17 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   int64_t nent = SELECT == 1 ? nvis : SELECT == 2 ? sink_select(sel + t * NSEL, nvis, ent) : 0;
   int64_t n = nraw + nent;
   const float *qh = q + t * (NH * HD) + h * HD;
+#ifdef Q_EPS
+  static const float q_freq[R / 2 + 1] = INV_FREQ;
+  float qn[HD], qss = 0.0f;
+  for (int64_t c = 0; c < HD; c++)
+    qss += qh[c] * qh[c];
+  float qden = sqrtf(qss / (float)HD + Q_EPS);
+  for (int64_t c = 0; c < HD; c++)
+    qn[c] = qh[c] / qden;
+  ds4h_rope_in_place(qn + (HD - R), R, (float)p, q_freq, 0);
+  qh = qn;
+#endif
   float sink = sinks[h], m = sink;
   for (int64_t k = 0; k < n; k++) {
     float s = sink_score(qh, sink_key(ring, entries, ent, lo, nraw, k));
@@ -104,4 +119,8 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   }
   for (int64_t c = 0; c < HD; c++)
     oh[c] = acc[c];
+#ifdef INV_FREQ
+  static const float inv_freq[R / 2 + 1] = INV_FREQ;
+  ds4h_rope_in_place(oh + (HD - R), R, (float)p, inv_freq, INVERSE);
+#endif
 }
