@@ -388,17 +388,27 @@ static int whole_operands(const ir_op *op) {
   return 1;
 }
 
+/* The one op but ops[i] that touches tensor t, where it is a later op of
+ * kind `kind` that reads t without writing it; -1 where there is none or
+ * another op touches t too. Each fusion below folds ops[i] into the sole
+ * reader of its output this way. */
+static int sole_later_reader(const ir_prog *p, int i, int t, int kind) {
+  int r = -1;
+  for (int k = 0; k < p->nops; k++) {
+    if (k == i || !op_uses(&p->ops[k], t, 1)) continue;
+    if (r >= 0 || k < i || p->ops[k].kind != kind || op_uses(&p->ops[k], t, 0)) return -1;
+    r = k;
+  }
+  return r;
+}
+
 /* The add that ops[i], a moe_combine, folds into (see the header), or -1:
  * the one op that reads the combine's output, an add on the same GPU. */
 static int combine_add_of(const ir_prog *p, int i) {
   const ir_op *c = &p->ops[i];
-  int m = c->out[0], add = -1;
+  int m = c->out[0];
   if (!on_gpu(p, c) || !whole_operands(c) || hinted(p, c) || p->tensors[m].role != PLAN_ACTIVATION) return -1;
-  for (int k = 0; k < p->nops; k++) {
-    if (k == i || !op_uses(&p->ops[k], m, 1)) continue;
-    if (add >= 0 || k < i || p->ops[k].kind != IR_OP_ADD || op_uses(&p->ops[k], m, 0)) return -1;
-    add = k;
-  }
+  int add = sole_later_reader(p, i, m, IR_OP_ADD);
   if (add < 0) return -1;
   const ir_op *a = &p->ops[add];
   if (a->device != c->device || !whole_operands(a) || hinted(p, a) || a->in[0] == a->in[1]) return -1;
@@ -438,18 +448,14 @@ static void fuse_combine_adds(ir_prog *p) {
  * the header), or -1. */
 static int combine_hc_post_of(const ir_prog *p, int i) {
   const ir_op *c = &p->ops[i];
-  int y = c->out[0], post = -1;
+  int y = c->out[0];
   if (!whole_operands(c) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
-  for (int k = 0; k < p->nops; k++) {
-    if (k == i || !op_uses(&p->ops[k], y, 1)) continue;
-    const ir_op *h = &p->ops[k];
-    if (post >= 0 || k < i || h->kind != IR_OP_HC_POST || h->in[0] != y || op_uses(h, y, 0)) return -1;
-    for (int s = 1; s < h->nin; s++)
-      if (h->in[s] == y) return -1;
-    post = k;
-  }
+  int post = sole_later_reader(p, i, y, IR_OP_HC_POST);
   if (post < 0) return -1;
   const ir_op *h = &p->ops[post];
+  if (h->in[0] != y) return -1;
+  for (int s = 1; s < h->nin; s++)
+    if (h->in[s] == y) return -1;
   if (h->device != c->device || h->stream != c->stream || !whole_operands(h)) return -1;
   for (int k = i + 1; k < post; k++)
     for (int s = 0; s < c->nin; s++)
@@ -487,20 +493,16 @@ static void fuse_combine_hc_posts(ir_prog *p) {
  * header), or -1. */
 static int hc_norm_of(const ir_prog *p, int i) {
   const ir_op *h = &p->ops[i];
-  int x = h->out[0], norm = -1;
+  int x = h->out[0];
   if (!on_gpu(p, h) || !whole_operands(h) || hinted(p, h) || p->tensors[x].role != PLAN_ACTIVATION ||
       p->tensors[x].dim[p->tensors[x].ndim - 1] > HC_NORM_MAX_COLS)
     return -1;
-  for (int k = 0; k < p->nops; k++) {
-    if (k == i || !op_uses(&p->ops[k], x, 1)) continue;
-    if (norm >= 0 || k < i || p->ops[k].kind != IR_OP_RMSNORM || p->ops[k].in[0] != x || p->ops[k].in[1] == x ||
-        op_uses(&p->ops[k], x, 0))
-      return -1;
-    norm = k;
-  }
+  int norm = sole_later_reader(p, i, x, IR_OP_RMSNORM);
   if (norm < 0) return -1;
   const ir_op *r = &p->ops[norm];
-  if (r->device != h->device || r->stream != h->stream || !whole_operands(r) || hinted(p, r)) return -1;
+  if (r->in[0] != x || r->in[1] == x || r->device != h->device || r->stream != h->stream || !whole_operands(r) ||
+      hinted(p, r))
+    return -1;
   for (int k = i + 1; k < norm; k++)
     if (op_uses(&p->ops[k], r->out[0], 1) || op_uses(&p->ops[k], r->in[1], 0)) return -1;
   return norm;
@@ -534,13 +536,9 @@ static void fuse_hc_pre_norms(ir_prog *p) {
  * launch (see the header), or -1. */
 static int norm_rope_of(const ir_prog *p, int i) {
   const ir_op *n = &p->ops[i];
-  int y = n->out[0], rope = -1;
+  int y = n->out[0];
   if (!on_gpu(p, n) || !whole_operands(n) || hinted(p, n) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
-  for (int k = 0; k < p->nops; k++) {
-    if (k == i || !op_uses(&p->ops[k], y, 1)) continue;
-    if (rope >= 0 || k < i || p->ops[k].kind != IR_OP_ROPE || op_uses(&p->ops[k], y, 0)) return -1;
-    rope = k;
-  }
+  int rope = sole_later_reader(p, i, y, IR_OP_ROPE);
   if (rope < 0) return -1;
   const ir_op *r = &p->ops[rope];
   if (r->device != n->device || r->stream != n->stream || !whole_operands(r) || r->iattr[1] < 2) return -1;
@@ -584,13 +582,9 @@ static void fuse_norm_ropes(ir_prog *p) {
  * (see the header), or -1. */
 static int norm_window_of(const ir_prog *p, int i) {
   const ir_op *n = &p->ops[i];
-  int y = n->out[0], ww = -1;
+  int y = n->out[0];
   if (!whole_operands(n) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
-  for (int k = 0; k < p->nops; k++) {
-    if (k == i || !op_uses(&p->ops[k], y, 1)) continue;
-    if (ww >= 0 || k < i || p->ops[k].kind != IR_OP_WINDOW_WRITE || op_uses(&p->ops[k], y, 0)) return -1;
-    ww = k;
-  }
+  int ww = sole_later_reader(p, i, y, IR_OP_WINDOW_WRITE);
   if (ww < 0) return -1;
   const ir_op *w = &p->ops[ww];
   if (w->device != n->device || w->stream != n->stream || !whole_operands(w)) return -1;
@@ -621,13 +615,9 @@ static void fuse_norm_windows(ir_prog *p) {
  * header), or -1. */
 static int attention_rope_of(const ir_prog *p, int i) {
   const ir_op *a = &p->ops[i];
-  int o = a->out[0], rope = -1;
+  int o = a->out[0];
   if (!on_gpu(p, a) || !whole_operands(a) || p->tensors[o].role != PLAN_ACTIVATION) return -1;
-  for (int k = 0; k < p->nops; k++) {
-    if (k == i || !op_uses(&p->ops[k], o, 1)) continue;
-    if (rope >= 0 || k < i || p->ops[k].kind != IR_OP_ROPE || op_uses(&p->ops[k], o, 0)) return -1;
-    rope = k;
-  }
+  int rope = sole_later_reader(p, i, o, IR_OP_ROPE);
   if (rope < 0) return -1;
   const ir_op *r = &p->ops[rope];
   if (r->device != a->device || r->stream != a->stream || !whole_operands(r) || r->iattr[1] < 2 ||
