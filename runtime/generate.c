@@ -61,13 +61,21 @@ typedef struct gen_state {
   rt_report *r;
 } gen_state;
 
-size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok) {
+size_t rt_asked_bytes(const plan *p, uint32_t t, int32_t asked, int32_t ntok, size_t *off) {
   const plan_tensor *pt = &p->tensors[t];
+  *off = 0;
   if (pt->ndim == 0 || pt->dim[0] != p->info.tokens) return (size_t)pt->bytes;
   /* a row's bytes; a 2-D quantized tensor is one matrix, whole */
   uint64_t row = plan_row_bytes(pt->dtype, pt->ndim, pt->dim);
   if (row == 0) return (size_t)pt->bytes;
-  return (size_t)(row * (uint64_t)ntok);
+  if (asked >= ntok) return 0;
+  *off = (size_t)(row * (uint64_t)asked);
+  return (size_t)(row * (uint64_t)(ntok - asked));
+}
+
+size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok) {
+  size_t off;
+  return rt_asked_bytes(p, t, 0, ntok, &off);
 }
 
 /* One step on bundle b (the prefill or the decode plan's), whose outputs
@@ -89,9 +97,10 @@ static rt_status run_step(gen_state *g, rt_bundle *b, int32_t pos, int32_t ntok,
   if (g->hook) RT_TRY(g->hook(g->ctx, b, step, g->ids));
   for (uint32_t i = 0; i < p->ntensors; i++) {
     if (p->tensors[i].role != PLAN_OUTPUT) continue;
-    size_t n = rt_live_bytes(p, i, ntok);
-    RT_TRY(rt_tensor_read(b, i, g->out, n));
-    rt_sha256_update(&g->sha, g->out, n);
+    size_t off, n = rt_asked_bytes(p, i, asked, ntok, &off);
+    if (n == 0) continue;
+    RT_TRY(rt_tensor_read(b, i, g->out, off + n));
+    rt_sha256_update(&g->sha, g->out + off, n);
   }
   return rt_tensor_read(b, p->info.next_tensor, g->next, (size_t)ntok * sizeof(int32_t));
 }

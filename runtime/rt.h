@@ -141,12 +141,17 @@ rt_status rt_trace_last_step(const rt_bundle *b, const uint64_t **out_start,
  * all its slots. After every step `hook` (optional) sees the bundle that
  * ran it, the step block and the ids fed; a hook error stops the run. The report accumulates the
  * SHA-256 over the raw bytes of every output tensor (plan order) of every
- * step, of an output whose leading dim is the step's slots only the live
- * tokens' rows: the same bytes whichever plan ran the step. */
+ * step, of an output whose leading dim is the step's slots only the rows
+ * the step asked for (rt_asked_bytes): the same bytes whichever plan ran
+ * the step and however the prompt was cut into chunks. */
 /* The bytes of tensor t of plan p that a step of ntok live tokens wrote:
  * its first ntok rows when its leading dim is the plan's slots, else all
  * of it; the same bytes whichever plan of a bundle ran the step. */
 size_t rt_live_bytes(const plan *p, uint32_t t, int32_t ntok);
+/* Of those, the rows a step asked for (step[3] = asked): rows asked to
+ * ntok - 1 of a tensor whose leading dim is the plan's slots, from byte
+ * *off (0 bytes where asked >= ntok), else all of it from byte 0. */
+size_t rt_asked_bytes(const plan *p, uint32_t t, int32_t asked, int32_t ntok, size_t *off);
 typedef rt_status (*rt_step_hook)(void *ctx, rt_bundle *b, const int32_t step[4],
                                   const int32_t *ids);
 typedef struct rt_report {

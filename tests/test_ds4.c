@@ -1,7 +1,8 @@
 /* test_ds4.c - DeepSeek-V4-Flash end to end: ds4-flash-mini replayed on the
  * cpu backend against the float64 reference of the whole model
  * (tests/ref/ref_ds4.c) over a prefill and many decode steps; every shipped
- * schedule of it (on cpu devices here) gives the same bits; the decode-early
+ * schedule of it (on cpu devices here) gives the same bits, and so does
+ * every prefill chunk size; the decode-early
  * schedule differs from ds4-flash-h200 in order only; the released model
  * compiles for the hot/cold AMD pair and ds4-flash-slice for one H200. */
 #include <check.h>
@@ -124,6 +125,40 @@ START_TEST(every_schedule_gives_the_same_bits) {
     ck_assert_int_eq(r.ntokens, first.ntokens);
     ck_assert_mem_eq(r.tokens, first.tokens, (size_t)r.ntokens * sizeof *r.tokens);
   }
+  tu_tmpdir_remove(tmpdir);
+}
+END_TEST
+
+/* The outputs' hash covers the rows each step asked for (the prompt's last
+ * position, then every decode step), so it does not depend on how the
+ * prompt is cut: ds4-flash-cpu with prefill chunks of 1, 4 (its own) and
+ * 64 slots (the whole 10-token prompt in one chunk) gives one hash and
+ * one token stream; the dead rows of the earlier chunks differ. */
+START_TEST(the_chunk_size_changes_no_bit) {
+  make_tmpdir();
+  char *text = tu_slurp("schedules/ds4-flash-cpu.yaml", NULL);
+  const int sizes[] = {4, 1, 64};
+  br_result first;
+  for (int i = 0; i < 3; i++) {
+    char step[64], path[700], name[32];
+    snprintf(step, sizeof step, "step: {prefill: %d, prompt: 10, decode: 1}", sizes[i]);
+    char *t = tu_replace_all(text, "step: {prompt: 10, decode: 1}", step);
+    ck_assert_msg(strcmp(t, text) != 0, "ds4-flash-cpu.yaml: no step line to rewrite");
+    snprintf(name, sizeof name, "p%d", sizes[i]);
+    snprintf(path, sizeof path, "%s/%s.yaml", tmpdir, name);
+    tu_write_text(path, t);
+    free(t);
+    br_result r;
+    br_run(compile_as("models/ds4-flash-mini.yaml", path, name, NULL, 1), 8, 0, &r);
+    if (i == 0) {
+      first = r;
+      continue;
+    }
+    ck_assert_msg(memcmp(r.sha, first.sha, 32) == 0, "chunks of %d: outputs differ from chunks of 4", sizes[i]);
+    ck_assert_int_eq(r.ntokens, first.ntokens);
+    ck_assert_mem_eq(r.tokens, first.tokens, (size_t)r.ntokens * sizeof *r.tokens);
+  }
+  free(text);
   tu_tmpdir_remove(tmpdir);
 }
 END_TEST
@@ -259,6 +294,7 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, mini_matches_the_float64_reference);
   tcase_add_test(tc, every_schedule_gives_the_same_bits);
+  tcase_add_test(tc, the_chunk_size_changes_no_bit);
   tcase_add_test(tc, decode_early_differs_in_order_only);
   tcase_add_test(tc, released_model_plans);
   tcase_add_test(tc, experts_lowered_on_gpus_only);

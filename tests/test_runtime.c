@@ -1358,9 +1358,12 @@ START_TEST(generate_chunks) {
       shown[t] = ss.step[i][t];
     }
     /* The outputs in plan order, next then seen (the step block as the
-     * kernel read it), each [tokens]: the live slots' values only. */
-    rt_sha256_update(&c, next, (size_t)want_step[i][1] * sizeof *next);
-    rt_sha256_update(&c, shown, (size_t)want_step[i][1] * sizeof *shown);
+     * kernel read it), each [tokens]: the asked slots' values only, from
+     * step[3] to the last live one (none of the first two chunks). */
+    int asked = want_step[i][2], nasked = want_step[i][1] - asked;
+    if (nasked == 0) continue;
+    rt_sha256_update(&c, next + asked, (size_t)nasked * sizeof *next);
+    rt_sha256_update(&c, shown + asked, (size_t)nasked * sizeof *shown);
   }
   uint8_t want[32];
   rt_sha256_final(&c, want);
@@ -1385,11 +1388,17 @@ START_TEST(generate_chunks) {
   free(r2.generated);
   rt_bundle_close(every);
 
-  /* Same inputs, same bytes; another prompt, another hash. */
+  /* Same inputs, same bytes; another token in a row no step asks for
+   * (this kernel's outputs of a slot depend on that slot's id alone), the
+   * same hash; another last prompt token, another hash. */
   ck_assert_ptr_null(rt_generate(bd, prompt, 10, 3, NULL, NULL, &r2));
   ck_assert_mem_eq(r2.outputs_sha256, want, 32);
   free(r2.generated);
   prompt[3] = 8;
+  ck_assert_ptr_null(rt_generate(bd, prompt, 10, 3, NULL, NULL, &r2));
+  ck_assert_mem_eq(r2.outputs_sha256, want, 32);
+  free(r2.generated);
+  prompt[9] = 31;
   ck_assert_ptr_null(rt_generate(bd, prompt, 10, 3, NULL, NULL, &r2));
   ck_assert(memcmp(r2.outputs_sha256, want, 32) != 0);
   free(r2.generated);
