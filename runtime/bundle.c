@@ -1564,7 +1564,7 @@ rt_status rt_tensor_find(const rt_bundle *b, const char *path, uint32_t *out_ind
   return rt_status_make("%s: no tensor named %s", b->dir, path);
 }
 
-static rt_status tensor_check(const rt_bundle *b, uint32_t tensor, size_t bytes, const char *what) {
+static rt_status tensor_check(const rt_bundle *b, uint32_t tensor, size_t off, size_t bytes, const char *what) {
   const plan *p = &b->p;
   if (tensor >= p->ntensors)
     return rt_status_make("%s: tensor index %u out of range (%u tensors)", what, tensor, p->ntensors);
@@ -1572,21 +1572,25 @@ static rt_status tensor_check(const rt_bundle *b, uint32_t tensor, size_t bytes,
     return rt_status_make("%s: tensor %s is not resident (device none): its values live only "
                           "in its views",
                           what, plan_str(p, p->tensors[tensor].name));
-  if (bytes > p->tensors[tensor].bytes)
-    return rt_status_make("%s: %zu bytes asked of tensor %s, which has %llu", what, bytes,
-                          plan_str(p, p->tensors[tensor].name),
-                          (unsigned long long)p->tensors[tensor].bytes);
+  uint64_t have = p->tensors[tensor].bytes;
+  if (off > have || bytes > have - off)
+    return rt_status_make("%s: %zu bytes from byte %zu asked of tensor %s, which has %llu", what, bytes, off,
+                          plan_str(p, p->tensors[tensor].name), (unsigned long long)have);
   return NULL;
 }
 
-rt_status rt_tensor_read(rt_bundle *b, uint32_t tensor, void *dst, size_t bytes) {
-  RT_TRY(tensor_check(b, tensor, bytes, "rt_tensor_read"));
+rt_status rt_tensor_read_at(rt_bundle *b, uint32_t tensor, size_t off, void *dst, size_t bytes) {
+  RT_TRY(tensor_check(b, tensor, off, bytes, "rt_tensor_read"));
   rt_dev *v = &b->devs[b->p.tensors[tensor].device];
-  return v->be->copy_d2h(v->dev, dst, b->tensor_ptr[tensor], bytes);
+  return v->be->copy_d2h(v->dev, dst, (uint8_t *)b->tensor_ptr[tensor] + off, bytes);
+}
+
+rt_status rt_tensor_read(rt_bundle *b, uint32_t tensor, void *dst, size_t bytes) {
+  return rt_tensor_read_at(b, tensor, 0, dst, bytes);
 }
 
 rt_status rt_tensor_write(rt_bundle *b, uint32_t tensor, const void *src, size_t bytes) {
-  RT_TRY(tensor_check(b, tensor, bytes, "rt_tensor_write"));
+  RT_TRY(tensor_check(b, tensor, 0, bytes, "rt_tensor_write"));
   rt_dev *v = &b->devs[b->p.tensors[tensor].device];
   return v->be->copy_h2d(v->dev, b->tensor_ptr[tensor], src, bytes);
 }

@@ -99,8 +99,8 @@ static rt_status run_step(gen_state *g, rt_bundle *b, int32_t pos, int32_t ntok,
     if (p->tensors[i].role != PLAN_OUTPUT) continue;
     size_t off, n = rt_asked_bytes(p, i, asked, ntok, &off);
     if (n == 0) continue;
-    RT_TRY(rt_tensor_read(b, i, g->out, off + n));
-    rt_sha256_update(&g->sha, g->out + off, n);
+    RT_TRY(rt_tensor_read_at(b, i, off, g->out, n));
+    rt_sha256_update(&g->sha, g->out, n);
   }
   return rt_tensor_read(b, p->info.next_tensor, g->next, (size_t)ntok * sizeof(int32_t));
 }

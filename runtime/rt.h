@@ -76,6 +76,8 @@ int rt_cpu_replay_parse(const char *name, rt_cpu_replay *out);
  * tensors (a weight source on no device is refused). */
 rt_status rt_tensor_find(const rt_bundle *b, const char *path, uint32_t *out_index);
 rt_status rt_tensor_read(rt_bundle *b, uint32_t tensor, void *dst, size_t bytes);
+/* The same from byte off of the tensor on. */
+rt_status rt_tensor_read_at(rt_bundle *b, uint32_t tensor, size_t off, void *dst, size_t bytes);
 rt_status rt_tensor_write(rt_bundle *b, uint32_t tensor, const void *src, size_t bytes);
 
 /* The seeded weight generator: value i of tensor t, before rounding to the

@@ -385,6 +385,19 @@ START_TEST(chain_one_stream) {
   e = rt_tensor_read(bd, y, big, sizeof big);
   ck_assert_ptr_nonnull(e);
   rt_status_free(e);
+  /* A read from an offset: the tail of the whole, and nothing past it. */
+  float whole[N], tail[N];
+  ck_assert_ptr_null(rt_tensor_read(bd, y, whole, sizeof whole));
+  ck_assert_ptr_null(rt_tensor_read_at(bd, y, 3 * sizeof(float), tail, (N - 3) * sizeof(float)));
+  ck_assert_mem_eq(tail, whole + 3, (N - 3) * sizeof(float));
+  ck_assert_ptr_null(rt_tensor_read_at(bd, y, sizeof whole, tail, 0));
+  e = rt_tensor_read_at(bd, y, 3 * sizeof(float), tail, (N - 2) * sizeof(float));
+  ck_assert_ptr_nonnull(e);
+  ck_assert_msg(strstr(rt_status_msg(e), "bytes from byte 12 asked of tensor y"), "%s", rt_status_msg(e));
+  rt_status_free(e);
+  e = rt_tensor_read_at(bd, y, sizeof whole + 1, tail, 0);
+  ck_assert_ptr_nonnull(e);
+  rt_status_free(e);
   rt_bundle_close(bd);
   tb_cleanup(&b);
 }
