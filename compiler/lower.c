@@ -352,6 +352,12 @@ static char *pair_path(const char *a, const char *b) {
   return s;
 }
 
+/* Removes ops[j], whose path the fusion has freed or taken, from p. */
+static void drop_op(ir_prog *p, int j) {
+  memmove(&p->ops[j], &p->ops[j + 1], (size_t)(p->nops - j - 1) * sizeof p->ops[j]);
+  p->nops--;
+}
+
 /* Fuses each matmul with the next one it pairs with; drops the second. */
 static void fuse_matmul_pairs(ir_prog *p) {
   for (int i = 0; i < p->nops; i++) {
@@ -372,8 +378,7 @@ static void fuse_matmul_pairs(ir_prog *p) {
         a->out[1] = b->out[0];
         a->out_pos[1] = b->out_pos[0];
         ir_xfree(b->path);
-        memmove(b, b + 1, (size_t)(p->nops - j - 1) * sizeof *b);
-        p->nops--;
+        drop_op(p, j);
         break;
       }
   }
@@ -438,8 +443,7 @@ static void fuse_combine_adds(ir_prog *p) {
     a->in[1] = c->in[1];
     a->in_pos[1] = c->in_pos[1];
     ir_xfree(c->path);
-    memmove(c, c + 1, (size_t)(p->nops - i - 1) * sizeof *c);
-    p->nops--;
+    drop_op(p, i);
     i--;
   }
 }
@@ -483,8 +487,7 @@ static void fuse_combine_hc_posts(ir_prog *p) {
     }
     h->nin = 6;
     fold_names(p, h, c, pair_path(c->path, h->path));
-    memmove(c, c + 1, (size_t)(p->nops - i - 1) * sizeof *c);
-    p->nops--;
+    drop_op(p, i);
     i--;
   }
 }
@@ -527,8 +530,7 @@ static void fuse_hc_pre_norms(ir_prog *p) {
     h->out_pos[0] = r->out_pos[0];
     h->fattr[3] = r->fattr[0];
     ir_xfree(r->path);
-    memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
-    p->nops--;
+    drop_op(p, j);
   }
 }
 
@@ -573,8 +575,7 @@ static void fuse_norm_ropes(ir_prog *p) {
     n->out[0] = r->out[0];
     n->out_pos[0] = r->out_pos[0];
     fold_names(p, n, r, path);
-    memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
-    p->nops--;
+    drop_op(p, j);
   }
 }
 
@@ -606,8 +607,7 @@ static void fuse_norm_windows(ir_prog *p) {
     n->out[0] = w->out[0];
     n->out_pos[0] = w->out_pos[0];
     fold_names(p, n, w, pair_path(n->path, w->path));
-    memmove(w, w + 1, (size_t)(p->nops - j - 1) * sizeof *w);
-    p->nops--;
+    drop_op(p, j);
   }
 }
 
@@ -650,8 +650,7 @@ static void fuse_attention_ropes(ir_prog *p) {
     a->out[0] = r->out[0];
     a->out_pos[0] = r->out_pos[0];
     fold_names(p, a, r, pair_path(a->path, r->path));
-    memmove(r, r + 1, (size_t)(p->nops - j - 1) * sizeof *r);
-    p->nops--;
+    drop_op(p, j);
   }
 }
 
@@ -700,8 +699,7 @@ static void fuse_attention_qnorms(ir_prog *p) {
     a->iattr[13] = 1;
     a->fattr[14] = n->fattr[9];
     fold_names(p, a, n, pair_path(n->path, a->path));
-    memmove(n, n + 1, (size_t)(p->nops - j - 1) * sizeof *n);
-    p->nops--;
+    drop_op(p, j);
     i--;
   }
 }

@@ -3464,6 +3464,15 @@ static void chain_build(chain_kernel *k, int gpu)
     build(&k->op, &k->host);
 }
 
+/* k, a copy of op (its program pointing at the copy's own tensors), built
+ * as the host kernel or the GPU kernel on the host. */
+static void chain_start(chain_kernel *k, const kt *op, int gpu)
+{
+  *k = (chain_kernel){.op = *op};
+  k->op.prog.tensors = k->op.tensors;
+  chain_build(k, gpu);
+}
+
 static void chain_unbuild(chain_kernel *k)
 {
   if (k->gpu)
@@ -4973,13 +4982,10 @@ static void fused_chain_case(const char *what, const kt *fused, const kt *a, con
   int nf = fused->op.nin, na = a->op.nin, nb = b->op.nin;
   ck_assert_int_eq(b->tensors[nb].bytes, fused->tensors[nf].bytes);
   for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kf = {.op = *fused}, ka = {.op = *a}, kb = {.op = *b};
-    kf.op.prog.tensors = kf.op.tensors;
-    ka.op.prog.tensors = ka.op.tensors;
-    kb.op.prog.tensors = kb.op.tensors;
-    chain_build(&kf, gpu);
-    chain_build(&ka, gpu);
-    chain_build(&kb, gpu);
+    chain_kernel kf, ka, kb;
+    chain_start(&kf, fused, gpu);
+    chain_start(&ka, a, gpu);
+    chain_start(&kb, b, gpu);
     bufs bf, ba, bb;
     bufs_alloc(&bf, fused);
     bufs_alloc(&ba, a);
@@ -5041,11 +5047,9 @@ static double ffn_rel_err(const char *what, const float *gpu, const float *host,
  * the sums is the same). i32 inputs come from idx. */
 static void ffn_gpu_case(const kt *k, const int32_t *idx, int nidx, const int (*steps)[2], int nsteps)
 {
-  chain_kernel host = {.op = *k}, dev = {.op = *k};
-  host.op.prog.tensors = host.op.tensors;
-  dev.op.prog.tensors = dev.op.tensors;
-  chain_build(&host, 0);
-  chain_build(&dev, 1);
+  chain_kernel host, dev;
+  chain_start(&host, k, 0);
+  chain_start(&dev, k, 1);
   int nin = k->op.nin, nbuf = k->prog.ntensors;
   bufs bs;
   bufs_alloc(&bs, k);
@@ -5161,13 +5165,10 @@ static void moe_lowered_case(int *rows, uint32_t wt, double limit)
   ffn_gpu_case(&down, idx, T * K, g_gpu_steps, 2);
 
   for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kw = {.op = whole}, ku = {.op = up}, kd = {.op = down};
-    kw.op.prog.tensors = kw.op.tensors;
-    ku.op.prog.tensors = ku.op.tensors;
-    kd.op.prog.tensors = kd.op.tensors;
-    chain_build(&kw, gpu);
-    chain_build(&ku, gpu);
-    chain_build(&kd, gpu);
+    chain_kernel kw, ku, kd;
+    chain_start(&kw, &whole, gpu);
+    chain_start(&ku, &up, gpu);
+    chain_start(&kd, &down, gpu);
     bufs bw, bu, bd;
     bufs_alloc(&bw, &whole);
     bufs_alloc(&bu, &up);
@@ -5221,13 +5222,10 @@ static void matmul_pair_case(int64_t K, int64_t N1, int64_t N2, uint32_t wt)
   kt_add(&m2, 0, wt, 2, N2, K);
   kt_add(&m2, 1, PLAN_F32, 2, (int64_t)T, N2);
   for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kp = {.op = pair}, k1 = {.op = m1}, k2 = {.op = m2};
-    kp.op.prog.tensors = kp.op.tensors;
-    k1.op.prog.tensors = k1.op.tensors;
-    k2.op.prog.tensors = k2.op.tensors;
-    chain_build(&kp, gpu);
-    chain_build(&k1, gpu);
-    chain_build(&k2, gpu);
+    chain_kernel kp, k1, k2;
+    chain_start(&kp, &pair, gpu);
+    chain_start(&k1, &m1, gpu);
+    chain_start(&k2, &m2, gpu);
     bufs bp, b1, b2;
     bufs_alloc(&bp, &pair);
     bufs_alloc(&b1, &m1);
@@ -5458,9 +5456,8 @@ static void quant_close(const float *y32, const float *yq, size_t n, const char 
 static void quant_case(const kt *k32, int32_t ibound, int gpu, const qvariant *vars, int nvars)
 {
   int nin = k32->op.nin, nbuf = k32->prog.ntensors;
-  chain_kernel c32 = {.op = *k32};
-  c32.op.prog.tensors = c32.op.tensors;
-  chain_build(&c32, gpu);
+  chain_kernel c32;
+  chain_start(&c32, k32, gpu);
   const kgen_kernel *kk32 = gpu ? &c32.gpu->kk : &c32.host.kk;
   bufs s32, sq;
   bufs_alloc(&s32, &c32.op);
@@ -6024,11 +6021,9 @@ static void mma_exact_case(const kt *k)
 static void mma_extremes_case(const kt *k)
 {
   int64_t K = k->tensors[0].dim[1], N = k->tensors[1].dim[0];
-  chain_kernel host = {.op = *k}, dev = {.op = *k};
-  host.op.prog.tensors = host.op.tensors;
-  dev.op.prog.tensors = dev.op.tensors;
-  chain_build(&host, 0);
-  chain_build(&dev, 1);
+  chain_kernel host, dev;
+  chain_start(&host, k, 0);
+  chain_start(&dev, k, 1);
   bufs want, got;
   bufs_alloc(&want, k);
   bufs_alloc(&got, k);
@@ -6719,13 +6714,10 @@ static void hc_lowered_case(int pre, int64_t N, int64_t D, int64_t iters)
 
   int nin = whole.op.nin, nout = whole.op.nout;
   for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kw = {.op = whole}, ks = {.op = sums}, kr = {.op = rest};
-    kw.op.prog.tensors = kw.op.tensors;
-    ks.op.prog.tensors = ks.op.tensors;
-    kr.op.prog.tensors = kr.op.tensors;
-    chain_build(&kw, gpu);
-    chain_build(&ks, gpu);
-    chain_build(&kr, gpu);
+    chain_kernel kw, ks, kr;
+    chain_start(&kw, &whole, gpu);
+    chain_start(&ks, &sums, gpu);
+    chain_start(&kr, &rest, gpu);
     bufs bw, bs, br;
     bufs_alloc(&bw, &whole);
     bufs_alloc(&bs, &sums);
