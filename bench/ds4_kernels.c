@@ -216,13 +216,16 @@ typedef struct shape {
   int launches;
 } shape;
 
-/* Distinct (N, K, dtype) of the plan's matmul launches on a bf16, f8e4m3
- * or mxfp4 weight. */
+/* Distinct (N, K, dtype) of the plan's matmul launches (and matmul_hc_post
+ * ones: a matmul with hc_post as its tail) on a bf16, f8e4m3 or mxfp4
+ * weight. */
 static int gemv_shapes(const plan *p, shape *out, int cap) {
   int n = 0;
   for (uint32_t c = 0; c < p->ncommands; c++) {
     const plan_command *cmd = &p->commands[c];
-    if (cmd->kind != PLAN_CMD_LAUNCH || strcmp(plan_str(p, p->kernels[cmd->a].kind), "matmul")) continue;
+    if (cmd->kind != PLAN_CMD_LAUNCH) continue;
+    const char *kind = plan_str(p, p->kernels[cmd->a].kind);
+    if (strcmp(kind, "matmul") && strcmp(kind, "matmul_hc_post")) continue;
     const plan_tensor *w = &p->tensors[p->args[cmd->args_begin + 1].tensor];
     if (!gemv_dtype(w->dtype) || w->ndim != 2) continue;
     int i = 0;

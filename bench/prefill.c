@@ -11,15 +11,17 @@
  * - The prefill chunk by op kind: one traced generation of the first
  *   prompt length (stream replay), each launch's span summed by kernel kind
  *   over the chunks and divided by their count, with the FLOPs of the
- *   matmul kinds (matmul, matmul_pair, group_matmul: 2 x rows x N x K for
+ *   matmul kinds (matmul, matmul_pair, matmul_triple, matmul_hc_post,
+ *   group_matmul: 2 x rows x N x K for
  *   every weight; the LM head's rows are those the chunk asked for,
  *   step[3]; moe_up and moe_down: 2 x rows x top_k x the expert's N x K)
  *   and their rate. Spans overlap across streams and carry their
  *   timestamps' cost.
  * - The plan's matmul launches against cuBLAS: for each matmul,
- *   matmul_pair and group_matmul kernel of the prefill plan, its traced
- *   time a launch against cuBLAS's (cublasGemmEx, x in bf16, y in f32) on
- *   the same shapes at M = the plan's slots (a pair's two GEMMs, a group's
+ *   matmul_pair, matmul_triple, matmul_hc_post and group_matmul kernel of
+ *   the prefill plan, its traced time a launch against cuBLAS's
+ *   (cublasGemmEx, x in bf16, y in f32) on the same shapes at M = the
+ *   plan's slots (a pair's two GEMMs, a triple's three, a group's
  *   G, summed), ours over theirs; and cuBLAS's rate on its shapes at
  *   M = 2048.
  * - The matmul-only lower bound of a 2048-token prefill: every matmul
@@ -54,7 +56,7 @@ typedef struct opts {
 typedef struct mm_kernel {
   uint32_t kernel;
   const char *kind;
-  uint64_t n[2], k[2];
+  uint64_t n[3], k[3];
   int nparts, groups, output; /* output: it writes a plan output (the LM head) */
   double us;
   int launches;
@@ -77,7 +79,8 @@ typedef struct trace_acc {
 } trace_acc;
 
 static int is_matmul(const char *kind) {
-  return !strcmp(kind, "matmul") || !strcmp(kind, "matmul_pair") || !strcmp(kind, "group_matmul");
+  return !strcmp(kind, "matmul") || !strcmp(kind, "matmul_pair") || !strcmp(kind, "matmul_triple") ||
+         !strcmp(kind, "matmul_hc_post") || !strcmp(kind, "group_matmul");
 }
 
 static uint64_t rows_of(const plan_tensor *t) { return t->ndim >= 2 ? t->dim[t->ndim - 2] : 1; }
@@ -121,7 +124,7 @@ static mm_kernel *mm_of(trace_acc *a, const plan *p, uint32_t c) {
   m->output = writes_output(p, c);
   m->groups = 1;
   const plan_arg *args = &p->args[cmd->args_begin];
-  for (uint32_t i = 0; i < cmd->nargs && m->nparts < 2; i++) {
+  for (uint32_t i = 0; i < cmd->nargs && m->nparts < 3; i++) {
     const plan_tensor *t = &p->tensors[args[i].tensor];
     if (t->role != PLAN_WEIGHT) continue;
     m->n[m->nparts] = rows_of(t);
@@ -417,7 +420,7 @@ int main(int argc, char **argv) {
       snprintf(what, sizeof what, "%s", plan_str(rt_bundle_plan(a->b), rt_bundle_plan(a->b)->kernels[m->kernel].symbol));
       snprintf(how, sizeof how, "%s%s, %d launch%s a chunk: %llu x %llu%s%s", m->kind, m->output ? " (LM head)" : "",
                m->launches / a->chunks, m->launches / a->chunks == 1 ? "" : "es", (unsigned long long)m->n[0],
-               (unsigned long long)m->k[0], m->nparts > 1 ? " and a second part" : "",
+               (unsigned long long)m->k[0], m->nparts > 2 ? " and two more parts" : m->nparts > 1 ? " and a second part" : "",
                m->groups > 1 ? ", grouped" : "");
       add_row(&mt, what, how,
               "ours %.1f us, cuBLAS %.1f us at M = %d (ours / theirs %.2f); cuBLAS at M = %d: %.1f us, %.0f TFLOP/s",

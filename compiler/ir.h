@@ -61,8 +61,13 @@ enum ir_opkind {
   IR_OP_HC_SUMS,
   IR_OP_HC_PRE_SUMS,
   IR_OP_HC_HEAD_SUMS,
+  /* argmax in two launches on a GPU (lower.c), likewise */
+  IR_OP_ARGMAX_PARTS,
+  IR_OP_ARGMAX_OF_PARTS,
   /* two matmuls of one x in one launch on a GPU (lower.c), likewise */
   IR_OP_MATMUL_PAIR,
+  /* a matmul_pair and a third matmul of its x, likewise */
+  IR_OP_MATMUL_TRIPLE,
   /* moe_combine with the add that reads it, likewise */
   IR_OP_MOE_COMBINE_ADD,
   /* hc_pre with the rmsnorm of its x, in one launch, likewise */
@@ -76,6 +81,8 @@ enum ir_opkind {
   IR_OP_SINK_ATTENTION_ROPE,
   /* moe_combine_add with the hc_post that reads its output, likewise */
   IR_OP_HC_POST_COMBINE,
+  /* a matmul with the hc_post that reads its output, likewise */
+  IR_OP_MATMUL_HC_POST,
   IR_OP_COPY, /* inserted by the copies pass, never written in a model */
   IR_NOPKIND
 };

@@ -237,11 +237,23 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                           {{"sums", 'f', "TJ"}, {"X", 'f', "TND"}, {"base", 'f', "N"}, {"scale", 'f', "s"},
                            {"h", 'f', "TD"}},
                           2, {{"eps", 1}, {"hc_eps", 1}}},
+  /* argmax lowered (lower.c): G parts of a row of V logits */
+  [IR_OP_ARGMAX_PARTS] = {"argmax_parts", 1, 2, {{"logits", 'f', "TV"}, {"vals", 'f', "TG"}, {"idx", 'i', "TG"}},
+                          0, {{0}}},
+  [IR_OP_ARGMAX_OF_PARTS] = {"argmax_of_parts", 3, 1,
+                             {{"vals", 'f', "TG"}, {"idx", 'i', "TG"}, {"logits", 'f', "TV"}, {"ids", 'i', "T"}},
+                             0, {{0}}},
   /* two matmuls of one x (lower.c): w1 [N, K] and w2 [M, K] of one dtype */
   [IR_OP_MATMUL_PAIR] = {"matmul_pair", 3, 2,
                          {{"x", 'f', "TK"}, {"w1", 'q', "NK", "W1_DT"}, {"w2", 'q', "MK", "W2_DT"},
                           {"y1", 'f', "TN"}, {"y2", 'f', "TM"}},
                          0, {{0}}},
+  /* three matmuls of one x (lower.c): a pair's and w3 [L, K], one dtype;
+   * matmul_pair's template with N3 defined */
+  [IR_OP_MATMUL_TRIPLE] = {"matmul_triple", 4, 3,
+                           {{"x", 'f', "TK"}, {"w1", 'q', "NK", "W1_DT"}, {"w2", 'q', "MK", "W2_DT"},
+                            {"w3", 'q', "LK", "W3_DT"}, {"y1", 'f', "TN"}, {"y2", 'f', "TM"}, {"y3", 'f', "TL"}},
+                           0, {{0}}, "matmul_pair"},
   /* moe_combine and the add after it (lower.c): y = combine(slots, w) + b,
    * moe_combine's template with ADDEND 1 */
   [IR_OP_MOE_COMBINE_ADD] = {"moe_combine_add", 3, 1,
@@ -277,6 +289,12 @@ static const kgen_kind kgen_kinds[IR_NOPKIND] = {
                              {{"slots", 'f', "TkD"}, {"w", 'f', "Tk"}, {"b", 'f', "TD"}, {"X", 'f', "TND"},
                               {"post", 'f', "TN"}, {"comb", 'f', "TNN"}, {"X_out", 'f', "TND"}},
                              0, {{0}}, "hc_post"},
+  /* a matmul and the hc_post after it (lower.c): matmul's template with
+   * HC_POST defined (S streams of N channels) */
+  [IR_OP_MATMUL_HC_POST] = {"matmul_hc_post", 5, 1,
+                            {{"x", 'f', "TK"}, {"w", 'q', "NK", "W_DT"}, {"X", 'f', "TSN"}, {"post", 'f', "TS"},
+                             {"comb", 'f', "TSS"}, {"X_out", 'f', "TSN"}},
+                            0, {{0}}, "matmul"},
   [IR_OP_COPY] = {"copy", 0, 0, {{0}}, 0, {{0}}},
 };
 
@@ -1033,6 +1051,17 @@ static kgen_mm_tiles kgen_matmul_tiles(const kgen_ctx *c, int64_t k, int64_t nco
   return t;
 }
 
+/* matmul_hc_post's HC_POST, its streams: on the CUDA cores a lane of a
+ * column's warp computes one (matmul.hip). */
+static int kgen_def_hc_post(kgen_ctx *c, kgen_spec *s)
+{
+  if (c->var['S'] > 32)
+    return kgen_err(c->d, c->op->pos, "matmul_hc_post: %" PRId64 " streams, where a warp's lane computes one: 32 at most",
+                    c->var['S']);
+  kgen_def_int(s, "HC_POST", c->var['S']);
+  return 0;
+}
+
 /* A matmul kind's TILE and MMA_NT (ROWS on the CUDA cores). */
 static void kgen_def_tile(kgen_spec *s, const kgen_mm_tiles *t, int64_t rows)
 {
@@ -1078,7 +1107,10 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       return -1;
     kgen_def_float(s, "EPS", f);
     break;
+  case IR_OP_MATMUL_HC_POST:
   case IR_OP_MATMUL: {
+    if (op->kind == IR_OP_MATMUL_HC_POST && kgen_def_hc_post(c, s))
+      return -1;
     int64_t rows = v['N'] >= KGEN_MATMUL_WIDE ? 2 : 1;
     kgen_mm_tiles t = kgen_matmul_tiles(c, v['K'], v['N'], 0, rows);
     int64_t ntiles = (v['N'] + t.cols - 1) / t.cols;
@@ -1093,26 +1125,36 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     s->grid_text = t.mma ? "tile of output columns x tile of slots" : "tile of output columns, every token slot";
     break;
   }
-  case IR_OP_MATMUL_PAIR: {
-    /* Each part tiled as matmul tiles it, both with the same tile (two
+  case IR_OP_MATMUL_PAIR:
+  case IR_OP_MATMUL_TRIPLE: {
+    /* Each part tiled as matmul tiles it, all with the same tile (two
      * columns a warp, or four tiles of 8 on the matrix units, only when
-     * both parts are wide): the bits depend on neither (matmul.hip,
+     * every part is wide): the bits depend on neither (matmul.hip,
      * matmul_mma.hip). */
-    if (kgen_tensor(c, 1)->dtype != kgen_tensor(c, 2)->dtype)
-      return kgen_err(c->d, op->pos, "matmul_pair: w1 (%s) and w2 (%s) must have one dtype", kgen_tensor(c, 1)->path,
-                      kgen_tensor(c, 2)->path);
+    int triple = op->kind == IR_OP_MATMUL_TRIPLE;
+    for (int i = 2; i <= (triple ? 3 : 2); i++)
+      if (kgen_tensor(c, i)->dtype != kgen_tensor(c, 1)->dtype)
+        return kgen_err(c->d, op->pos, "%s: w1 (%s) and w%d (%s) must have one dtype", c->k->name,
+                        kgen_tensor(c, 1)->path, i, kgen_tensor(c, i)->path);
     int64_t narrow = v['N'] < v['M'] ? v['N'] : v['M'];
+    if (triple && v['L'] < narrow)
+      narrow = v['L'];
     int64_t rows = narrow >= KGEN_MATMUL_WIDE ? 2 : 1;
     kgen_mm_tiles t = kgen_matmul_tiles(c, v['K'], narrow, 0, rows);
     int64_t nt1 = (v['N'] + t.cols - 1) / t.cols, nt2 = (v['M'] + t.cols - 1) / t.cols;
+    int64_t nt3 = triple ? (v['L'] + t.cols - 1) / t.cols : 0;
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "K", v['K']);
     kgen_def_int(s, "N1", v['N']);
     kgen_def_int(s, "N2", v['M']);
+    if (triple)
+      kgen_def_int(s, "N3", v['L']);
     kgen_def_tile(s, &t, rows);
     kgen_def_int(s, "NTILES1", nt1);
     kgen_def_int(s, "NTILES2", nt2);
-    kgen_def_slot_tiles(s, T, &t, nt1 + nt2);
+    if (triple)
+      kgen_def_int(s, "NTILES3", nt3);
+    kgen_def_slot_tiles(s, T, &t, nt1 + nt2 + nt3);
     s->grid_text = t.mma ? "tile of either part's output columns x tile of slots"
                        : "tile of either part's output columns, every token slot";
     break;
@@ -1337,6 +1379,26 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     if (op->asked_rows)
       kgen_def_int(s, "ASKED_ROWS", 1);
     break;
+  case IR_OP_ARGMAX_PARTS:
+  case IR_OP_ARGMAX_OF_PARTS: {
+    /* parts of whole chunks of 4 logits (a 16-byte aligned row's part
+     * starts on a 16-byte bound), none empty */
+    int64_t part = ((v['V'] + v['G'] - 1) / v['G'] + 3) / 4 * 4;
+    if (v['G'] < 1 || (v['G'] - 1) * part >= v['V'])
+      return kgen_err(c->d, op->pos, "%s: %" PRId64 " parts of a row of %" PRId64 " logits leave a part empty",
+                      c->k->name, v['G'], v['V']);
+    kgen_def_int(s, "T", T);
+    kgen_def_int(s, "V", v['V']);
+    kgen_def_int(s, "G", v['G']);
+    if (op->kind == IR_OP_ARGMAX_PARTS) {
+      kgen_def_int(s, "PART", part);
+      s->grid = (uint64_t)(T * v['G']);
+      s->grid_text = "token slot x part of the row";
+    }
+    if (op->asked_rows)
+      kgen_def_int(s, "ASKED_ROWS", 1);
+    break;
+  }
   case IR_OP_SUM_PARTS: {
     const ir_tensor *a = kgen_tensor(c, 0), *y = kgen_tensor(c, 1);
     int64_t n = op->iattr[0];

@@ -84,8 +84,14 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_HC_SUMS] = {256, 0, 0},
   [IR_OP_HC_PRE_SUMS] = {256, 0, 0},
   [IR_OP_HC_HEAD_SUMS] = {256, 0, 0},
+  /* argmax lowered (lower.c): a part of a row a block, then a block a row
+   * over its parts */
+  [IR_OP_ARGMAX_PARTS] = {256, 0, 0},
+  [IR_OP_ARGMAX_OF_PARTS] = {256, 0, 0},
   /* matmul_pair (lower.c): as matmul */
   [IR_OP_MATMUL_PAIR] = {256, 32, 1u << 1 | 1u << 2, 2},
+  /* matmul_triple (lower.c): as matmul */
+  [IR_OP_MATMUL_TRIPLE] = {256, 32, 1u << 1 | 1u << 2 | 1u << 3, 2},
   /* moe_combine_add (lower.c): as moe_combine */
   [IR_OP_MOE_COMBINE_ADD] = {256, 0, 0},
   /* hc_pre_norm (lower.c): a block per slot, with rmsnorm's threads (the
@@ -100,6 +106,8 @@ static const kgen_gpu_kind kgen_gpu_kinds[IR_NOPKIND] = {
   [IR_OP_SINK_ATTENTION_ROPE] = {256, 0, 0, 2},
   /* hc_post_combine (lower.c): as hc_post */
   [IR_OP_HC_POST_COMBINE] = {256, 0, 0},
+  /* matmul_hc_post (lower.c): as matmul */
+  [IR_OP_MATMUL_HC_POST] = {256, 32, 1u << 1, 2},
 };
 
 const char *kgen_gpu_prelude(void)
@@ -127,6 +135,8 @@ static int64_t kgen_gpu_x_row(const kgen_spec *s)
   switch (s->op->kind) {
   case IR_OP_MATMUL:
   case IR_OP_MATMUL_PAIR:
+  case IR_OP_MATMUL_TRIPLE:
+  case IR_OP_MATMUL_HC_POST:
     return kgen_spec_int(s, "K");
   case IR_OP_MOE_UP:
     return kgen_spec_int(s, "H");
@@ -172,7 +182,9 @@ static int kgen_gpu_min_blocks(const kgen_spec *s, const kgen_gpu_kind *g)
   int kind = s->op->kind;
   if (kgen_spec_int(s, "MMA_MT"))
     return kind == IR_OP_MOE_UP || kind == IR_OP_MOE_DOWN ? 2 : 1;
-  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MATMUL_PAIR) && kgen_gpu_stage_x(s))
+  if ((kind == IR_OP_MATMUL || kind == IR_OP_GROUP_MATMUL || kind == IR_OP_MATMUL_PAIR ||
+       kind == IR_OP_MATMUL_TRIPLE || kind == IR_OP_MATMUL_HC_POST) &&
+      kgen_gpu_stage_x(s))
     return 3;
   return g->min_blocks ? g->min_blocks : 1;
 }
@@ -276,6 +288,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
   case IR_OP_MATMUL:
   case IR_OP_GROUP_MATMUL:
   case IR_OP_MATMUL_PAIR:
+  case IR_OP_MATMUL_TRIPLE:
+  case IR_OP_MATMUL_HC_POST:
   case IR_OP_MOE_UP:
   case IR_OP_MOE_DOWN: { /* the staged row of x (kgen_gpu_x_row) */
     int moe = s->op->kind == IR_OP_MOE_UP || s->op->kind == IR_OP_MOE_DOWN;
@@ -322,6 +336,8 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return act + (stage_x ? (uint64_t)h * 4 : 0);
   }
   case IR_OP_ARGMAX: /* redv, redi */
+  case IR_OP_ARGMAX_PARTS:
+  case IR_OP_ARGMAX_OF_PARTS:
     return nt * 8;
   case IR_OP_RMSNORM_GROUPS: /* red */
     return nt * 4;

@@ -17,18 +17,29 @@
  *            the rest of the op from the sums, a block per slot.
  * As one launch, a block per slot streams all M weight rows (1.5 MB at
  * DeepSeek-V4-Flash's size) on one multiprocessor.
+ * An argmax on a GPU over rows of more than ARGMAX_PART logits becomes two
+ * launches too:
+ *   argmax_parts    logits -> vals, idx: each part's largest logit and
+ *                   its lowest index ([T, G] f32 and i32), a block per
+ *                   slot and part of ARGMAX_PART logits at most;
+ *   argmax_of_parts vals, idx, logits -> ids: the best of a row's parts.
+ * As one launch, a block per slot scans the whole row (129280 logits at
+ * DeepSeek-V4-Flash's size) on one multiprocessor: about 11.5 us a decode
+ * step on an H100 (bench/NOTES.md).
  * Every lowered pair sums in the order of the op it replaces, so the
- * outputs keep their bits (docs/OPS.md). A cpu device keeps the ops whole:
- * its thread pool has few workers to spread over, and its plans stay as
- * they were. The two ops are named <op>.up and <op>.down, or <op>.sums and
- * <op>.mix; an ordering hint that names the op names both (order.c).
+ * outputs keep their bits (docs/OPS.md; an argmax's ids are exact in any
+ * order). A cpu device keeps the ops whole: its thread pool has few
+ * workers to spread over, and its plans stay as they were. The two ops
+ * are named <op>.up and <op>.down, <op>.sums and <op>.mix, or
+ * <op>.parts and <op>.best; an ordering hint that names the op names
+ * both (order.c).
  *
  * Then fuse joins two ops into one launch where that is safe by
  * construction, in this order: an hc_pre's mix and its norm, a norm and
  * its rope, that and the window write of its output, an attention core
  * and its rope, that and the head norm and rope of its q, two matmuls of
- * one x, a routed combine and its add, and those two and the hc_post of
- * their sum.
+ * one x and a third, a routed combine and its add, those two and the
+ * hc_post of their sum, and a matmul and the hc_post of its output.
  *
  * An hc_pre_sums (an hc_pre's second launch) whose x only an rmsnorm on
  * the same stream reads becomes, with that norm, one launch, hc_pre_norm
@@ -101,7 +112,12 @@
  * outputs, and no op between the two in program order that writes x or
  * touches the second's output or the first's (so running the second early
  * changes no value any op reads); and not an op that an ordering hint
- * names, so every hint keeps meaning what it says.
+ * names, so every hint keeps meaning what it says. Then a pair and the
+ * next matmul on its stream that reads the same x, one no pair took,
+ * become by the same rules (the pair's two outputs the first's) one
+ * launch, matmul_triple (x, w1, w2, w3 -> y1, y2, y3), in the pair's
+ * place, named <pair>+<the third's last name>: a CSA layer's q_a, kv and
+ * indexer weights (layers.2.attn.q_a+kv+weights).
  *
  * A moe_combine on a GPU whose output only an add on the same device
  * reads becomes, with that add, one launch, moe_combine_add (slots, w, b
@@ -125,11 +141,23 @@
  * only the hc_post reads, and no op between the two that writes the
  * combine's inputs; a hint may name either, as above.
  *
+ * A matmul on a GPU whose output only an hc_post on the same stream
+ * reads, as its y, becomes, with that hc_post, one launch, matmul_hc_post
+ * (x, w, X, post, comb -> X_out), in the hc_post's place, named
+ * <matmul>+<the hc_post's last name>: each output's sum goes into its
+ * channel of every stream with hc_post's operations, so the bits stay,
+ * and an attention block ends in its output projection's launch (o_b)
+ * where it ended in two, in a decode step and a prefill chunk alike.
+ * Safe by the combine's rules: whole operands, the matmul's output an
+ * activation only the hc_post reads, and no op between the two that
+ * writes the matmul's inputs; a hint may name either.
+ *
  * Last, the ops that compute only the rows a step asks for: a matmul or
- * argmax (on any device) of whole operands whose outputs are plan outputs
- * that no other op reads, or only ops so marked (the LM head and the
- * argmax after it). Such an op computes the rows from step[3] to ntok and
- * writes the rows below step[3] as dead rows (OPS.md, Conventions), so a
+ * argmax (on any device; an argmax's two launches on a GPU) of whole
+ * operands whose outputs are plan outputs or activations that no other op
+ * reads, or only ops so marked (the LM head and the argmax after it).
+ * Such an op computes the rows from step[3] to ntok and writes the rows
+ * below step[3] as dead rows (OPS.md, Conventions), so a
  * prefill chunk that needs only its last position's logits, or none,
  * skips the LM head's other rows: the head's weights are the largest a
  * step reads, and a chunk of P slots multiplies its work by P. */
@@ -157,13 +185,14 @@ static int *rows_copy(const ir_op *op) {
   return r;
 }
 
-/* An f32 activation of op's device named <op><suffix>, of ndim dims: what
- * one launch of a lowered op hands the other. */
-static int between_tensor(ir_prog *p, const ir_op *op, const char *suffix, int ndim, const int64_t *dim) {
+/* An activation (f32 or i32) of op's device named <op><suffix>, of ndim
+ * dims: what one launch of a lowered op hands the other. */
+static int between_tensor(ir_prog *p, const ir_op *op, const char *suffix, uint32_t dtype, int ndim,
+                          const int64_t *dim) {
   ir_tensor a = {0};
   a.path = suffixed(op->path, suffix);
   a.pos = op->pos;
-  a.dtype = PLAN_F32;
+  a.dtype = dtype;
   a.role = PLAN_ACTIVATION;
   a.ndim = ndim;
   a.bytes = 4;
@@ -178,7 +207,7 @@ static int between_tensor(ir_prog *p, const ir_op *op, const char *suffix, int n
 static int act_tensor(ir_prog *p, const ir_op *op) {
   const ir_tensor *idx = &p->tensors[op->in[1]], *w1 = &p->tensors[op->in[2]];
   int64_t dim[3] = {idx->dim[0], idx->dim[1], w1->dim[1]};
-  return between_tensor(p, op, ".act", 3, dim);
+  return between_tensor(p, op, ".act", PLAN_F32, 3, dim);
 }
 
 /* Writes op's two launches to out[0] and out[1]; takes op's path, and
@@ -216,7 +245,7 @@ static void split_in_two(ir_prog *p, ir_op *op, ir_op *out) {
  * from fn. */
 static int sums_tensor(ir_prog *p, const ir_op *op) {
   int64_t dim[2] = {p->tensors[op->in[0]].dim[0], p->tensors[op->in[1]].dim[0] + 1};
-  return between_tensor(p, op, ".sums", 2, dim);
+  return between_tensor(p, op, ".sums", PLAN_F32, 2, dim);
 }
 
 /* Writes an hc_pre's or hc_head's two launches to out[0] and out[1];
@@ -250,10 +279,53 @@ static void split_hc(ir_prog *p, ir_op *op, ir_op *out) {
   ir_xfree(op->path);
 }
 
+/* Logits an argmax_parts block takes at most (its 256 GPU threads' 4
+ * chunks of 16 bytes): a row of more is an argmax in parts. */
+#define ARGMAX_PART 4096
+
+/* The parts of an argmax's row of V logits: one where it is whole. */
+static int64_t argmax_parts(const ir_prog *p, const ir_op *op) {
+  const ir_tensor *l = &p->tensors[op->in[0]];
+  int64_t v = l->dim[l->ndim - 1];
+  return (v + ARGMAX_PART - 1) / ARGMAX_PART;
+}
+
+/* Writes an argmax's two launches to out[0] and out[1]: argmax_parts
+ * into the parts' vals and idx ([T, G], G = argmax_parts()), then
+ * argmax_of_parts from them (and logits, whose first column decides a
+ * NaN row) into the op's ids; takes op's path. */
+static void split_argmax(ir_prog *p, ir_op *op, ir_op *out) {
+  int64_t dim[2] = {p->tensors[op->in[0]].dim[0], argmax_parts(p, op)};
+  int vals = between_tensor(p, op, ".vals", PLAN_F32, 2, dim), idx = between_tensor(p, op, ".idx", PLAN_I32, 2, dim);
+  ir_op a = *op, b = *op;
+  a.kind = IR_OP_ARGMAX_PARTS;
+  a.path = suffixed(op->path, ".parts");
+  a.nout = 2;
+  a.out[0] = vals;
+  a.out[1] = idx;
+  a.out_pos[0] = a.out_pos[1] = op->pos;
+  b.kind = IR_OP_ARGMAX_OF_PARTS;
+  b.path = suffixed(op->path, ".best");
+  b.nin = 3;
+  b.in[0] = vals;
+  b.in[1] = idx;
+  b.in[2] = op->in[0];
+  b.in_pos[0] = b.in_pos[1] = op->pos;
+  b.in_pos[2] = op->in_pos[0];
+  b.in_row0[2] = op->in_row0[0];
+  b.in_nrows[2] = op->in_nrows[0];
+  b.in_row0[0] = b.in_nrows[0] = b.in_row0[1] = b.in_nrows[1] = 0;
+  out[0] = a;
+  out[1] = b;
+  ir_xfree(op->path);
+}
+
 /* How many ops op becomes on its device: 2 when lowered, else 1. */
 static int lowered_count(const ir_prog *p, const ir_op *op) {
   int kind = op->kind;
-  return (kind == IR_OP_MOE_EXPERTS || kind == IR_OP_HC_PRE || kind == IR_OP_HC_HEAD) && on_gpu(p, op) ? 2 : 1;
+  if (!on_gpu(p, op)) return 1;
+  if (kind == IR_OP_ARGMAX) return argmax_parts(p, op) > 1 ? 2 : 1;
+  return kind == IR_OP_MOE_EXPERTS || kind == IR_OP_HC_PRE || kind == IR_OP_HC_HEAD ? 2 : 1;
 }
 
 /* The widest x an hc_pre_norm takes: one tile of hc_pre_sums (256
@@ -384,6 +456,49 @@ static void fuse_matmul_pairs(ir_prog *p) {
   }
 }
 
+/* ops[j], a matmul, joins ops[i], a matmul_pair (i < j), as the third
+ * part of a matmul_triple: the pair's rules (see the header), for both
+ * of the pair's outputs. */
+static int triples_with(const ir_prog *p, int i, int j) {
+  const ir_op *a = &p->ops[i], *b = &p->ops[j];
+  if (!fusable_matmul(p, b) || a->stream != b->stream || a->in[0] != b->in[0] || a->in_row0[0] != b->in_row0[0] ||
+      a->in_nrows[0] != b->in_nrows[0] || p->tensors[a->in[1]].dtype != p->tensors[b->in[1]].dtype || hinted(p, a) ||
+      hinted(p, b))
+    return 0;
+  for (int k = i + 1; k < j; k++)
+    if (op_uses(&p->ops[k], a->in[0], 0) || op_uses(&p->ops[k], b->out[0], 1) || op_uses(&p->ops[k], a->out[0], 0) ||
+        op_uses(&p->ops[k], a->out[1], 0))
+      return 0;
+  return 1;
+}
+
+/* Fuses each matmul_pair with the next lone matmul of its x that joins
+ * it; drops the matmul. */
+static void fuse_matmul_triples(ir_prog *p) {
+  for (int i = 0; i < p->nops; i++) {
+    ir_op *a = &p->ops[i];
+    if (a->kind != IR_OP_MATMUL_PAIR) continue;
+    for (int j = i + 1; j < p->nops; j++) {
+      if (p->ops[j].kind != IR_OP_MATMUL || p->ops[j].in[0] != a->in[0]) continue;
+      if (!triples_with(p, i, j)) break;
+      ir_op *b = &p->ops[j];
+      char *path = pair_path(a->path, b->path);
+      ir_xfree(a->path);
+      a->path = path;
+      a->kind = IR_OP_MATMUL_TRIPLE;
+      a->nin = 4;
+      a->in[3] = b->in[1];
+      a->in_pos[3] = b->in_pos[1];
+      a->nout = 3;
+      a->out[2] = b->out[0];
+      a->out_pos[2] = b->out_pos[0];
+      ir_xfree(b->path);
+      drop_op(p, j);
+      break;
+    }
+  }
+}
+
 /* Whether op's operands are whole tensors. */
 static int whole_operands(const ir_op *op) {
   for (int i = 0; i < op->nin; i++)
@@ -448,44 +563,49 @@ static void fuse_combine_adds(ir_prog *p) {
   }
 }
 
-/* The hc_post that ops[i], a moe_combine_add, folds into its launch (see
- * the header), or -1. */
-static int combine_hc_post_of(const ir_prog *p, int i) {
+/* The hc_post that ops[i], a moe_combine_add or a matmul, folds into its
+ * launch (see the header), or -1: the one op that reads ops[i]'s output,
+ * an hc_post on its device and stream that reads it as its y alone, with
+ * whole operands, and no op between the two that writes an input of
+ * ops[i]. */
+static int hc_post_of(const ir_prog *p, int i) {
   const ir_op *c = &p->ops[i];
   int y = c->out[0];
   if (!whole_operands(c) || p->tensors[y].role != PLAN_ACTIVATION) return -1;
   int post = sole_later_reader(p, i, y, IR_OP_HC_POST);
   if (post < 0) return -1;
   const ir_op *h = &p->ops[post];
-  if (h->in[0] != y) return -1;
+  if (h->in[0] != y || h->device != c->device || h->stream != c->stream || !whole_operands(h)) return -1;
   for (int s = 1; s < h->nin; s++)
     if (h->in[s] == y) return -1;
-  if (h->device != c->device || h->stream != c->stream || !whole_operands(h)) return -1;
   for (int k = i + 1; k < post; k++)
     for (int s = 0; s < c->nin; s++)
       if (op_uses(&p->ops[k], c->in[s], 0)) return -1;
   return post;
 }
 
-/* Folds each moe_combine_add into the hc_post that reads its output: the
- * hc_post becomes an hc_post_combine in its own place, the combine's
- * three inputs before its other three; the combine is dropped. */
-static void fuse_combine_hc_posts(ir_prog *p) {
+/* Folds each moe_combine_add, and each GPU matmul, into the hc_post that
+ * reads its output: the hc_post becomes an hc_post_combine or a
+ * matmul_hc_post in its own place, the folded op's inputs before its X,
+ * post and comb; the folded op is dropped. */
+static void fuse_hc_post_tails(ir_prog *p) {
   for (int i = 0; i < p->nops; i++) {
-    if (p->ops[i].kind != IR_OP_MOE_COMBINE_ADD) continue;
-    int j = combine_hc_post_of(p, i);
+    int kind = p->ops[i].kind;
+    if (kind != IR_OP_MOE_COMBINE_ADD && (kind != IR_OP_MATMUL || !fusable_matmul(p, &p->ops[i]))) continue;
+    int j = hc_post_of(p, i);
     if (j < 0) continue;
     ir_op *c = &p->ops[i], *h = &p->ops[j];
-    h->kind = IR_OP_HC_POST_COMBINE;
+    int n = c->nin;
+    h->kind = kind == IR_OP_MATMUL ? IR_OP_MATMUL_HC_POST : IR_OP_HC_POST_COMBINE;
     for (int s = 3; s >= 1; s--) {
-      h->in[s + 2] = h->in[s];
-      h->in_pos[s + 2] = h->in_pos[s];
+      h->in[s + n - 1] = h->in[s];
+      h->in_pos[s + n - 1] = h->in_pos[s];
     }
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < n; s++) {
       h->in[s] = c->in[s];
       h->in_pos[s] = c->in_pos[s];
     }
-    h->nin = 6;
+    h->nin = 3 + n;
     fold_names(p, h, c, pair_path(c->path, h->path));
     drop_op(p, i);
     i--;
@@ -705,14 +825,18 @@ static void fuse_attention_qnorms(ir_prog *p) {
 }
 
 /* Whether ops[i] computes only the asked rows (see the header): a matmul
- * or argmax of whole operands that writes only plan outputs, which only
- * ops already marked read (ops after i are decided first). */
+ * or argmax (or an argmax's two launches) of whole operands that writes
+ * only plan outputs or activations, which only ops already marked read
+ * (ops after i are decided first). */
 static int asks_rows(const ir_prog *p, int i) {
   const ir_op *op = &p->ops[i];
-  if ((op->kind != IR_OP_MATMUL && op->kind != IR_OP_ARGMAX) || !whole_operands(op)) return 0;
+  int kind = op->kind;
+  if ((kind != IR_OP_MATMUL && kind != IR_OP_ARGMAX && kind != IR_OP_ARGMAX_PARTS && kind != IR_OP_ARGMAX_OF_PARTS) ||
+      !whole_operands(op))
+    return 0;
   for (int o = 0; o < op->nout; o++) {
     int t = op->out[o];
-    if (p->tensors[t].role != PLAN_OUTPUT) return 0;
+    if (p->tensors[t].role != PLAN_OUTPUT && p->tensors[t].role != PLAN_ACTIVATION) return 0;
     for (int k = 0; k < p->nops; k++)
       if (k != i && op_uses(&p->ops[k], t, 1) && (!p->ops[k].asked_rows || op_uses(&p->ops[k], t, 0))) return 0;
   }
@@ -732,8 +856,9 @@ static void fuse(ir_prog *p) {
   fuse_attention_ropes(p);
   fuse_attention_qnorms(p);
   fuse_matmul_pairs(p);
+  fuse_matmul_triples(p);
   fuse_combine_adds(p);
-  fuse_combine_hc_posts(p);
+  fuse_hc_post_tails(p);
 }
 
 int pass_lower(ir_prog *p, dsl_diag *d) {
@@ -753,6 +878,8 @@ int pass_lower(ir_prog *p, dsl_diag *d) {
       ops[k++] = *op;
     else if (op->kind == IR_OP_MOE_EXPERTS)
       split_in_two(p, op, &ops[k]), k += 2;
+    else if (op->kind == IR_OP_ARGMAX)
+      split_argmax(p, op, &ops[k]), k += 2;
     else
       split_hc(p, op, &ops[k]), k += 2;
   }

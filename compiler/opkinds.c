@@ -17,6 +17,8 @@ static const char *const in_moe[] = {"x", "idx", "w1", "w3", "w2"};
 static const char *const in_comb[] = {"slots", "w"};
 static const char *const in_comb_add[] = {"slots", "w", "b"};
 static const char *const in_parts[] = {"parts"};
+static const char *const out_argmax_parts[] = {"vals", "idx"};
+static const char *const in_argmax_of_parts[] = {"vals", "idx", "logits"};
 static const char *const in_ffn[] = {"x", "w1", "w3", "w2"};
 static const char *const out_x[] = {"x"};
 static const char *const out_y[] = {"y"};
@@ -34,6 +36,9 @@ static const char *const out_hc_pre[] = {"x", "post", "comb"};
 static const char *const in_hc_post[] = {"y", "X", "post", "comb"};
 static const char *const out_hc_post[] = {"X_out"};
 static const char *const in_hc_post_combine[] = {"slots", "w", "b", "X", "post", "comb"};
+static const char *const in_mm_triple[] = {"x", "w1", "w2", "w3"};
+static const char *const out_y_triple[] = {"y1", "y2", "y3"};
+static const char *const in_mm_hc_post[] = {"x", "w", "X", "post", "comb"};
 static const char *const in_hc_head[] = {"X", "fn", "base", "scale"};
 static const char *const out_h[] = {"h"};
 static const char *const in_score_route[] = {"logits", "bias"};
@@ -136,9 +141,16 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
                             {"iters", IR_ATTR_INT, 0, 20}}, 3, 0, 1},
     [IR_OP_HC_HEAD_SUMS] = {"hc_head_sums", 4, 1, in_hc_from_sums, out_h,
                             {{"eps", IR_ATTR_FLOAT, 0, 1e-6}, {"hc_eps", IR_ATTR_FLOAT, 0, 1e-6}}, 2, 0, 1},
+    /* argmax lowered for a GPU (lower.c): each part's best of a row, a
+     * block each, then the best of the parts */
+    [IR_OP_ARGMAX_PARTS] = {"argmax_parts", 1, 2, in_logits, out_argmax_parts, {{0}}, 0, 0, 1},
+    [IR_OP_ARGMAX_OF_PARTS] = {"argmax_of_parts", 3, 1, in_argmax_of_parts, out_ids, {{0}}, 0, 0, 1},
     /* two matmuls that read the same x, fused for a GPU (lower.c): one
      * launch whose first blocks are the first's and the rest the second's */
     [IR_OP_MATMUL_PAIR] = {"matmul_pair", 3, 2, in_mm_pair, out_y_pair, {{0}}, 0, 0, 1},
+    /* a matmul_pair and a third matmul of its x, fused for a GPU
+     * (lower.c): the third's tiles after the pair's */
+    [IR_OP_MATMUL_TRIPLE] = {"matmul_triple", 4, 3, in_mm_triple, out_y_triple, {{0}}, 0, 0, 1},
     /* moe_combine and the add of its output to b, fused for a GPU
      * (lower.c): y = combine + b */
     [IR_OP_MOE_COMBINE_ADD] = {"moe_combine_add", 3, 1, in_comb_add, out_y, {{0}}, 0, 0, 1},
@@ -168,6 +180,9 @@ const ir_opkind_def ir_opkinds[IR_NOPKIND] = {
     /* moe_combine_add and the hc_post that reads its output, fused for a
      * GPU (lower.c): hc_post with y = combine + b */
     [IR_OP_HC_POST_COMBINE] = {"hc_post_combine", 6, 1, in_hc_post_combine, out_hc_post, {{0}}, 0, 0, 1},
+    /* a matmul and the hc_post that reads its output, fused for a GPU
+     * (lower.c): hc_post with y = x . w^T, the matmul's GEMV */
+    [IR_OP_MATMUL_HC_POST] = {"matmul_hc_post", 5, 1, in_mm_hc_post, out_hc_post, {{0}}, 0, 0, 1},
     [IR_OP_COPY] = {"copy", 1, 1, in_src, out_dst, {{0}}, 0, 0, 1},
 };
 

@@ -67,6 +67,9 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
     case IR_OP_RMSNORM_ROPE_WINDOW: return 4.0 * elems(in0);
     case IR_OP_MATMUL_PAIR:
       return 2.0 * (elems(out0) + elems(&p->tensors[op->out[1]])) * (double)in0->dim[1];
+    case IR_OP_MATMUL_TRIPLE:
+      return 2.0 * (elems(out0) + elems(&p->tensors[op->out[1]]) + elems(&p->tensors[op->out[2]])) *
+             (double)in0->dim[1];
     case IR_OP_MOE_EXPERTS: return 2.0 * 3.0 * elems(out0) * (double)p->tensors[op->in[2]].dim[1];
     /* moe_experts lowered (lower.c): act [T, k, F] is two dots of H per
      * element, slots [T, k, H] one of F. */
@@ -104,6 +107,11 @@ static double op_flops(const ir_prog *p, const ir_op *op) {
     case IR_OP_HC_HEAD_SUMS: return 4.0 * elems(&p->tensors[op->in[1]]);
     /* Per output element: post·y and the N-term mix of the streams. */
     case IR_OP_HC_POST: return elems(out0) * (2.0 + 2.0 * (double)p->tensors[op->in[1]].dim[1]);
+    /* the matmul's dot of K once a channel, then hc_post's */
+    case IR_OP_MATMUL_HC_POST: {
+      double streams = (double)p->tensors[op->in[3]].dim[1];
+      return elems(out0) * (2.0 * (double)in0->dim[1] / streams + 2.0 + 2.0 * streams);
+    }
     /* and the combine's k products and sums and the add, once a stream */
     case IR_OP_HC_POST_COMBINE:
       return elems(out0) * (3.0 + 2.0 * (double)p->tensors[op->in[4]].dim[1] + 2.0 * (double)in0->dim[1]);
@@ -241,9 +249,10 @@ static double op_cost(const ir_prog *p, ir_op *op) {
  * orders both (a fused op answers to its path and its aliases, hint_match). */
 static const char *hint_path(const ir_op *op, char *buf, size_t n) {
   if (!ir_opkinds[op->kind].internal || op->kind == IR_OP_COPY || op->kind == IR_OP_MATMUL_PAIR ||
+      op->kind == IR_OP_MATMUL_TRIPLE ||
       op->kind == IR_OP_MOE_COMBINE_ADD || op->kind == IR_OP_HC_PRE_NORM || op->kind == IR_OP_RMSNORM_ROPE ||
       op->kind == IR_OP_RMSNORM_GROUPS_ROPE || op->kind == IR_OP_RMSNORM_ROPE_WINDOW ||
-      op->kind == IR_OP_SINK_ATTENTION_ROPE || op->kind == IR_OP_HC_POST_COMBINE)
+      op->kind == IR_OP_SINK_ATTENTION_ROPE || op->kind == IR_OP_HC_POST_COMBINE || op->kind == IR_OP_MATMUL_HC_POST)
     return op->path;
   snprintf(buf, n, "%s", op->path);
   char *dot = strrchr(buf, '.');

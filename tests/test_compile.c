@@ -467,6 +467,8 @@ static void assert_plans_differ_in_shapes_only(const char *model, const char *sc
 START_TEST(decode_plan_differs_in_shapes_and_grids_only) {
   assert_plans_differ_in_shapes_only("models/tiny-moe.yaml", "schedules/tiny-hotcold.yaml", 4);
   assert_plans_differ_in_shapes_only("models/ds4-flash-mini.yaml", "tests/cases/compile/mini-cpu-prefill8.sched.yaml", 8);
+  /* a GPU's fusions alike in both plans, whichever kernels run them */
+  assert_plans_differ_in_shapes_only("models/ds4-flash-mini-bf16.yaml", "schedules/ds4-flash-h200.yaml", 4);
 }
 END_TEST
 
@@ -813,18 +815,20 @@ START_TEST(cpu_retargets_every_device) {
   }
   ck_assert_int_eq(cpu->nstreams, gpu->nstreams);
   for (int i = 0; i < cpu->nstreams; i++) ck_assert_str_eq(cpu->streams[i].name, gpu->streams[i].name);
-  int lowered = 0, pairs = 0, fused = 0;
+  int lowered = 0, pairs = 0, triples = 0, fused = 0;
   for (int i = 0; i < gpu->nops; i++) {
     lowered += gpu->ops[i].kind == IR_OP_MOE_UP;
     pairs += gpu->ops[i].kind == IR_OP_MATMUL_PAIR;
+    triples += gpu->ops[i].kind == IR_OP_MATMUL_TRIPLE;
     fused += gpu->ops[i].kind == IR_OP_MOE_COMBINE_ADD;
   }
   ck_assert_int_gt(lowered, 0);
-  ck_assert_int_gt(pairs, 0);
-  ck_assert_int_eq(cpu->nops, gpu->nops - lowered + pairs + fused);
+  ck_assert_int_gt(pairs + triples, 0);
+  ck_assert_int_eq(cpu->nops, gpu->nops - lowered + pairs + 2 * triples + fused);
   for (int i = 0; i < cpu->nops; i++) {
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_UP);
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MATMUL_PAIR);
+    ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MATMUL_TRIPLE);
     ck_assert_int_ne(cpu->ops[i].kind, IR_OP_MOE_COMBINE_ADD);
     for (int j = 0; j < gpu->nops; j++)
       if (strcmp(cpu->ops[i].path, gpu->ops[j].path) == 0)
@@ -871,6 +875,129 @@ START_TEST(combine_add_fused_on_gpu) {
   }
   ck_assert_int_gt(layers, 0);
   ck_assert_int_eq(fused, layers);
+  ds4c_prog_free(gpu);
+  ds4c_prog_free(cpu);
+}
+END_TEST
+
+static int count_kind(const ir_prog *p, int kind) {
+  int n = 0;
+  for (int i = 0; i < p->nops; i++) n += p->ops[i].kind == kind;
+  return n;
+}
+
+/* The matmul_hc_posts of a GPU plan, checked: each attention block's
+ * output projection (o_b) and the hc_post that reads its output are one
+ * op in the hc_post's place, reading o_b's x and weight and hc_post's X,
+ * post and comb (lower.c); ao, the projection's output, is read by no op. */
+static int matmul_hc_posts(const ir_prog *gpu) {
+  int fused = 0;
+  for (int i = 0; i < gpu->nops; i++) {
+    const ir_op *op = &gpu->ops[i];
+    ck_assert_int_ne(op->kind, IR_OP_HC_POST);
+    for (int j = 0; j < op->nin; j++)
+      ck_assert_msg(!strstr(gpu->tensors[op->in[j]].path, ".ao"), "%s reads %s", op->path,
+                    gpu->tensors[op->in[j]].path);
+    if (op->kind != IR_OP_MATMUL_HC_POST) continue;
+    fused++;
+    const char *tail = strstr(op->path, ".attn.o_b+hc_post");
+    ck_assert_msg(tail && !tail[strlen(".attn.o_b+hc_post")], "%s", op->path);
+    ck_assert_int_eq(op->nin, 5);
+    ck_assert(strstr(gpu->tensors[op->in[0]].path, ".oa") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[1]].path, ".wo_b") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[3]].path, ".post_a") != NULL);
+    ck_assert(strstr(gpu->tensors[op->in[4]].path, ".comb_a") != NULL);
+    ck_assert(strstr(gpu->tensors[op->out[0]].path, ".X_mid") != NULL);
+    ck_assert_str_eq(gpu->streams[op->stream].name, "main");
+  }
+  return fused;
+}
+
+/* Both plans of a GPU bundle fuse every attention block's o_b and
+ * hc_post, the decode plan's one slot on the CUDA cores and the bf16
+ * prefill chunk's on the matrix units; the cpu schedule keeps both ops
+ * (an hc_post a block, attention's and the feed-forward's). */
+START_TEST(output_projection_fused_with_hc_post) {
+  ds4c_options o = {.model_path = "models/ds4-flash-mini-bf16.yaml", .sched_path = "schedules/ds4-flash-h200.yaml",
+                    .decode_plan = 1};
+  ir_prog *decode;
+  dsl_diag d = {0};
+  ck_assert_msg(ds4c_build(&o, &decode, &d) == 0, "%s", d.msg);
+  ir_prog *prefill = build("models/ds4-flash-mini-bf16.yaml", "schedules/ds4-flash-h200.yaml");
+  ir_prog *cpu = build("models/ds4-flash-mini-bf16.yaml", "schedules/ds4-flash-cpu.yaml");
+  int layers = matmul_hc_posts(decode);
+  ck_assert_int_gt(layers, 0);
+  ck_assert_int_eq(matmul_hc_posts(prefill), layers);
+  ck_assert_int_eq(count_kind(cpu, IR_OP_MATMUL_HC_POST), 0);
+  ck_assert_int_eq(count_kind(cpu, IR_OP_HC_POST), 2 * layers);
+  ds4c_prog_free(decode);
+  ds4c_prog_free(prefill);
+  ds4c_prog_free(cpu);
+}
+END_TEST
+
+/* The op of kind `kind` at path, or NULL. */
+static const ir_op *op_at(const ir_prog *p, const char *path, int kind) {
+  for (int i = 0; i < p->nops; i++)
+    if (!strcmp(p->ops[i].path, path)) {
+      ck_assert_int_eq(p->ops[i].kind, kind);
+      return &p->ops[i];
+    }
+  return NULL;
+}
+
+/* On a GPU an argmax over a row of more than 4096 logits is two launches
+ * (lower.c): head.sample.parts, the best of each part of 4096 at most
+ * ([T, 32] vals and idx for DeepSeek-V4-Flash's 129280), then
+ * head.sample.best from them and the logits, both of asked rows as the
+ * argmax was; a row of 256 (ds4-flash-mini) and the cpu keep one. */
+START_TEST(argmax_in_parts_on_gpu) {
+  ir_prog *gpu = build("models/ds4-flash-slice-bf16.yaml", "schedules/ds4-flash-h200.yaml");
+  ck_assert_ptr_null(op_at(gpu, "head.sample", IR_OP_ARGMAX));
+  const ir_op *parts = op_at(gpu, "head.sample.parts", IR_OP_ARGMAX_PARTS);
+  const ir_op *best = op_at(gpu, "head.sample.best", IR_OP_ARGMAX_OF_PARTS);
+  ck_assert(parts && best && parts < best);
+  ck_assert(parts->asked_rows && best->asked_rows);
+  const ir_tensor *vals = &gpu->tensors[parts->out[0]], *idx = &gpu->tensors[parts->out[1]];
+  ck_assert_str_eq(vals->path, "head.sample.vals");
+  ck_assert_str_eq(idx->path, "head.sample.idx");
+  ck_assert_int_eq(vals->dtype, PLAN_F32);
+  ck_assert_int_eq(idx->dtype, PLAN_I32);
+  ck_assert_int_eq(vals->dim[0], gpu->tokens);
+  ck_assert_int_eq(vals->dim[1], 32);
+  ck_assert_int_eq(best->in[0], parts->out[0]);
+  ck_assert_int_eq(best->in[1], parts->out[1]);
+  ck_assert_int_eq(best->in[2], parts->in[0]);
+  ck_assert_str_eq(gpu->tensors[best->out[0]].path, "next_ids");
+  ir_prog *mini = build("models/ds4-flash-mini.yaml", "schedules/ds4-flash-h200.yaml");
+  ir_prog *cpu = build("models/ds4-flash-slice-bf16.yaml", "schedules/ds4-flash-cpu.yaml");
+  ck_assert_ptr_nonnull(op_at(mini, "head.sample", IR_OP_ARGMAX));
+  ck_assert_ptr_nonnull(op_at(cpu, "head.sample", IR_OP_ARGMAX));
+  ck_assert_int_eq(count_kind(cpu, IR_OP_ARGMAX_PARTS), 0);
+  ds4c_prog_free(gpu);
+  ds4c_prog_free(mini);
+  ds4c_prog_free(cpu);
+}
+END_TEST
+
+/* On a GPU a CSA layer's q_a and kv (a matmul_pair) and the indexer's
+ * weights, three matmuls of h on main, are one matmul_triple in the
+ * pair's place (lower.c); the cpu keeps the three. */
+START_TEST(csa_projections_in_one_launch) {
+  ir_prog *gpu = build("models/ds4-flash-slice-bf16.yaml", "schedules/ds4-flash-h200.yaml");
+  ir_prog *cpu = build("models/ds4-flash-slice-bf16.yaml", "schedules/ds4-flash-cpu.yaml");
+  const ir_op *tri = op_at(gpu, "layers.2.attn.q_a+kv+weights", IR_OP_MATMUL_TRIPLE);
+  ck_assert_ptr_nonnull(tri);
+  static const char *const in[] = {"layers.2.h", "layers.2.wq_a", "layers.2.wkv", "layers.2.idx_wproj"};
+  static const char *const out[] = {"layers.2.qa", "layers.2.kv", "layers.2.iw"};
+  ck_assert_int_eq(tri->nin, 4);
+  ck_assert_int_eq(tri->nout, 3);
+  for (int i = 0; i < 4; i++) ck_assert_str_eq(gpu->tensors[tri->in[i]].path, in[i]);
+  for (int i = 0; i < 3; i++) ck_assert_str_eq(gpu->tensors[tri->out[i]].path, out[i]);
+  ck_assert_str_eq(gpu->streams[tri->stream].name, "main");
+  ck_assert_ptr_null(op_at(gpu, "layers.2.attn.csa.indexer.weights", IR_OP_MATMUL));
+  ck_assert_ptr_nonnull(op_at(cpu, "layers.2.attn.csa.indexer.weights", IR_OP_MATMUL));
+  ck_assert_int_eq(count_kind(cpu, IR_OP_MATMUL_TRIPLE), 0);
   ds4c_prog_free(gpu);
   ds4c_prog_free(cpu);
 }
@@ -1143,6 +1270,9 @@ int main(void) {
   tcase_add_test(tc, ds4c_warns_idle_device_and_refuses_oversized_arena);
   tcase_add_test(tc, cpu_retargets_every_device);
   tcase_add_test(tc, combine_add_fused_on_gpu);
+  tcase_add_test(tc, output_projection_fused_with_hc_post);
+  tcase_add_test(tc, argmax_in_parts_on_gpu);
+  tcase_add_test(tc, csa_projections_in_one_launch);
   tcase_add_test(tc, hc_pre_norm_fused_on_gpu);
   tcase_add_test(tc, hc_pre_norm_not_fused_when_wide);
   tcase_add_test(tc, norm_rope_fused_on_gpu);

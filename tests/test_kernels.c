@@ -5199,60 +5199,58 @@ static void moe_lowered_case(int *rows, uint32_t wt, double limit)
   }
 }
 
-/* Two matmuls of one x as lowered for a GPU (lower.c): matmul_pair's y1
- * and y2 bit for bit the two matmuls' outputs, on the GPU (its kernels on
- * host threads) and on the host, each part's columns N1 and N2 tiled alone
- * (N1 not a tile's multiple), wide (two columns a warp, x staged) and not. */
-static void matmul_pair_case(int64_t K, int64_t N1, int64_t N2, uint32_t wt)
+/* Two or three matmuls of one x as lowered for a GPU (lower.c):
+ * matmul_pair's y1 and y2 (matmul_triple's y3 too, with n[2]) bit for bit
+ * the matmuls' outputs, on the GPU (its kernels on host threads) and on
+ * the host, each part's columns tiled alone (N1 not a tile's multiple),
+ * wide (two columns a warp, x staged) and not. */
+static void matmul_parts_case(int64_t K, int64_t N1, int64_t N2, int64_t N3, uint32_t wt)
 {
   enum { T = 4 };
-  kt pair, m1, m2;
-  kt_init(&pair, IR_OP_MATMUL_PAIR);
-  kt_init(&m1, IR_OP_MATMUL);
-  kt_init(&m2, IR_OP_MATMUL);
-  kt_add(&pair, 0, PLAN_F32, 2, (int64_t)T, K);
-  kt_add(&pair, 0, wt, 2, N1, K);
-  kt_add(&pair, 0, wt, 2, N2, K);
-  kt_add(&pair, 1, PLAN_F32, 2, (int64_t)T, N1);
-  kt_add(&pair, 1, PLAN_F32, 2, (int64_t)T, N2);
-  kt_add(&m1, 0, PLAN_F32, 2, (int64_t)T, K);
-  kt_add(&m1, 0, wt, 2, N1, K);
-  kt_add(&m1, 1, PLAN_F32, 2, (int64_t)T, N1);
-  kt_add(&m2, 0, PLAN_F32, 2, (int64_t)T, K);
-  kt_add(&m2, 0, wt, 2, N2, K);
-  kt_add(&m2, 1, PLAN_F32, 2, (int64_t)T, N2);
+  int np = N3 ? 3 : 2;
+  const int64_t n[3] = {N1, N2, N3};
+  kt fused, m[3];
+  kt_init(&fused, np == 3 ? IR_OP_MATMUL_TRIPLE : IR_OP_MATMUL_PAIR);
+  kt_add(&fused, 0, PLAN_F32, 2, (int64_t)T, K);
+  for (int q = 0; q < np; q++)
+    kt_add(&fused, 0, wt, 2, n[q], K);
+  for (int q = 0; q < np; q++) {
+    kt_add(&fused, 1, PLAN_F32, 2, (int64_t)T, n[q]);
+    kt_init(&m[q], IR_OP_MATMUL);
+    kt_add(&m[q], 0, PLAN_F32, 2, (int64_t)T, K);
+    kt_add(&m[q], 0, wt, 2, n[q], K);
+    kt_add(&m[q], 1, PLAN_F32, 2, (int64_t)T, n[q]);
+  }
   for (int gpu = 0; gpu < 2; gpu++) {
-    chain_kernel kp, k1, k2;
-    chain_start(&kp, &pair, gpu);
-    chain_start(&k1, &m1, gpu);
-    chain_start(&k2, &m2, gpu);
-    bufs bp, b1, b2;
-    bufs_alloc(&bp, &pair);
-    bufs_alloc(&b1, &m1);
-    bufs_alloc(&b2, &m2);
+    chain_kernel kf, km[3];
+    bufs bf, bm[3];
+    chain_start(&kf, &fused, gpu);
+    bufs_alloc(&bf, &fused);
+    for (int q = 0; q < np; q++) {
+      chain_start(&km[q], &m[q], gpu);
+      bufs_alloc(&bm[q], &m[q]);
+    }
     for (int s = 0; s < 2; s++) {
       int pos = g_gpu_steps[s][0], ntok = g_gpu_steps[s][1];
-      ffn_fill(&pair, &bp, NULL, 1);
-      memcpy(b1.b[0], bp.b[0], (size_t)pair.tensors[0].bytes);
-      memcpy(b2.b[0], bp.b[0], (size_t)pair.tensors[0].bytes);
-      memcpy(b1.b[1], bp.b[1], (size_t)pair.tensors[1].bytes);
-      memcpy(b2.b[1], bp.b[2], (size_t)pair.tensors[2].bytes);
-      fill_garbage(b1.b[2], kt_elems(&m1, 2));
-      fill_garbage(b2.b[2], kt_elems(&m2, 2));
-      chain_run(&kp, &bp, pos, ntok);
-      chain_run(&k1, &b1, pos, ntok);
-      chain_run(&k2, &b2, pos, ntok);
-      ck_assert_msg(memcmp(bp.b[3], b1.b[2], (size_t)m1.tensors[2].bytes) == 0 &&
-                        memcmp(bp.b[4], b2.b[2], (size_t)m2.tensors[2].bytes) == 0,
-                    "%s: matmul_pair differs from its two matmuls (K %lld, N %lld and %lld; pos %d, ntok %d)",
-                    gpu ? "GPU" : "host", (long long)K, (long long)N1, (long long)N2, pos, ntok);
+      ffn_fill(&fused, &bf, NULL, 1);
+      chain_run(&kf, &bf, pos, ntok);
+      for (int q = 0; q < np; q++) {
+        memcpy(bm[q].b[0], bf.b[0], (size_t)fused.tensors[0].bytes);
+        memcpy(bm[q].b[1], bf.b[1 + q], (size_t)fused.tensors[1 + q].bytes);
+        fill_garbage(bm[q].b[2], kt_elems(&m[q], 2));
+        chain_run(&km[q], &bm[q], pos, ntok);
+        ck_assert_msg(memcmp(bf.b[1 + np + q], bm[q].b[2], (size_t)m[q].tensors[2].bytes) == 0,
+                      "%s: %s's part %d differs from its matmul (K %lld, N %lld, %lld and %lld; pos %d, ntok %d)",
+                      gpu ? "GPU" : "host", np == 3 ? "matmul_triple" : "matmul_pair", q + 1, (long long)K,
+                      (long long)N1, (long long)N2, (long long)N3, pos, ntok);
+      }
     }
-    bufs_free(&bp);
-    bufs_free(&b1);
-    bufs_free(&b2);
-    chain_unbuild(&kp);
-    chain_unbuild(&k1);
-    chain_unbuild(&k2);
+    bufs_free(&bf);
+    chain_unbuild(&kf);
+    for (int q = 0; q < np; q++) {
+      bufs_free(&bm[q]);
+      chain_unbuild(&km[q]);
+    }
   }
 }
 
@@ -5291,13 +5289,19 @@ END_TEST
 
 START_TEST(test_gpu_matmul_pair)
 {
-  matmul_pair_case(64, 20, 8, PLAN_F32);
-  matmul_pair_case(72, 24, 40, PLAN_BF16);
-  matmul_pair_case(40, 8200, 8192, PLAN_BF16); /* both wide: two columns a warp, x staged */
-  matmul_pair_case(64, 8200, 8192, PLAN_BF16); /* on the matrix units, four tiles a block */
+  matmul_parts_case(64, 20, 8, 0, PLAN_F32);
+  matmul_parts_case(72, 24, 40, 0, PLAN_BF16);
+  matmul_parts_case(40, 8200, 8192, 0, PLAN_BF16); /* both wide: two columns a warp, x staged */
+  matmul_parts_case(64, 8200, 8192, 0, PLAN_BF16); /* on the matrix units, four tiles a block */
   /* on the matrix units, a tile a block (the narrower part's), where the
    * second matmul alone takes four */
-  matmul_pair_case(96, 24, 2100, PLAN_BF16);
+  matmul_parts_case(96, 24, 2100, 0, PLAN_BF16);
+  /* three parts (q_a, kv and the indexer's weights, scaled down): f32 and
+   * bf16 on the CUDA cores, on the matrix units, and all three wide */
+  matmul_parts_case(64, 36, 20, 12, PLAN_F32);
+  matmul_parts_case(72, 36, 20, 12, PLAN_BF16);
+  matmul_parts_case(64, 36, 20, 12, PLAN_BF16);
+  matmul_parts_case(40, 8200, 8192, 8208, PLAN_BF16);
   emu_stop();
 }
 END_TEST
@@ -6576,6 +6580,96 @@ START_TEST(test_gpu_asked_rows)
 }
 END_TEST
 
+/* An argmax as lowered for a GPU (lower.c): argmax_parts over G parts of
+ * each row, then argmax_of_parts, give argmax's ids exactly, on the host
+ * and on the GPU (its kernels as host fibers), for every row asked and
+ * for the rows from slot 2 on (ASKED_ROWS): a maximum tied across parts
+ * (the lower index), NaN at index 0 (0) and elsewhere (skipped), a row of
+ * NaN (0), -0 against +0 (equal: the lower index), a row whose parts are
+ * 16-byte aligned and one whose are not (V odd), a short last part. */
+static void argmax_split_case(int gpu, int64_t V, int64_t G, int asked)
+{
+  enum { T = 4 };
+  kt whole, parts, best;
+  kt_init(&whole, IR_OP_ARGMAX);
+  kt_add(&whole, 0, PLAN_F32, 2, (int64_t)T, V);
+  kt_add(&whole, 1, PLAN_I32, 1, (int64_t)T);
+  kt_init(&parts, IR_OP_ARGMAX_PARTS);
+  kt_add(&parts, 0, PLAN_F32, 2, (int64_t)T, V);
+  kt_add(&parts, 1, PLAN_F32, 2, (int64_t)T, G);
+  kt_add(&parts, 1, PLAN_I32, 2, (int64_t)T, G);
+  kt_init(&best, IR_OP_ARGMAX_OF_PARTS);
+  kt_add(&best, 0, PLAN_F32, 2, (int64_t)T, G);
+  kt_add(&best, 0, PLAN_I32, 2, (int64_t)T, G);
+  kt_add(&best, 0, PLAN_F32, 2, (int64_t)T, V);
+  kt_add(&best, 1, PLAN_I32, 1, (int64_t)T);
+  whole.op.asked_rows = parts.op.asked_rows = best.op.asked_rows = asked;
+  chain_kernel kw, kp, kb;
+  chain_start(&kw, &whole, gpu);
+  chain_start(&kp, &parts, gpu);
+  chain_start(&kb, &best, gpu);
+  ck_assert_uint_eq(gpu ? kp.gpu->kk.grid : kp.host.kk.grid, (uint32_t)(T * G));
+  bufs bw, bp, bb;
+  bufs_alloc(&bw, &whole);
+  bufs_alloc(&bp, &parts);
+  bufs_alloc(&bb, &best);
+  float *l = bw.b[0];
+  fill_f32(l, T * V, 1.0);
+  int64_t a = 7, b = V - 3; /* in the first part and the last */
+  l[0 * V + a] = l[0 * V + b] = 3.0f;
+  l[1 * V + 0] = NAN;
+  l[1 * V + V / 2] = NAN;
+  for (int64_t v = 0; v < V; v++)
+    l[2 * V + v] = NAN;
+  for (int64_t v = 0; v < V; v++)
+    l[3 * V + v] = v % 5 == 1 ? NAN : -1.0f - (float)(v % 7);
+  l[3 * V + V - 2] = 0.0f;
+  l[3 * V + a] = -0.0f;
+  static const int steps[][2] = {{4, 0}, {4, 2}, {2, 1}, {0, 0}}; /* ntok, asked from */
+  for (int s = 0; s < 4; s++) {
+    int ntok = steps[s][0], from = asked ? steps[s][1] : 0;
+    memcpy(bp.b[0], l, (size_t)whole.tensors[0].bytes);
+    memcpy(bb.b[2], l, (size_t)whole.tensors[0].bytes);
+    fill_garbage(bw.b[1], T);
+    fill_garbage(bp.b[1], T * G);
+    fill_garbage(bp.b[2], T * G);
+    fill_garbage(bb.b[3], T);
+    asked_run(&kw.host, kw.gpu, &bw, ntok, from);
+    asked_run(&kp.host, kp.gpu, &bp, ntok, from);
+    memcpy(bb.b[0], bp.b[1], (size_t)parts.tensors[1].bytes);
+    memcpy(bb.b[1], bp.b[2], (size_t)parts.tensors[2].bytes);
+    asked_run(&kb.host, kb.gpu, &bb, ntok, from);
+    const int32_t *want = bw.b[1], *got = bb.b[3];
+    for (int t = 0; t < T; t++)
+      ck_assert_msg(got[t] == want[t], "%s V %lld, %lld parts: row %d (ntok %d, asked from %d) gives %d, argmax %d",
+                    gpu ? "GPU" : "host", (long long)V, (long long)G, t, ntok, from, got[t], want[t]);
+    if (ntok == 4 && from == 0) {
+      ck_assert_int_eq(want[0], a);
+      ck_assert_int_eq(want[1], 0);
+      ck_assert_int_eq(want[2], 0);
+      ck_assert_int_eq(want[3], a);
+    }
+  }
+  bufs_free(&bw);
+  bufs_free(&bp);
+  bufs_free(&bb);
+  chain_unbuild(&kw);
+  chain_unbuild(&kp);
+  chain_unbuild(&kb);
+}
+
+START_TEST(test_argmax_parts)
+{
+  for (int gpu = 0; gpu < 2; gpu++)
+    for (int asked = 0; asked < 2; asked++) {
+      argmax_split_case(gpu, 9000, 3, asked);
+      argmax_split_case(gpu, 8197, 3, asked); /* parts of 2736, the last of 2725 */
+      argmax_split_case(gpu, 130, 17, asked); /* parts of 8, the last of 2 */
+    }
+  emu_stop();
+}
+END_TEST
+
 /* One launch of k's GPU kernel (host threads) on operands filled by
  * ffn_fill, slot 0 live; returns the buffers, outputs in b[nin..]. */
 static void staged_run(const kt *k, bufs *bs, emu_built **gpu)
@@ -6871,6 +6965,36 @@ static void combine_hc_post_case(int64_t k, int64_t n, int64_t d)
   fused_chain_case("hc_post_combine", &fused, &comb, &post, 0, fin_a, fin_b, NULL, 0, g_gpu_steps, 2);
 }
 
+/* matmul_hc_post against matmul then hc_post: t slots of x [t, k], w [n, k]
+ * of dtype wt, and streams of n channels, at the given steps. */
+static void matmul_hc_post_case(int64_t t, int64_t k, int64_t n, uint32_t wt, int64_t streams,
+                                const int (*steps)[2], int nsteps)
+{
+  kt fused, mm, post;
+  kt_init(&mm, IR_OP_MATMUL);
+  kt_add(&mm, 0, PLAN_F32, 2, t, k);
+  kt_add(&mm, 0, wt, 2, n, k);
+  kt_add(&mm, 1, PLAN_F32, 2, t, n);
+  kt_init(&post, IR_OP_HC_POST);
+  kt_add(&post, 0, PLAN_F32, 2, t, n);
+  kt_add(&post, 0, PLAN_F32, 3, t, streams, n);
+  kt_add(&post, 0, PLAN_F32, 2, t, streams);
+  kt_add(&post, 0, PLAN_F32, 3, t, streams, streams);
+  kt_add(&post, 1, PLAN_F32, 3, t, streams, n);
+  kt_init(&fused, IR_OP_MATMUL_HC_POST);
+  kt_add(&fused, 0, PLAN_F32, 2, t, k);
+  kt_add(&fused, 0, wt, 2, n, k);
+  kt_add(&fused, 0, PLAN_F32, 3, t, streams, n);
+  kt_add(&fused, 0, PLAN_F32, 2, t, streams);
+  kt_add(&fused, 0, PLAN_F32, 3, t, streams, streams);
+  kt_add(&fused, 1, PLAN_F32, 3, t, streams, n);
+  static const int fin_a[] = {0, 1}, fin_b[] = {-1, 2, 3, 4};
+  fused_chain_case("matmul_hc_post", &fused, &mm, &post, 0, fin_a, fin_b, NULL, 0, steps, nsteps);
+}
+
+/* A decode step's one slot, then a step with none live. */
+static const int g_one_slot_steps[][2] = {{0, 1}, {5, 0}};
+
 START_TEST(test_gpu_fused_tails)
 {
   norm_window_case(600, 64, 0); /* kv: 64 rotated over two threads' columns */
@@ -6883,6 +7007,12 @@ START_TEST(test_gpu_fused_tails)
   attention_qnorm_case(&csa, 64);
   combine_hc_post_case(6, 4, 600); /* three tiles of channels, the last of 88 */
   combine_hc_post_case(2, 3, 37);
+  matmul_hc_post_case(4, 40, 150, PLAN_F32, 4, g_gpu_steps, 2); /* 19 tiles of 8, the last short */
+  matmul_hc_post_case(1, 256, 40, PLAN_BF16, 3, g_one_slot_steps, 2);
+  matmul_hc_post_case(1, 64, 8200, PLAN_BF16, 4, g_one_slot_steps, 2); /* two columns a warp */
+  /* on the matrix units: matmul_mma.hip, then tiled (128 slots) */
+  matmul_hc_post_case(4, 64, 40, PLAN_BF16, 4, g_gpu_steps, 2);
+  matmul_hc_post_case(128, 64, 128, PLAN_BF16, 2, g_gpu_steps, 2);
   emu_stop();
 }
 END_TEST
@@ -7227,6 +7357,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_moe_combine_add);
   tcase_add_test(gpu, test_gpu_norm_rope);
   tcase_add_test(gpu, test_gpu_fused_tails);
+  tcase_add_test(gpu, test_argmax_parts);
   tcase_add_test(gpu, test_gpu_quant_matmuls);
   tcase_add_test(gpu, test_gpu_quant_ffn);
   suite_add_tcase(s, gpu);

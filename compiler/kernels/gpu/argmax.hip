@@ -4,9 +4,9 @@
  * front the defines T, V, GRID, NTHREADS, KERNEL_NAME and ASKED_ROWS.
  * Grid: one block per token slot t (T). Threads: thread i scans chunks of
  * 4 logits i, i + NTHREADS, ... upwards with a strict comparison, skipping
- * NaN, loading 8 chunks of 16 bytes ahead (one at a time when the row is
- * not 16-byte aligned); then ds4_block_argmax (larger wins, equal: lower
- * index), exact in any order, so the split does not change the result.
+ * NaN, loading 8 chunks of 16 bytes ahead (ds4_argmax_scan); then
+ * ds4_block_argmax (larger wins, equal: lower index), exact in any order,
+ * so the split does not change the result.
  * Like the host's scan from index 0, a NaN at index 0 gives 0 (nothing
  * compares greater than it), as does a row of NaN. */
 
@@ -34,37 +34,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   const float *lr = logits + t * V;
   float bv = 0.0f;
   int bi = -1;
-  constexpr int U = 8;
-  /* 0 at run time, as in ds4_lane_dot: keeps the U loads ahead. */
-  int64_t zero = (int64_t)ds4_grid() - GRID;
-  if (V % 4 == 0 && (unsigned long long)lr % 16 == 0) {
-    const int64_t nch = V / 4 + zero;
-    for (int64_t c0 = tid; c0 < nch; c0 += (int64_t)NTHREADS * U) {
-      ds4_f32x4 chunk[U];
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        if (c0 + (int64_t)u * NTHREADS < nch)
-          chunk[u] = *(const DS4_GLOBAL ds4_f32x4 *)(lr + 4 * (c0 + (int64_t)u * NTHREADS));
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        int64_t c = c0 + (int64_t)u * NTHREADS;
-        if (c >= nch)
-          break;
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          if (!ds4_isnan(chunk[u][q]) && (bi < 0 || chunk[u][q] > bv)) {
-            bv = chunk[u][q];
-            bi = (int)(4 * c + q);
-          }
-      }
-    }
-  } else {
-    for (int64_t v = tid; v < V + zero; v += NTHREADS)
-      if (!ds4_isnan(lr[v]) && (bi < 0 || lr[v] > bv)) {
-        bv = lr[v];
-        bi = (int)v;
-      }
-  }
+  ds4_argmax_scan<NTHREADS, 8>(lr, 0, V, (int64_t)ds4_grid() - GRID, bv, bi);
   bi = ds4_block_argmax<NTHREADS>(redv, redi, bv, bi);
   if (tid == 0)
     ids[t] = bi < 0 || ds4_isnan(lr[0]) ? 0 : bi;

@@ -21,7 +21,14 @@
  * X_SHARED (many columns: kgen_gpu), first copied by the block into shared
  * memory and read from there. The bits depend on K, LANES and the
  * weight's dtype only, not on the tiling, the rows a warp takes, where x
- * is read from, the slot count or where the tensors lie. */
+ * is read from, the slot count or where the tensors lie.
+ * With HC_POST (matmul_hc_post, lower.c: the matmul and the hc_post that
+ * reads its y, HC_POST streams), bufs are x, w, X, post, comb, X_out, and
+ * each column's sum goes straight into its channel of every stream:
+ * X_out[t,j,n] = post[t,j] * y[t,n] + sum_i comb[t,i,j] * X[t,i,n], i
+ * ascending (hc_post.hip's operations, so its bits), lane j of the
+ * column's group computing stream j from operands it loaded before the
+ * dot; the dead slots' channels are +0 in every stream. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -35,7 +42,15 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #endif
   const float *x = (const float *)bufs[0];
   const void *w = bufs[1];
+#ifdef HC_POST
+  static_assert(LANES == 32 && HC_POST <= LANES, "a lane of a column's group a stream");
+  const float *X = (const float *)bufs[2];
+  const float *post = (const float *)bufs[3];
+  const float *comb = (const float *)bufs[4];
+  float *xo = (float *)bufs[5];
+#else
   float *y = (float *)bufs[2];
+#endif
   int64_t ntok = step[1] < T ? step[1] : T;
 #ifdef ASKED_ROWS
   int64_t t0 = ds4_asked_from(step, ntok);
@@ -52,6 +67,11 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
    * needs only the lanes of its own group. */
   bool live = n0 < N;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
+#ifdef HC_POST
+  /* the stream this lane computes; the lanes past the last load stream
+   * 0's operands and store nothing */
+  const int64_t j = lane < HC_POST ? lane : 0;
+#endif
   for (int64_t t = t0; t < ntok; t++) {
 #if X_SHARED
     if (t > t0)
@@ -65,6 +85,19 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     constexpr ds4_xspace XS = ROWS == 1 ? DS4_X_AHEAD : DS4_X_GLOBAL;
 #endif
     if (live) {
+#ifdef HC_POST
+      /* hc_post's operands, loaded before the dot so that its loads hide
+       * their latency */
+      float hp = post[t * HC_POST + j], hc[HC_POST], hx[ROWS][HC_POST];
+#pragma unroll
+      for (int64_t i = 0; i < HC_POST; i++)
+        hc[i] = comb[t * (HC_POST * HC_POST) + i * HC_POST + j];
+#pragma unroll
+      for (int q = 0; q < ROWS; q++)
+#pragma unroll
+        for (int64_t i = 0; i < HC_POST; i++)
+          hx[q][i] = X[t * (HC_POST * N) + i * N + (n0 + WARPS * q < N ? n0 + WARPS * q : N - 1)];
+#endif
       float acc[ROWS];
       if constexpr (ROWS == 1) {
         acc[0] = ds4_lane_dot<LANES, K, W_T, XS>(xr, ds4_wrow<W_T>(w, N, K, 0, n0), lane, zero);
@@ -80,14 +113,33 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #pragma unroll
       for (int q = 0; q < ROWS; q++) {
         float a = ds4_lane_sum<LANES>(acc[q]);
+#ifdef HC_POST
+        a = ds4_lane_read(a, 0);
+        if (lane < HC_POST && n0 + WARPS * q < N) {
+          float r = hp * a;
+#pragma unroll
+          for (int64_t i = 0; i < HC_POST; i++)
+            r += hc[i] * hx[q][i];
+          xo[t * (HC_POST * N) + j * N + n0 + WARPS * q] = r;
+        }
+#else
         if (lane == 0 && n0 + WARPS * q < N)
           y[t * N + n0 + WARPS * q] = a;
+#endif
       }
     }
   }
+#ifdef HC_POST
+  if (live && lane < HC_POST)
+    for (int64_t t = 0; t < T; t++)
+      for (int q = 0; q < ROWS; q++)
+        if ((t < t0 || t >= ntok) && n0 + WARPS * q < N)
+          xo[t * (HC_POST * N) + j * N + n0 + WARPS * q] = 0.0f;
+#else
   if (live && lane == 0)
     for (int64_t t = 0; t < T; t++)
       for (int q = 0; q < ROWS; q++)
         if ((t < t0 || t >= ntok) && n0 + WARPS * q < N)
           y[t * N + n0 + WARPS * q] = 0.0f;
+#endif
 }

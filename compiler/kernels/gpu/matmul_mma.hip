@@ -8,8 +8,13 @@
  * in front the defines T, TILE, MMA_NT, MROWS, MTILES, GRID, NTHREADS, LANES,
  * KERNEL_NAME, then for matmul K, N, NTILES, W_T and, for an op that
  * computes only the asked rows, ASKED_ROWS (the slots below step[3] are
- * dead too); for matmul_pair K, N1, N2, NTILES1, NTILES2, W1_T and W2_T;
- * for group_matmul GROUPS, KG, NG, N, NTILES and W_T.
+ * dead too); for matmul_pair K, N1, N2, NTILES1, NTILES2, W1_T and W2_T
+ * (matmul_triple, three matmuls of one x, also N3, NTILES3 and W3_T: y3's
+ * tiles after y2's);
+ * for group_matmul GROUPS, KG, NG, N, NTILES and W_T; for matmul_hc_post
+ * (lower.c) a matmul's and HC_POST: bufs x, w, X, post, comb, X_out, each
+ * output written back into the HC_POST streams (ds4_hc_out_store) in
+ * y's place.
  * Grid: tiles of TILE = 8 MMA_NT output columns (a pair's NTILES1 of y1's,
  * then NTILES2 of y2's; a group_matmul's tile in one group), each in
  * MTILES tiles of MROWS slots; block b holds tile b / MTILES's columns for
@@ -41,14 +46,32 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #ifdef N1
   static_assert(ds4_wtraits<W1_T>::dt == DS4_DT_BF16 && ds4_wtraits<W2_T>::dt == DS4_DT_BF16,
                 "the matrix units take bf16 weights");
-  ds4_mm_tile mt = ds4_mm_tile_of(bufs, block, TILE, NTILES1, N1, N2);
+#ifdef N3
+  static_assert(ds4_wtraits<W3_T>::dt == DS4_DT_BF16, "the matrix units take bf16 weights");
+  const uint32_t ntiles[3] = {NTILES1, NTILES2, NTILES3};
+  const int64_t ncols[3] = {N1, N2, N3};
+  ds4_mm_tile mt = ds4_mm_tile_of<3>(bufs, block, TILE, ntiles, ncols);
+#else
+  const uint32_t ntiles[2] = {NTILES1, NTILES2};
+  const int64_t ncols[2] = {N1, N2};
+  ds4_mm_tile mt = ds4_mm_tile_of<2>(bufs, block, TILE, ntiles, ncols);
+#endif
   int64_t N = mt.n; /* the block's part's columns */
 #else
   static_assert(ds4_wtraits<W_T>::dt == DS4_DT_BF16, "the matrix units take a bf16 weight");
-  ds4_mm_tile mt = ds4_mm_tile_of(bufs, block, TILE, 0, N, 0);
+  const uint32_t ntiles[1] = {NTILES};
+  const int64_t ncols[1] = {N};
+  ds4_mm_tile mt = ds4_mm_tile_of<1>(bufs, block, TILE, ntiles, ncols);
 #endif
   const ds4_bf16 *w = mt.w;
+#ifdef HC_POST
+#if defined(N1) || defined(GROUPS)
+#error "matmul_hc_post is a plain matmul's"
+#endif
+  const ds4_hc_out hc = ds4_hc_out_of(bufs);
+#else
   float *y = mt.y;
+#endif
   int64_t n0 = mt.n0;
 #ifdef GROUPS
   /* The tile's group: its KG channels of x's GROUPS * KG. */
@@ -93,14 +116,24 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     for (int i = tid; i < 16 * TILE; i += NTHREADS) {
       int r = i / TILE, col = i % TILE;
       int64_t t = m0 + r, n = n0 + col;
-      if (t >= t0 && t < ntok && n < N)
+      if (t >= t0 && t < ntok && n < N) {
+#ifdef HC_POST
+        ds4_hc_out_store<HC_POST>(hc, t, n, N, ds4_mma_sum<WARPS, TILE>(part, r, col));
+#else
         y[t * N + n] = ds4_mma_sum<WARPS, TILE>(part, r, col);
+#endif
+      }
     }
     ds4_barrier(); /* part read before the next 16 slots write it */
   }
   for (int64_t i = tid; i < (m_hi - m_lo) * TILE; i += NTHREADS) {
     int64_t t = m_lo + i / TILE, n = n0 + i % TILE;
-    if ((t < t0 || t >= ntok) && n < N)
+    if ((t < t0 || t >= ntok) && n < N) {
+#ifdef HC_POST
+      ds4_hc_out_zero<HC_POST>(hc, t, n, N);
+#else
       y[t * N + n] = 0.0f;
+#endif
+    }
   }
 }

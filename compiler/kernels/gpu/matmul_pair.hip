@@ -11,7 +11,9 @@
  * lane sums and dead-slot zeros), so each output has the bits of that
  * matmul alone: they depend on K, LANES and the weight's dtype only. The
  * body is matmul.hip's with its part's N, weight and output chosen per
- * block at run time. */
+ * block at run time. For matmul_triple (three matmuls of one x, lower.c)
+ * also N3, NTILES3, W3_DT and W3_T: bufs x, w1, w2, w3, y1, y2, y3, and
+ * y3's NTILES3 tiles after y2's. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -30,11 +32,23 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   if (block >= GRID)
     return;
   /* The block's part: its weight, output and column count. */
-  bool second = block >= NTILES1;
-  const void *w = bufs[second ? 2 : 1];
-  float *y = (float *)bufs[second ? 4 : 3];
-  int64_t N = second ? N2 : N1;
-  uint32_t tile = second ? block - NTILES1 : block;
+#ifdef N3
+  static_assert(W3_DT == W1_DT && ds4_wtraits<W3_T>::dt == W3_DT, "W3_T is the weights' one dtype");
+  constexpr int NP = 3;
+  const uint32_t ntiles[NP] = {NTILES1, NTILES2, NTILES3};
+  const int64_t ncols[NP] = {N1, N2, N3};
+#else
+  constexpr int NP = 2;
+  const uint32_t ntiles[NP] = {NTILES1, NTILES2};
+  const int64_t ncols[NP] = {N1, N2};
+#endif
+  int part = 0;
+  uint32_t tile = block;
+  while (part + 1 < NP && tile >= ntiles[part])
+    tile -= ntiles[part++];
+  const void *w = bufs[1 + part];
+  float *y = (float *)bufs[1 + NP + part];
+  int64_t N = ncols[part];
   int64_t ntok = step[1] < T ? step[1] : T;
   int64_t n0 = (int64_t)tile * TILE + tid / LANES;
   /* A group past its part's last column computes nothing but, with

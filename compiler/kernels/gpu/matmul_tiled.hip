@@ -40,11 +40,28 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #ifdef N1
   static_assert(ds4_wtraits<W1_T>::dt == DS4_DT_BF16 && ds4_wtraits<W2_T>::dt == DS4_DT_BF16,
                 "the matrix units take bf16 weights");
-  ds4_mm_tile mt = ds4_mm_tile_of(bufs, block, TILE, NTILES1, N1, N2);
+#ifdef N3
+  static_assert(ds4_wtraits<W3_T>::dt == DS4_DT_BF16, "the matrix units take bf16 weights");
+  const uint32_t ntiles[3] = {NTILES1, NTILES2, NTILES3};
+  const int64_t ncols[3] = {N1, N2, N3};
+  ds4_mm_tile mt = ds4_mm_tile_of<3>(bufs, block, TILE, ntiles, ncols);
+#else
+  const uint32_t ntiles[2] = {NTILES1, NTILES2};
+  const int64_t ncols[2] = {N1, N2};
+  ds4_mm_tile mt = ds4_mm_tile_of<2>(bufs, block, TILE, ntiles, ncols);
+#endif
   int64_t N = mt.n; /* the block's part's columns */
 #else
   static_assert(ds4_wtraits<W_T>::dt == DS4_DT_BF16, "the matrix units take a bf16 weight");
-  ds4_mm_tile mt = ds4_mm_tile_of(bufs, block, TILE, 0, N, 0);
+  const uint32_t ntiles[1] = {NTILES};
+  const int64_t ncols[1] = {N};
+  ds4_mm_tile mt = ds4_mm_tile_of<1>(bufs, block, TILE, ntiles, ncols);
+#endif
+#ifdef HC_POST
+#if defined(N1) || defined(GROUPS)
+#error "matmul_hc_post is a plain matmul's"
+#endif
+  const ds4_hc_out hc = ds4_hc_out_of(bufs);
 #endif
 #ifdef GROUPS
   static_assert(NG % TILE == 0, "a tile lies in one group");
@@ -93,13 +110,23 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           int64_t t = m_lo + r0 + 16 * i + g + 8 * (e / 2), n = mt.n0 + c0 + 8 * j + 2 * q + e % 2;
-          if (t < ntok && n < N)
+          if (t < ntok && n < N) {
+#ifdef HC_POST
+            ds4_hc_out_store<HC_POST>(hc, t, n, N, sum[i][j][e]);
+#else
             mt.y[t * N + n] = sum[i][j][e];
+#endif
+          }
         }
   }
   for (int64_t i = tid; i < (m_hi - m_lo) * TILE; i += NTHREADS) {
     int64_t t = m_lo + i / TILE, n = mt.n0 + i % TILE;
-    if (t >= ntok && n < N)
+    if (t >= ntok && n < N) {
+#ifdef HC_POST
+      ds4_hc_out_zero<HC_POST>(hc, t, n, N);
+#else
       mt.y[t * N + n] = 0.0f;
+#endif
+    }
   }
 }

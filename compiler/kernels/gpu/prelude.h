@@ -672,6 +672,45 @@ DS4_DEVICE int ds4_block_argmax(float *redv, int32_t *redi, float v, int i)
   return best;
 }
 
+/* Thread tid's part of the argmax of row[lo, hi) for a block of NT
+ * threads (argmax.hip, argmax_parts.hip): the lowest index of the largest
+ * value it sees, NaN skipped, by a strict comparison upwards: chunks of 4
+ * values lo + 4 c (c = tid, tid + NT, ...), U chunks of 16 bytes loaded
+ * ahead, where row + lo is 16-byte aligned, then the values after the
+ * last whole chunk (or every value, one at a time, where it is not); bi
+ * -1 where it saw none. zero is 0 at run time (see ds4_lane_dot). */
+template <int NT, int U>
+DS4_DEVICE void ds4_argmax_scan(const float *row, int64_t lo, int64_t hi, int64_t zero, float &bv, int &bi)
+{
+  int tid = ds4_thread();
+  const float *r = row + lo;
+  int64_t nch = (unsigned long long)r % 16 == 0 ? (hi - lo) / 4 + zero : 0;
+  for (int64_t c0 = tid; c0 < nch; c0 += (int64_t)NT * U) {
+    ds4_f32x4 chunk[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (c0 + (int64_t)u * NT < nch)
+        chunk[u] = *(const DS4_GLOBAL ds4_f32x4 *)(r + 4 * (c0 + (int64_t)u * NT));
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int64_t c = c0 + (int64_t)u * NT;
+      if (c >= nch)
+        break;
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if (!ds4_isnan(chunk[u][q]) && (bi < 0 || chunk[u][q] > bv)) {
+          bv = chunk[u][q];
+          bi = (int)(lo + 4 * c + q);
+        }
+    }
+  }
+  for (int64_t v = lo + 4 * nch + tid; v < hi + zero; v += NT)
+    if (!ds4_isnan(row[v]) && (bi < 0 || row[v] > bv)) {
+      bv = row[v];
+      bi = (int)v;
+    }
+}
+
 /* One thread's share of x . w over K f32 elements, for a block of NT
  * threads: the rows are cut into chunks of 4 elements (16 bytes); thread
  * i sums chunks i, i + NT, i + 2 NT, ... in ascending order, each chunk's
@@ -1513,23 +1552,60 @@ DS4_DEVICE float ds4_mma_sum(const float (*part)[16][COLS], int row, int col)
 }
 
 /* The weight, output, column count and first column of a matmul kind's
- * tile of `width` columns, number `tile`: for a pair (ntiles1 > 0) tiles
- * below ntiles1 are w1's (bufs 1, y1 in bufs 3) and the rest w2's (bufs
- * 2, y2 in bufs 4); else w in bufs 1, y in bufs 2. */
+ * tile of `width` columns, number `tile`, of P parts (a matmul 1, a pair
+ * 2, a triple 3) of ntiles[p] tiles of n[p] columns each: part p's tiles
+ * follow the parts' before it, its weight in bufs 1 + p and its output in
+ * bufs 1 + P + p. */
 struct ds4_mm_tile {
   const ds4_bf16 *w;
   float *y;
   int64_t n, n0;
 };
 
-DS4_DEVICE ds4_mm_tile ds4_mm_tile_of(void *const *bufs, uint32_t tile, int64_t width, uint32_t ntiles1,
-                                      int64_t n1, int64_t n2)
+template <int P>
+DS4_DEVICE ds4_mm_tile ds4_mm_tile_of(void *const *bufs, uint32_t tile, int64_t width, const uint32_t *ntiles,
+                                      const int64_t *n)
 {
-  if (ntiles1 == 0)
-    return {(const ds4_bf16 *)bufs[1], (float *)bufs[2], n1, (int64_t)tile * width};
-  bool second = tile >= ntiles1;
-  return {(const ds4_bf16 *)bufs[second ? 2 : 1], (float *)bufs[second ? 4 : 3], second ? n2 : n1,
-          (int64_t)(second ? tile - ntiles1 : tile) * width};
+  int p = 0;
+  while (p + 1 < P && tile >= ntiles[p])
+    tile -= ntiles[p++];
+  return {(const ds4_bf16 *)bufs[1 + p], (float *)bufs[1 + P + p], n[p], (int64_t)tile * width};
+}
+
+/* matmul_hc_post's operands in the matrix units' matmuls (matmul_mma.hip,
+ * matmul_tiled.hip): hc_post's X, post and comb, and X_out, in place of
+ * y (bufs 2 to 5). */
+struct ds4_hc_out {
+  const float *X, *post, *comb;
+  float *xo;
+};
+
+DS4_DEVICE ds4_hc_out ds4_hc_out_of(void *const *bufs)
+{
+  return {(const float *)bufs[2], (const float *)bufs[3], (const float *)bufs[4], (float *)bufs[5]};
+}
+
+/* The matmul's output y of slot t, column n (of ncols) written back into
+ * the S streams as hc_post writes it: X_out[t,j,n] = post[t,j] * y + sum_i
+ * comb[t,i,j] * X[t,i,n], i ascending from the product (hc_post.hip's
+ * operations, so its bits). */
+template <int S>
+DS4_DEVICE void ds4_hc_out_store(const ds4_hc_out &h, int64_t t, int64_t n, int64_t ncols, float y)
+{
+  for (int64_t j = 0; j < S; j++) {
+    float r = h.post[t * S + j] * y;
+    for (int64_t i = 0; i < S; i++)
+      r += h.comb[t * (S * S) + i * S + j] * h.X[t * (S * ncols) + i * ncols + n];
+    h.xo[t * (S * ncols) + j * ncols + n] = r;
+  }
+}
+
+/* A dead slot's channel n: +0 in every stream, as hc_post writes it. */
+template <int S>
+DS4_DEVICE void ds4_hc_out_zero(const ds4_hc_out &h, int64_t t, int64_t n, int64_t ncols)
+{
+  for (int64_t j = 0; j < S; j++)
+    h.xo[t * (S * ncols) + j * ncols + n] = 0.0f;
 }
 
 /* The tiled kernels' sums over k (matmul_tiled.hip, moe_tiled.hip): a

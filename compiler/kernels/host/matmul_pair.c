@@ -6,7 +6,9 @@
  * W2_DT, GRID and KERNEL_NAME, and prelude.h (ds4h_slot_tile,
  * ds4h_matmul_cols); grid: NTILES1 tiles of y1's columns, then NTILES2 of
  * y2's, each in MTILES tiles of MROWS token slots (matmul.c), summed as
- * matmul's are. */
+ * matmul's are. For matmul_triple (three matmuls of one x, lower.c) also
+ * N3, NTILES3 and W3_DT: bufs x, w1, w2, w3, y1, y2, y3, and y3's NTILES3
+ * tiles after y2's. */
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
@@ -17,8 +19,19 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   int64_t m0, m1;
   uint32_t cols = ds4h_slot_tile(block, MTILES, MROWS, T, &m0, &m1);
-  int second = cols >= NTILES1;
-  int64_t N = second ? N2 : N1, n0 = (int64_t)(second ? cols - NTILES1 : cols) * TILE;
-  ds4h_matmul_cols((const float *)bufs[0], bufs[second ? 2 : 1], second ? W2_DT : W1_DT,
-                   (float *)bufs[second ? 4 : 3], m0, m1, K, N, n0, n0 + TILE < N ? n0 + TILE : N, 0, ntok);
+#ifdef N3
+  enum { NP = 3 };
+  const uint32_t ntiles[NP] = {NTILES1, NTILES2, NTILES3};
+  const int64_t ncols[NP] = {N1, N2, N3}, dts[NP] = {W1_DT, W2_DT, W3_DT};
+#else
+  enum { NP = 2 };
+  const uint32_t ntiles[NP] = {NTILES1, NTILES2};
+  const int64_t ncols[NP] = {N1, N2}, dts[NP] = {W1_DT, W2_DT};
+#endif
+  int part = 0;
+  while (part + 1 < NP && cols >= ntiles[part])
+    cols -= ntiles[part++];
+  int64_t N = ncols[part], n0 = (int64_t)cols * TILE;
+  ds4h_matmul_cols((const float *)bufs[0], bufs[1 + part], dts[part], (float *)bufs[1 + NP + part], m0, m1, K, N,
+                   n0, n0 + TILE < N ? n0 + TILE : N, 0, ntok);
 }
