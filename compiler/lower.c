@@ -401,16 +401,22 @@ static void fold_names(const ir_prog *p, ir_op *into, ir_op *from, char *path) {
   }
 }
 
-/* ops[j] joins ops[i] (i < j) as its matmul_pair: see the header. */
-static int pairs_with(const ir_prog *p, const ir_op *ops, int i, int j) {
-  const ir_op *a = &ops[i], *b = &ops[j];
-  if (!fusable_matmul(p, a) || !fusable_matmul(p, b) || a->stream != b->stream || a->in[0] != b->in[0] ||
-      a->in_row0[0] != b->in_row0[0] || a->in_nrows[0] != b->in_nrows[0] ||
-      p->tensors[a->in[1]].dtype != p->tensors[b->in[1]].dtype || a->out[0] == b->out[0] || hinted(p, a) ||
-      hinted(p, b))
+/* ops[j], a matmul, joins ops[i] (i < j), a matmul or a matmul_pair, as
+ * its next part: see the header (the rules hold for each of ops[i]'s
+ * outputs). */
+static int joins_matmul(const ir_prog *p, int i, int j) {
+  const ir_op *a = &p->ops[i], *b = &p->ops[j];
+  if ((a->kind == IR_OP_MATMUL && !fusable_matmul(p, a)) || !fusable_matmul(p, b) || a->stream != b->stream ||
+      a->in[0] != b->in[0] || a->in_row0[0] != b->in_row0[0] || a->in_nrows[0] != b->in_nrows[0] ||
+      p->tensors[a->in[1]].dtype != p->tensors[b->in[1]].dtype || hinted(p, a) || hinted(p, b))
     return 0;
-  for (int k = i + 1; k < j; k++)
-    if (op_uses(&ops[k], a->in[0], 0) || op_uses(&ops[k], b->out[0], 1) || op_uses(&ops[k], a->out[0], 0)) return 0;
+  for (int o = 0; o < a->nout; o++)
+    if (a->out[o] == b->out[0]) return 0;
+  for (int k = i + 1; k < j; k++) {
+    if (op_uses(&p->ops[k], a->in[0], 0) || op_uses(&p->ops[k], b->out[0], 1)) return 0;
+    for (int o = 0; o < a->nout; o++)
+      if (op_uses(&p->ops[k], a->out[o], 0)) return 0;
+  }
   return 1;
 }
 
@@ -430,68 +436,25 @@ static void drop_op(ir_prog *p, int j) {
   p->nops--;
 }
 
-/* Fuses each matmul with the next one it pairs with; drops the second. */
-static void fuse_matmul_pairs(ir_prog *p) {
+/* Fuses each op of kind `from` (a matmul, or a matmul_pair) with the next
+ * lone matmul of its x that joins it into one of kind `to`: the matmul's
+ * weight and output after from's; the matmul is dropped. */
+static void fuse_matmul_parts(ir_prog *p, int from, int to) {
   for (int i = 0; i < p->nops; i++) {
     ir_op *a = &p->ops[i];
-    if (a->kind == IR_OP_MATMUL)
-      for (int j = i + 1; j < p->nops; j++) {
-        if (p->ops[j].kind != IR_OP_MATMUL || p->ops[j].in[0] != a->in[0]) continue;
-        if (!pairs_with(p, p->ops, i, j)) break;
-        ir_op *b = &p->ops[j];
-        char *path = pair_path(a->path, b->path);
-        ir_xfree(a->path);
-        a->path = path;
-        a->kind = IR_OP_MATMUL_PAIR;
-        a->nin = 3;
-        a->in[2] = b->in[1];
-        a->in_pos[2] = b->in_pos[1];
-        a->nout = 2;
-        a->out[1] = b->out[0];
-        a->out_pos[1] = b->out_pos[0];
-        ir_xfree(b->path);
-        drop_op(p, j);
-        break;
-      }
-  }
-}
-
-/* ops[j], a matmul, joins ops[i], a matmul_pair (i < j), as the third
- * part of a matmul_triple: the pair's rules (see the header), for both
- * of the pair's outputs. */
-static int triples_with(const ir_prog *p, int i, int j) {
-  const ir_op *a = &p->ops[i], *b = &p->ops[j];
-  if (!fusable_matmul(p, b) || a->stream != b->stream || a->in[0] != b->in[0] || a->in_row0[0] != b->in_row0[0] ||
-      a->in_nrows[0] != b->in_nrows[0] || p->tensors[a->in[1]].dtype != p->tensors[b->in[1]].dtype || hinted(p, a) ||
-      hinted(p, b))
-    return 0;
-  for (int k = i + 1; k < j; k++)
-    if (op_uses(&p->ops[k], a->in[0], 0) || op_uses(&p->ops[k], b->out[0], 1) || op_uses(&p->ops[k], a->out[0], 0) ||
-        op_uses(&p->ops[k], a->out[1], 0))
-      return 0;
-  return 1;
-}
-
-/* Fuses each matmul_pair with the next lone matmul of its x that joins
- * it; drops the matmul. */
-static void fuse_matmul_triples(ir_prog *p) {
-  for (int i = 0; i < p->nops; i++) {
-    ir_op *a = &p->ops[i];
-    if (a->kind != IR_OP_MATMUL_PAIR) continue;
+    if (a->kind != from) continue;
     for (int j = i + 1; j < p->nops; j++) {
       if (p->ops[j].kind != IR_OP_MATMUL || p->ops[j].in[0] != a->in[0]) continue;
-      if (!triples_with(p, i, j)) break;
+      if (!joins_matmul(p, i, j)) break;
       ir_op *b = &p->ops[j];
       char *path = pair_path(a->path, b->path);
       ir_xfree(a->path);
       a->path = path;
-      a->kind = IR_OP_MATMUL_TRIPLE;
-      a->nin = 4;
-      a->in[3] = b->in[1];
-      a->in_pos[3] = b->in_pos[1];
-      a->nout = 3;
-      a->out[2] = b->out[0];
-      a->out_pos[2] = b->out_pos[0];
+      a->kind = to;
+      a->in[a->nin] = b->in[1];
+      a->in_pos[a->nin++] = b->in_pos[1];
+      a->out[a->nout] = b->out[0];
+      a->out_pos[a->nout++] = b->out_pos[0];
       ir_xfree(b->path);
       drop_op(p, j);
       break;
@@ -855,8 +818,8 @@ static void fuse(ir_prog *p) {
   fuse_norm_windows(p);
   fuse_attention_ropes(p);
   fuse_attention_qnorms(p);
-  fuse_matmul_pairs(p);
-  fuse_matmul_triples(p);
+  fuse_matmul_parts(p, IR_OP_MATMUL, IR_OP_MATMUL_PAIR);
+  fuse_matmul_parts(p, IR_OP_MATMUL_PAIR, IR_OP_MATMUL_TRIPLE);
   fuse_combine_adds(p);
   fuse_hc_post_tails(p);
 }
