@@ -1383,9 +1383,9 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
   case IR_OP_ARGMAX_OF_PARTS: {
     /* parts of whole chunks of 4 logits (a 16-byte aligned row's part
      * starts on a 16-byte bound), none empty */
-    int64_t part = ((v['V'] + v['G'] - 1) / v['G'] + 3) / 4 * 4;
+    int64_t part = v['G'] < 1 ? 0 : ((v['V'] + v['G'] - 1) / v['G'] + 3) / 4 * 4;
     if (v['G'] < 1 || (v['G'] - 1) * part >= v['V'])
-      return kgen_err(c->d, op->pos, "%s: %" PRId64 " parts of a row of %" PRId64 " logits leave a part empty",
+      return kgen_err(c->d, op->pos, "%s: %" PRId64 " parts of a row of %" PRId64 " logits; there must be one or more, each with a logit",
                       c->k->name, v['G'], v['V']);
     kgen_def_int(s, "T", T);
     kgen_def_int(s, "V", v['V']);
