@@ -304,6 +304,7 @@ static void split_argmax(ir_prog *p, ir_op *op, ir_op *out) {
   a.out[0] = vals;
   a.out[1] = idx;
   a.out_pos[0] = a.out_pos[1] = op->pos;
+  a.out_row0[0] = a.out_nrows[0] = 0; /* the parts are whole; a view of ids stays b's */
   b.kind = IR_OP_ARGMAX_OF_PARTS;
   b.path = suffixed(op->path, ".best");
   b.nin = 3;
