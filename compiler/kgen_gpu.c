@@ -147,11 +147,21 @@ static int64_t kgen_gpu_x_row(const kgen_spec *s)
   }
 }
 
+/* The x row from which a matmul kind of quantized weights stages x
+ * whatever its columns: a quantized chunk of 16 or 32 values reads 64 or
+ * 128 bytes of x for 16 of weights, so unstaged those GEMVs wait on L1
+ * (ncu on an H100: L1/TEX throughput 70-95 %, DRAM 19-29 %). Staged
+ * (swizzled, prelude.h ds4_xswz) from 1024: the release-dtype slice's
+ * decode step 1176 to 1115 us on an H100 (bench/NOTES.md, v29); the
+ * mini's rows of 64 stay unstaged. */
+#define KGEN_GPU_STAGE_QUANTIZED 1024
+
 /* Whether a GEMV-like kernel stages its row of x (kgen_gpu_x_row) in shared
  * memory: rows of whole 16-byte words that fit; for matmul and
- * group_matmul only where a warp takes two columns (kgen.c: from 8192
- * columns, every tile inside one group), while moe_up and moe_down, whose
- * blocks read a row for several weight rows a warp, always stage it.
+ * group_matmul where a warp takes two columns or more (kgen.c: from 8192
+ * columns, every tile inside one group) or the weights are quantized and
+ * the row long (KGEN_GPU_STAGE_QUANTIZED), while moe_up and moe_down,
+ * whose blocks read a row for several weight rows a warp, always stage it.
  * Measured on an H200 (bench/NOTES.md): with many waves of blocks (the LM
  * head's, q_b's, o_a's) the warps' x reads crowd out the weight stream,
  * and staging gives 97 % of copy bandwidth against 63 % for the LM head; a
@@ -164,6 +174,8 @@ static int kgen_gpu_stage_x(const kgen_spec *s)
   if (k % 4 != 0 || (uint64_t)k * 4 > KGEN_GPU_MAX_SHARED)
     return 0;
   if (s->op->kind == IR_OP_MOE_UP || s->op->kind == IR_OP_MOE_DOWN)
+    return 1;
+  if ((s->slot_dtype[1] == PLAN_F8E4M3 || s->slot_dtype[1] == PLAN_MXFP4) && k >= KGEN_GPU_STAGE_QUANTIZED)
     return 1;
   return kgen_spec_int(s, "ROWS") > 1;
 }

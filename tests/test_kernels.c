@@ -4915,6 +4915,49 @@ static void iscores_gpu_case(int heads, int d, int nent, int m, int pos, int nto
  * and windows with their ties); the GPU compressor's entries are within
  * tolerance of float64 and the same bits whatever the schedule, and so
  * are the indexer's scores and selections on them. */
+/* x staged swizzled for a quantized row (prelude.h, ds4_xswz): over a
+ * row of whole chunks, for chunks of 4, 8, 16 and 32 values, a
+ * permutation that keeps each 16-byte vector whole (its 4 floats together
+ * and in order), and the vectors q of 8 chunks in a row (the lanes one
+ * 16-byte shared load serves) in 8 distinct bank groups of 16 bytes,
+ * where the row order puts them in 1, 2 or 4 (8 lanes, 128 bytes). */
+START_TEST(test_gpu_x_swizzle)
+{
+  void *dl = load_prelude("xswz", "extern \"C\" long long m_xswz(int v, long long k) {\n"
+                                  "  switch (v) {\n"
+                                  "  case 4: return ds4_xswz<4>(k);\n"
+                                  "  case 8: return ds4_xswz<8>(k);\n"
+                                  "  case 16: return ds4_xswz<16>(k);\n"
+                                  "  default: return ds4_xswz<32>(k);\n"
+                                  "  }\n"
+                                  "}\n");
+  long long (*xswz)(int, long long);
+  *(void **)&xswz = dlsym(dl, "m_xswz");
+  ck_assert(xswz != NULL);
+  enum { K = 2048 };
+  static unsigned char seen[K];
+  for (int v = 4; v <= 32; v *= 2) {
+    memset(seen, 0, sizeof seen);
+    for (long long k = 0; k < K; k++) {
+      long long p = xswz(v, k);
+      ck_assert_msg(p >= 0 && p < K && !seen[p], "ds4_xswz<%d>(%lld) = %lld: not a permutation", v, k, p);
+      seen[p] = 1;
+      ck_assert_msg(p % 4 == k % 4 && (k % 4 == 0 || p == xswz(v, k - 1) + 1),
+                    "ds4_xswz<%d> splits the vector of %lld", v, k);
+    }
+    int nv = v / 4;
+    for (long long c0 = 0; c0 < K / v; c0 += 8)
+      for (int q = 0; q < nv; q++) {
+        unsigned groups = 0;
+        for (long long c = c0; c < c0 + 8; c++)
+          groups |= 1u << (xswz(v, c * v + 4 * q) / 4 % 8);
+        ck_assert_msg(groups == 0xffu, "ds4_xswz<%d>: chunks %lld.. vector %d in bank groups %#x", v, c0, q, groups);
+      }
+  }
+  dlclose(dl);
+}
+END_TEST
+
 START_TEST(test_gpu_compress_index)
 {
   iscores_gpu_case(4, 16, 300, 2, 290, 3);
@@ -7339,6 +7382,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_build);
   tcase_add_test(gpu, test_gpu_math);
   tcase_add_test(gpu, test_gpu_route_math);
+  tcase_add_test(gpu, test_gpu_x_swizzle);
   tcase_add_test(gpu, test_gpu_errors);
   tcase_add_test(gpu, test_gpu_compress_index);
   tcase_add_test(gpu, test_gpu_ffn);

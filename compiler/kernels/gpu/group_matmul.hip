@@ -53,10 +53,10 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #if X_SHARED
     if (t > 0)
       ds4_barrier(); /* the last slot's part read by every group */
-    ds4_stage_row<NTHREADS, KG>(xs, x + t * (GROUPS * KG) + (int64_t)block * TILE / NG * KG);
+    constexpr ds4_xspace XS = ds4_x_staged<W_T, KG>();
+    ds4_stage_x<NTHREADS, KG, W_T, XS>(xs, x + t * (GROUPS * KG) + (int64_t)block * TILE / NG * KG);
     ds4_barrier();
     const float *xg = xs;
-    constexpr ds4_xspace XS = DS4_X_SHARED;
 #else
     const float *xg = x + t * (GROUPS * KG) + (n0 / NG) * KG;
     constexpr ds4_xspace XS = ROWS == 1 ? DS4_X_AHEAD : DS4_X_GLOBAL;

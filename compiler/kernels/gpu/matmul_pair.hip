@@ -59,10 +59,10 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #if X_SHARED
     if (t > 0)
       ds4_barrier(); /* the last slot's row read by every group */
-    ds4_stage_row<NTHREADS, K>(xs, x + t * K);
+    constexpr ds4_xspace XS = ds4_x_staged<W1_T, K>();
+    ds4_stage_x<NTHREADS, K, W1_T, XS>(xs, x + t * K);
     ds4_barrier();
     const float *xr = xs;
-    constexpr ds4_xspace XS = DS4_X_SHARED;
 #else
     const float *xr = x + t * K;
     constexpr ds4_xspace XS = ROWS == 1 ? DS4_X_AHEAD : DS4_X_GLOBAL;

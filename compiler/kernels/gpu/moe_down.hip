@@ -29,7 +29,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float as[F];
-  constexpr ds4_xspace XS = DS4_X_SHARED;
+  constexpr ds4_xspace XS = ds4_x_staged<W2_T, F>();
 #else
   constexpr ds4_xspace XS = DS4_X_GLOBAL;
 #endif
@@ -56,7 +56,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     if (r >= 0) {
 #if X_SHARED
       ds4_barrier(); /* the last slot's row read by every group */
-      ds4_stage_row<NTHREADS, F>(as, act + (int64_t)s * F);
+      ds4_stage_x<NTHREADS, F, W2_T, XS>(as, act + (int64_t)s * F);
       ds4_barrier();
       const float *ar = as;
 #else

@@ -29,7 +29,9 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
 #if X_SHARED
   DS4_SHARED __attribute__((aligned(16))) float xs[H];
-  constexpr ds4_xspace XS = DS4_X_SHARED;
+  /* swizzled where both weights read the same chunks of x */
+  constexpr ds4_xspace XS =
+      ds4_wtraits<W1_T>::V == ds4_wtraits<W3_T>::V ? ds4_x_staged<W1_T, H>() : DS4_X_SHARED;
 #else
   constexpr ds4_xspace XS = DS4_X_GLOBAL;
 #endif
@@ -51,7 +53,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 #if X_SHARED
     if (t > 0)
       ds4_barrier(); /* the last slot's row read by every group */
-    ds4_stage_row<NTHREADS, H>(xs, x + t * H);
+    ds4_stage_x<NTHREADS, H, W1_T, XS>(xs, x + t * H);
     ds4_barrier();
     const float *xr = xs;
 #else

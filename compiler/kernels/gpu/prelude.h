@@ -312,6 +312,36 @@ DS4_DEVICE ds4_row<W> ds4_wrow(const void *base, int64_t rows, int64_t cols, int
   }
 }
 
+/* x staged for the chunks of V elements a lane of ds4_lane_dot reads
+ * (ds4_wtraits: 4 f32, 8 bf16, 16 E4M3 or 32 E2M1 values, NV = V / 4
+ * vectors of 16 bytes). In row order, lane l's vector q of chunk c lies
+ * c * NV + q vectors in, so the 8 lanes that one 16-byte shared load
+ * serves at a time (chunks c .. c + 7) hit the same bank group whenever
+ * NV is 8 (an mxfp4 chunk: an 8-way conflict), 4 ways for f8e4m3, 2 for
+ * bf16: the shared loads, not the weights, bounded the quantized GEMVs
+ * (bench/NOTES.md, v29). Swizzled, vector q of chunk c lies at c * NV +
+ * (q ^ (c / (8 / NV)) mod NV), so those 8 chunks hit 8 distinct bank
+ * groups. Only the addresses change: the values and the order of the
+ * sums are the same. */
+template <int V>
+DS4_DEVICE int64_t ds4_xswz_chunk(int64_t c)
+{
+  constexpr int NV = V / 4;
+  if constexpr (NV <= 1)
+    return 0;
+  else
+    return c / (8 / NV) % NV;
+}
+
+/* Where element k of a row lies swizzled: its vector's q xor its chunk's
+ * ds4_xswz_chunk, the element's place in the vector kept. */
+template <int V>
+DS4_DEVICE int64_t ds4_xswz(int64_t k)
+{
+  int64_t c = k / V, q = k / 4 % (V / 4) ^ ds4_xswz_chunk<V>(c);
+  return c * V + 4 * q + k % 4;
+}
+
 /* An E8M0 scale byte: 2^(s-127), exactly (s = 0 is the subnormal
  * 2^-127); 255 is NaN. */
 DS4_DEVICE float ds4_e8m0(uint32_t s)
@@ -1024,8 +1054,18 @@ DS4_DEVICE float ds4_lane_scan32(float v, int l)
  * memory, loaded U chunks ahead with the weights (a matmul's activations,
  * where a block has registers to spare); or in global or in the block's
  * shared memory, read as each chunk is summed, which holds no registers
- * while the weights are in flight (the FFNs' x and activations). */
-enum ds4_xspace { DS4_X_AHEAD, DS4_X_GLOBAL, DS4_X_SHARED };
+ * while the weights are in flight (the FFNs' x and activations); or in
+ * shared memory staged by ds4_stage_x in ds4_xswz's order. */
+enum ds4_xspace { DS4_X_AHEAD, DS4_X_GLOBAL, DS4_X_SHARED, DS4_X_SWIZZLED };
+
+/* How a kernel stages a row of KK floats of x read against rows of W:
+ * swizzled where the chunks are whole (ds4_xswz's rows are whole chunks),
+ * else in row order. */
+template <typename W, int64_t KK>
+constexpr ds4_xspace ds4_x_staged()
+{
+  return KK % ds4_wtraits<W>::V == 0 ? DS4_X_SWIZZLED : DS4_X_SHARED;
+}
 
 /* Chunks a lane loads ahead: at most UMAX, and no more than it has (a
  * short row's registers go to more warps a multiprocessor instead). */
@@ -1039,10 +1079,36 @@ constexpr int ds4_chunks_ahead()
 template <ds4_xspace XS>
 DS4_DEVICE ds4_f32x4 ds4_load_x(const float *p)
 {
+  static_assert(XS != DS4_X_SWIZZLED, "a swizzled row is read by ds4_x_vec");
   if constexpr (XS == DS4_X_SHARED)
     return *(const DS4_LDS ds4_f32x4 *)p;
   else
     return *(const DS4_GLOBAL ds4_f32x4 *)p;
+}
+
+/* Vector q (16 bytes) of chunk c of V elements of x, from where XS says;
+ * sw is ds4_x_sw<XS, V>(c), the chunk's swizzle (0 unswizzled), taken
+ * once a chunk. */
+template <ds4_xspace XS, int V>
+DS4_DEVICE int64_t ds4_x_sw(int64_t c)
+{
+  return XS == DS4_X_SWIZZLED ? ds4_xswz_chunk<V>(c) : 0;
+}
+
+template <ds4_xspace XS, int V>
+DS4_DEVICE ds4_f32x4 ds4_x_vec(const float *x, int64_t c, int q, int64_t sw)
+{
+  if constexpr (XS == DS4_X_SWIZZLED)
+    return *(const DS4_LDS ds4_f32x4 *)(x + c * V + 4 * (q ^ sw));
+  else
+    return ds4_load_x<XS>(x + c * V + 4 * q);
+}
+
+/* Element k of x, from where XS says, V as for ds4_x_vec. */
+template <ds4_xspace XS, int V>
+DS4_DEVICE float ds4_x_elem(const float *x, int64_t k)
+{
+  return x[XS == DS4_X_SWIZZLED ? ds4_xswz<V>(k) : k];
 }
 
 /* Copies the KK floats of row (global memory) into xs (shared memory),
@@ -1063,11 +1129,32 @@ DS4_DEVICE void ds4_stage_row(float *xs, const float *row)
     xs[i] = row[i];
 }
 
+/* ds4_stage_row into the layout XS says (ds4_x_staged<W, KK>: swizzled
+ * for chunks of W's V elements, or in row order). */
+template <int NT, int64_t KK, typename W, ds4_xspace XS>
+DS4_DEVICE void ds4_stage_x(float *xs, const float *row)
+{
+  static_assert(XS == DS4_X_SHARED || XS == DS4_X_SWIZZLED, "x staged in shared memory");
+  constexpr int V = ds4_wtraits<W>::V;
+  if constexpr (XS == DS4_X_SHARED || V <= 4) {
+    ds4_stage_row<NT, KK>(xs, row);
+  } else {
+    int tid = ds4_thread();
+    if ((unsigned long long)row % 16 == 0) {
+      for (int64_t i = tid; i < KK / 4; i += NT)
+        *(DS4_LDS ds4_f32x4 *)(xs + ds4_xswz<V>(4 * i)) = *(const DS4_GLOBAL ds4_f32x4 *)(row + 4 * i);
+      return;
+    }
+    for (int64_t i = tid; i < KK; i += NT)
+      xs[ds4_xswz<V>(i)] = row[i];
+  }
+}
+
 /* ds4_lane_dot's order one element at a time, for rows that are not
  * aligned for chunks or not whole chunks: lane l's chunks l, l + L, ...
  * of V elements (ds4_wtraits), of the nch chunks; a quantized chunk summed
  * on its own and scaled, as ds4_chunk_dot does. */
-template <int L, int64_t KK, typename W>
+template <int L, int64_t KK, typename W, ds4_xspace XS>
 DS4_DEVICE float ds4_lane_dot_scalar(const float *x, ds4_row<W> w, int lane, int64_t nch)
 {
   constexpr int V = ds4_wtraits<W>::V;
@@ -1077,13 +1164,13 @@ DS4_DEVICE float ds4_lane_dot_scalar(const float *x, ds4_row<W> w, int lane, int
       float p = 0.0f;
       uint32_t nan = 0, scale = 0;
       for (int64_t k = c * V; k < c * V + V && k < KK; k++)
-        p = __builtin_fmaf(x[k], ds4_qcode(w, k, &nan, &scale), p);
+        p = __builtin_fmaf(ds4_x_elem<XS, V>(x, k), ds4_qcode(w, k, &nan, &scale), p);
       if (nan)
         p = ds4_nanf();
       acc = acc + p * ds4_wtraits<W>::unit * ds4_e8m0(scale);
     } else {
       for (int64_t k = c * V; k < c * V + V && k < KK; k++)
-        acc = acc + x[k] * ds4_welem(w, k);
+        acc = acc + ds4_x_elem<XS, V>(x, k) * ds4_welem(w, k);
     }
   }
   return acc;
@@ -1139,16 +1226,17 @@ DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t ze
         if constexpr (XS == DS4_X_AHEAD) {
           acc = ds4_chunk_dot(acc, xv[u], wv[u], W{});
         } else {
+          int64_t sw = ds4_x_sw<XS, V>(c);
 #pragma unroll
           for (int q = 0; q < V / 4; q++)
-            xv[0][q] = ds4_load_x<XS>(x + c * V + 4 * q);
+            xv[0][q] = ds4_x_vec<XS, V>(x, c, q, sw);
           acc = ds4_chunk_dot(acc, xv[0], wv[u], W{});
         }
       }
     }
     return acc;
   }
-  return ds4_lane_dot_scalar<L, KK, W>(x, w, lane, nch);
+  return ds4_lane_dot_scalar<L, KK, W, XS>(x, w, lane, nch);
 }
 
 /* ds4_lane_dot of R rows against one x at once: out[r] = x . w[r], each
@@ -1174,7 +1262,7 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane,
   if (KK % V != 0 || bad != 0) {
 #pragma unroll
     for (int r = 0; r < R; r++)
-      out[r] = ds4_lane_dot_scalar<L, KK, W>(x, w[r], lane, nch);
+      out[r] = ds4_lane_dot_scalar<L, KK, W, XS>(x, w[r], lane, nch);
     return;
   }
   float acc[R];
@@ -1197,9 +1285,10 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane,
       if (c >= nch)
         continue;
       ds4_f32x4 xv[V / 4];
+      int64_t sw = ds4_x_sw<XS, V>(c);
 #pragma unroll
       for (int q = 0; q < V / 4; q++)
-        xv[q] = ds4_load_x<XS>(x + c * V + 4 * q);
+        xv[q] = ds4_x_vec<XS, V>(x, c, q, sw);
 #pragma unroll
       for (int r = 0; r < R; r++)
         acc[r] = ds4_chunk_dot(acc[r], xv, v[r][u], W{});
