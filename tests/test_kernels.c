@@ -5789,6 +5789,36 @@ START_TEST(test_gpu_quant_matmuls)
 }
 END_TEST
 
+/* Where a matmul of quantized weights stages its row of x (kgen_gpu.c,
+ * KGEN_GPU_STAGE_QUANTIZED): from rows of 1024 floats, whatever its
+ * columns, in shared memory of the row's bytes; below, and for bf16
+ * weights of few columns, x is read as it goes. */
+START_TEST(test_gpu_quant_stages_x)
+{
+  const struct {
+    uint32_t dt;
+    int64_t k;
+    int staged;
+  } cases[] = {{PLAN_F8E4M3, 1024, 1}, {PLAN_MXFP4, 1024, 1}, {PLAN_F8E4M3, 8192, 1},
+               {PLAN_F8E4M3, 1020, 0}, {PLAN_MXFP4, 512, 0},   {PLAN_BF16, 1024, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kt k;
+    kt_init(&k, IR_OP_MATMUL);
+    kt_add(&k, 0, PLAN_F32, 2, (int64_t)1, cases[i].k);
+    kt_add(&k, 0, cases[i].dt, 2, (int64_t)40, cases[i].k);
+    kt_add(&k, 1, PLAN_F32, 2, (int64_t)1, (int64_t)40);
+    kgen_kernel kk;
+    dsl_diag d = {0};
+    ck_assert_msg(kgen_gpu(&k.prog, &k.op, &kk, &d) == 0, "kgen_gpu: %s", d.msg);
+    ck_assert_msg(strstr(kk.source, cases[i].staged ? "#define X_SHARED 1\n" : "#define X_SHARED 0\n") != NULL,
+                  "%s K %lld: X_SHARED is not %d", plan_dtype_name(cases[i].dt), (long long)cases[i].k,
+                  cases[i].staged);
+    ck_assert_uint_eq(kk.shared, cases[i].staged ? (uint64_t)cases[i].k * 4 : 0);
+    kgen_kernel_free(&kk);
+  }
+}
+END_TEST
+
 START_TEST(test_gpu_quant_ffn)
 {
   gpu_quant_kinds(3, NQOPS);
@@ -7383,6 +7413,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_math);
   tcase_add_test(gpu, test_gpu_route_math);
   tcase_add_test(gpu, test_gpu_x_swizzle);
+  tcase_add_test(gpu, test_gpu_quant_stages_x);
   tcase_add_test(gpu, test_gpu_errors);
   tcase_add_test(gpu, test_gpu_compress_index);
   tcase_add_test(gpu, test_gpu_ffn);
