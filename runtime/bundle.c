@@ -725,6 +725,7 @@ static uint8_t minifloat_code(double x, int mbits, int emin, uint8_t maxcode, ui
   uint8_t sign = signbit(x) ? sign_bit : 0;
   double a = fabs(x);
   if (a == 0.0) return sign;
+  if (isinf(a)) return sign | maxcode; /* frexp's exponent of an infinity is unspecified */
   int e;
   frexp(a, &e);
   e -= 1; /* a in [2^e, 2^(e+1)) */

@@ -1200,10 +1200,14 @@ START_TEST(quantized_generator) {
   uint32_t h4 = tb_tensor_nd(&b, "huge4", PLAN_MXFP4, PLAN_WEIGHT, d1, 2, dsmall);
   b.tensors[h4].init_offset = -1e200;
   b.tensors[h4].init_scale = 1e199;
+  uint32_t inf8 = tb_tensor_nd(&b, "inf8", PLAN_F8E4M3, PLAN_WEIGHT, d1, 2, dsmall);
+  b.tensors[inf8].init_offset = -INFINITY; /* every value -inf: every code -448 */
+  uint32_t inf4 = tb_tensor_nd(&b, "inf4", PLAN_MXFP4, PLAN_WEIGHT, d1, 2, dsmall);
+  b.tensors[inf4].init_offset = INFINITY; /* every code +6 */
   tb_write(&b);
 
-  uint8_t *bytes[8], *again = malloc(b.tensors[q8].bytes);
-  const uint32_t ts[] = {q8, q4, q4v, q8r, tiny, huge, zero, h4};
+  uint8_t *bytes[10], *again = malloc(b.tensors[q8].bytes);
+  const uint32_t ts[] = {q8, q4, q4v, q8r, tiny, huge, zero, h4, inf8, inf4};
   rt_bundle *bd;
   for (int open = 0; open < 2; open++) {
     rt_status s = rt_bundle_open(b.dir, &(rt_options){.weight_seed = 9}, &bd);
