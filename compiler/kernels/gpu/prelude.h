@@ -1086,15 +1086,16 @@ DS4_DEVICE ds4_f32x4 ds4_load_x(const float *p)
     return *(const DS4_GLOBAL ds4_f32x4 *)p;
 }
 
-/* Vector q (16 bytes) of chunk c of V elements of x, from where XS says;
- * sw is ds4_x_sw<XS, V>(c), the chunk's swizzle (0 unswizzled), taken
- * once a chunk. */
+/* Chunk c's swizzle in x as XS holds it (0 in row order), taken once a
+ * chunk for ds4_x_vec. */
 template <ds4_xspace XS, int V>
 DS4_DEVICE int64_t ds4_x_sw(int64_t c)
 {
   return XS == DS4_X_SWIZZLED ? ds4_xswz_chunk<V>(c) : 0;
 }
 
+/* Vector q (16 bytes) of chunk c of V elements of x, from where XS says;
+ * sw is ds4_x_sw<XS, V>(c). */
 template <ds4_xspace XS, int V>
 DS4_DEVICE ds4_f32x4 ds4_x_vec(const float *x, int64_t c, int q, int64_t sw)
 {
