@@ -175,7 +175,7 @@ static int kgen_gpu_stage_x(const kgen_spec *s)
     return 0;
   if (s->op->kind == IR_OP_MOE_UP || s->op->kind == IR_OP_MOE_DOWN)
     return 1;
-  if ((s->slot_dtype[1] == PLAN_F8E4M3 || s->slot_dtype[1] == PLAN_MXFP4) && k >= KGEN_GPU_STAGE_QUANTIZED)
+  if (plan_dtype_quantized(s->slot_dtype[1]) && k >= KGEN_GPU_STAGE_QUANTIZED)
     return 1;
   return kgen_spec_int(s, "ROWS") > 1;
 }

@@ -760,7 +760,8 @@ static uint8_t e4m3_code(double x) {
 static uint8_t e2m1_code(double x) {
   if (!isfinite(x)) return minifloat_code(x, 1, 0, 7, 8);
   /* The codes' magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: past each midpoint
-   * one code up, a tie to the even code (0.25 to 0, 0.75 to 1, ...). */
+   * one code up, a tie to the even code (0.25 to 0, 0.75 to 1, 1.25 to 1,
+   * 1.75 to 2, ...). */
   double a = fabs(x);
   int code = (a > 0.25) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5.0);
   return (uint8_t)((signbit(x) ? 8 : 0) | code);
