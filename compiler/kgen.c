@@ -51,6 +51,13 @@
  * targets (132 on an H100 or H200). */
 #define KGEN_TILED_BLOCKS 128
 
+/* Heads a sink_attention block of a prefill chunk takes at most
+ * (kgen_attention_heads), and the floats of their queries at most (what a
+ * GPU block stages in shared memory beside the keys' scores): four heads
+ * of 512 channels, each key's row loaded once for the four. */
+#define KGEN_ATTN_HEADS 4
+#define KGEN_ATTN_QFLOATS 2048
+
 /* Rows of w2 each moe_down warp keeps in flight (ds4_lane_dot_rows): a
  * block of KGEN_MATMUL_TILE warps takes 8 * 4 output channels of one
  * choice. On an H200 one routed layer's moe_down took 31.8 us against
@@ -899,6 +906,23 @@ static int kgen_def_q_norm(kgen_ctx *c, kgen_spec *s)
   return 0;
 }
 
+/* Heads a sink_attention block takes (HG): one in a plan of one token
+ * slot (a decode step: a block a head spreads the reads of the slot's
+ * keys, which every head shares, over the GPU), else KGEN_ATTN_HEADS or 2
+ * where they divide the heads and their queries stay within
+ * KGEN_ATTN_QFLOATS (a prefill chunk: the keys read once for the group,
+ * where a block a head read them again for each). A head's bits are the
+ * same for every HG. */
+static int64_t kgen_attention_heads(int64_t T, int64_t heads, int64_t hd)
+{
+  if (T < 2)
+    return 1;
+  for (int64_t hg = KGEN_ATTN_HEADS; hg > 1; hg /= 2)
+    if (heads % hg == 0 && hg * hd <= KGEN_ATTN_QFLOATS)
+      return hg;
+  return 1;
+}
+
 static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
 {
   const int64_t *v = c->var;
@@ -936,8 +960,10 @@ static int kgen_specialise_sink_attention(kgen_ctx *c, kgen_spec *s)
   kgen_def_int(s, "RATIO", ratio);
   kgen_def_int(s, "SELECT", select);
   kgen_def_float(s, "SCALE", f);
-  s->grid = (uint64_t)(v['T'] * heads);
-  s->grid_text = "token slot x head";
+  int64_t hg = kgen_attention_heads(v['T'], heads, v['D']);
+  kgen_def_int(s, "HG", hg);
+  s->grid = (uint64_t)(v['T'] * (heads / hg));
+  s->grid_text = hg > 1 ? "token slot x group of heads" : "token slot x head";
   return 0;
 }
 

@@ -359,14 +359,16 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     return (nt + (uint64_t)kgen_spec_int(s, "R") + 1) * 4;
   case IR_OP_SINK_ATTENTION:
   case IR_OP_SINK_ATTENTION_ROPE: {
-    /* red, prob and row (pass 3's key rows), and sink_attention_rope's
-     * rotated channels; with select 2, keep and
-     * either seen and wtot or cand and offs (select 2's list of entries:
-     * only then does the template use them, so only then are they kept);
-     * qs, the head's query, where it fits; score, the keys' scores, where
-     * they fit beside them: the window and the most entries a slot sees
-     * (every entry for select 1, a list's worth for select 2) */
+    /* red, row (pass 3's key rows) and a row of prob a head of the
+     * group (HG), and sink_attention_rope's rotated channels a head; with
+     * select 2, keep and either seen and wtot or cand and offs (select 2's
+     * list of entries: only then does the template use them, so only then
+     * are they kept); qs, the heads' queries, where they fit (always for
+     * a group of heads); score, the keys' scores a head, where they fit
+     * beside them: the window and the most entries a slot sees (every
+     * entry for select 1, a list's worth for select 2) */
     int64_t hd = kgen_spec_int(s, "HD"), select = kgen_spec_int(s, "SELECT"), select2 = select == 2;
+    uint64_t hg = (uint64_t)kgen_spec_int(s, "HG");
     int64_t nlist = select2 ? kgen_spec_int(s, "NSEL") : 1, npow = 1;
     while (npow < nlist)
       npow *= 2;
@@ -376,16 +378,16 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     int64_t nwords = (kgen_spec_int(s, "NE") + 31) / 32;
     int bitmap = select2 && nwords <= (int64_t)nt;
     uint64_t list = bitmap ? (uint64_t)nwords + nt / 32 : (uint64_t)npow + nt;
-    uint64_t bytes = nt * 4 * 2 + nt * 8 + (select2 ? (list + (uint64_t)nlist) * 4 : 0);
+    uint64_t bytes = nt * 4 * (1 + hg) + nt * 8 + (select2 ? (list + (uint64_t)nlist) * 4 : 0);
     if (s->op->kind == IR_OP_SINK_ATTENTION_ROPE)
-      bytes += ((uint64_t)kgen_spec_int(s, "R") + 1) * 4;
+      bytes += hg * ((uint64_t)kgen_spec_int(s, "R") + 1) * 4;
     /* a q normalised in the block (sink_attention_rope's q_norm, Q_EPS)
-     * is always staged */
+     * and a group's are always staged */
     int qnorm = s->op->kind == IR_OP_SINK_ATTENTION_ROPE && s->op->iattr[13];
-    int qshared = qnorm || (hd % 4 == 0 && bytes + (uint64_t)hd * 4 <= KGEN_GPU_MAX_SHARED);
+    int qshared = qnorm || hg > 1 || (hd % 4 == 0 && bytes + (uint64_t)hd * 4 <= KGEN_GPU_MAX_SHARED);
     if (qshared)
-      bytes += (uint64_t)hd * 4;
-    int store = bytes + (uint64_t)nkeys * 4 <= KGEN_GPU_MAX_SHARED;
+      bytes += hg * (uint64_t)hd * 4;
+    int store = bytes + hg * (uint64_t)nkeys * 4 <= KGEN_GPU_MAX_SHARED;
     kgen_gpu_define(b, undefs, "CPT", "%" PRId64, (hd + g->nthreads - 1) / g->nthreads);
     kgen_gpu_define(b, undefs, "NLIST", "%" PRId64, nlist);
     kgen_gpu_define(b, undefs, "NPOW", "%" PRId64, npow);
@@ -394,7 +396,7 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
     kgen_gpu_define(b, undefs, "Q_SHARED", "%d", qshared);
     kgen_gpu_define(b, undefs, "STORE_SCORES", "%d", store);
     kgen_gpu_define(b, undefs, "NKEYS", "%" PRId64, store ? nkeys : 1);
-    bytes += store ? (uint64_t)nkeys * 4 : 0;
+    bytes += store ? hg * (uint64_t)nkeys * 4 : 0;
     /* the compilers round a block's shared memory up to its largest
      * alignment: qs's 16 bytes, else row's 8 */
     uint64_t align = qshared ? 16 : 8;

@@ -992,7 +992,13 @@ static void sink_case(const sink_cfg *c)
   sink_op(&k, c, T);
   built b;
   build(&k, &b);
-  ck_assert_uint_eq(b.kk.grid, T * c->heads);
+  /* a block per slot and group of heads: every head that divides them
+   * into groups of 4 (or 2) goes in groups in a chunk of several slots */
+  int hg = c->heads % 4 == 0 ? 4 : c->heads % 2 == 0 ? 2 : 1;
+  char want[32];
+  snprintf(want, sizeof want, "#define HG ((int64_t)%d)\n", hg);
+  ck_assert_msg(strstr(b.kk.source, want) != NULL, "sink_attention of %d heads: no %s", c->heads, want);
+  ck_assert_uint_eq(b.kk.grid, T * c->heads / hg);
   bufs bs;
   bufs_alloc(&bs, &k);
   float *q = bs.b[0], *ring = bs.b[1], *entries = bs.b[2], *sinks = bs.b[4], *o = bs.b[5];
@@ -7009,6 +7015,88 @@ static void attention_qnorm_case(const sink_cfg *c, int64_t r)
                    g_attn_steps, 4);
 }
 
+/* sink_attention of a chunk of T = 4 slots, whose blocks take the heads in
+ * groups (HG, kgen.c), against the decode plan's kernel (one slot, a
+ * block a head) at each live slot's position, on the GPU (its kernels as
+ * host fibers): the same bits, slot by slot, with the keys' scores kept
+ * and recomputed, for the window alone, every closed entry (HCA) and a
+ * selection (CSA), with and without the fused rope and q norm. */
+static void sink_groups_case(const sink_cfg *c, int hg, int rope)
+{
+  enum { T = 4 };
+  const int64_t C = (int64_t)c->heads * c->hd;
+  kt chunk, one;
+  sink_op(&chunk, c, T);
+  sink_op(&one, c, 1);
+  if (rope) { /* sink_attention_rope: the inverse rope of 4 channels a head, and the q norm */
+    kt r;
+    rope_op(&r, c->heads, c->hd, 4, 10000.0, 1, NULL);
+    kt *ops[2] = {&chunk, &one};
+    for (int i = 0; i < 2; i++) {
+      ir_op *op = &ops[i]->op;
+      ir_op core = *op;
+      op->kind = IR_OP_SINK_ATTENTION_ROPE;
+      memcpy(op->iattr, r.op.iattr, sizeof op->iattr);
+      memcpy(op->fattr, r.op.fattr, sizeof op->fattr);
+      op->iattr[9] = core.iattr[1];
+      op->iattr[10] = core.iattr[2];
+      op->iattr[11] = core.iattr[3];
+      op->fattr[12] = core.fattr[4];
+      op->iattr[13] = 1;
+      op->fattr[14] = 1e-6;
+    }
+  }
+  emu_built *gc = emu_build(&chunk), *g1 = emu_build(&one);
+  char want[32];
+  snprintf(want, sizeof want, "#define HG ((int64_t)%d)\n", hg);
+  ck_assert_msg(strstr(gc->kk.source, want) != NULL, "%s: no %s", gc->kk.symbol, want);
+  ck_assert_msg(strstr(g1->kk.source, "#define HG ((int64_t)1)\n") != NULL, "%s: a decode step's block is not one head",
+                g1->kk.symbol);
+  ck_assert_uint_eq(gc->kk.grid, T * c->heads / hg);
+  bufs bc, b1;
+  bufs_alloc(&bc, &chunk);
+  bufs_alloc(&b1, &one);
+  static const int32_t sel[] = {0, 2, -1, 1, 2, 7, 0, 3, 1, 1};
+  ffn_fill(&chunk, &bc, sel, (int)(sizeof sel / sizeof sel[0]));
+  for (int store = 0; store < 2; store++) {
+    int pos = store ? 9 : 2;
+    emu_run(gc, bc.b, pos, T, store);
+    for (int t = 0; t < T; t++) {
+      memcpy(b1.b[0], (float *)bc.b[0] + t * C, (size_t)C * 4);
+      for (int i = 1; i < 5; i++)
+        if (i != 3)
+          memcpy(b1.b[i], bc.b[i], (size_t)one.tensors[i].bytes);
+      memcpy(b1.b[3], (int32_t *)bc.b[3] + t * c->nsel, (size_t)c->nsel * 4);
+      fill_garbage(b1.b[5], C);
+      emu_run(g1, b1.b, pos + t, 1, 0);
+      ck_assert_msg(memcmp(b1.b[5], (float *)bc.b[5] + t * C, (size_t)C * 4) == 0,
+                    "%s: slot %d's heads differ from the one-slot kernel's at position %d", gc->kk.symbol, t,
+                    pos + t);
+    }
+  }
+  bufs_free(&bc);
+  bufs_free(&b1);
+  emu_free(gc);
+  emu_free(g1);
+}
+
+START_TEST(test_gpu_sink_attention_groups)
+{
+  /* heads, hd, window, S, ratio, select, ne, nsel */
+  static const sink_cfg swa = {8, 16, 6, 9, 0, 0, 1, 1}, hca = {4, 16, 6, 11, 4, 1, 12, 1},
+                        csa = {4, 16, 6, 11, 4, 2, 12, 5}, pairs = {6, 16, 6, 11, 4, 2, 12, 5},
+                        wide = {4, 16, 6, 11, 2, 1, 12288, 1};
+  sink_groups_case(&swa, 4, 0);
+  sink_groups_case(&hca, 4, 0);
+  sink_groups_case(&csa, 4, 0);
+  sink_groups_case(&pairs, 2, 0);
+  sink_groups_case(&wide, 4, 0); /* the scores computed again in each pass */
+  sink_groups_case(&csa, 4, 1);
+  emu_stop();
+}
+END_TEST
+
+
 /* hc_post_combine against moe_combine_add then hc_post: T = 4 slots of k
  * choices and N streams of d channels (tiles of 256, the last short). */
 static void combine_hc_post_case(int64_t k, int64_t n, int64_t d)
@@ -7426,6 +7514,7 @@ static Suite *kernels_suite(void)
   tcase_add_test(gpu, test_gpu_moe_tiled);
   tcase_add_test(gpu, test_gpu_asked_rows);
   tcase_add_test(gpu, test_gpu_sink_attention);
+  tcase_add_test(gpu, test_gpu_sink_attention_groups);
   tcase_add_test(gpu, test_gpu_hc);
   tcase_add_test(gpu, test_gpu_moe_lowered);
   tcase_add_test(gpu, test_gpu_matmul_pair);

@@ -1240,19 +1240,22 @@ DS4_DEVICE float ds4_lane_dot(const float *x, ds4_row<W> w, int lane, int64_t ze
   return ds4_lane_dot_scalar<L, KK, W, XS>(x, w, lane, nch);
 }
 
-/* ds4_lane_dot of R rows against one x at once: out[r] = x . w[r], each
- * summed in ds4_lane_dot's order (so to its bits), with U chunks of every
- * row in flight together (UMAX, half as many quantized chunks, or as many
- * as a lane has). x is read as
- * each chunk is summed, from where XS says, once for all R rows. moe_up
- * keeps an expert's gate and up rows in flight (R = 2), moe_down four
- * rows of w2 (R = 4): a warp's next rows are already on their way while
- * it sums, where one row at a time drains the loads at every row. */
-template <int L, int64_t KK, typename W, ds4_xspace XS, int R, int UMAX>
-DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane, int64_t zero, float *out)
+/* ds4_lane_dot of R rows against NX rows of x at once (x + XST * j for
+ * j < NX): out[j][r] = x_j . w[r], each summed in ds4_lane_dot's order (so
+ * to its bits), with U chunks of every row of w in flight together (UMAX,
+ * half as many quantized chunks, or as many as a lane has). Each chunk of
+ * w is loaded once for the NX x's, each x read as the chunk is summed,
+ * from where XS says. moe_up keeps an expert's gate and up rows in flight
+ * (R = 2), moe_down four rows of w2 (R = 4): a warp's next rows are
+ * already on their way while it sums, where one row at a time drains the
+ * loads at every row; sink_attention scores a key row for several heads
+ * (NX) from one load. */
+template <int L, int64_t KK, typename W, ds4_xspace XS, int R, int UMAX, int NX, int64_t XST>
+DS4_DEVICE void ds4_lane_dot_rows_xs(const float *x, const ds4_row<W> *w, int lane, int64_t zero, float (*out)[R])
 {
   static_assert(XS != DS4_X_AHEAD, "several rows keep only the weights ahead");
   static_assert(R >= 1 && UMAX >= 1 && R * UMAX <= 16, "at most 16 chunks a lane in flight");
+  static_assert(NX >= 1 && (NX == 1 || XST % 4 == 0), "the x rows 16-byte aligned alike");
   constexpr int V = ds4_wtraits<W>::V;
   constexpr int U = ds4_chunks_ahead<ds4_quantized<W>() ? (UMAX + 1) / 2 : UMAX, L, (KK + V - 1) / V>();
   const int64_t nch = (KK + V - 1) / V + zero;
@@ -1262,14 +1265,18 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane,
     bad |= ds4_misaligned(x, w[r]);
   if (KK % V != 0 || bad != 0) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
-      out[r] = ds4_lane_dot_scalar<L, KK, W, XS>(x, w[r], lane, nch);
+    for (int j = 0; j < NX; j++)
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        out[j][r] = ds4_lane_dot_scalar<L, KK, W, XS>(x + XST * j, w[r], lane, nch);
     return;
   }
-  float acc[R];
+  float acc[NX][R];
 #pragma unroll
-  for (int r = 0; r < R; r++)
-    acc[r] = 0.0f;
+  for (int j = 0; j < NX; j++)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      acc[j][r] = 0.0f;
   for (int64_t c0 = lane; c0 < nch; c0 += (int64_t)L * U) {
     typename ds4_wtraits<W>::chunk v[R][U];
 #pragma unroll
@@ -1285,19 +1292,31 @@ DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane,
       int64_t c = c0 + (int64_t)u * L;
       if (c >= nch)
         continue;
-      ds4_f32x4 xv[V / 4];
       int64_t sw = ds4_x_sw<XS, V>(c);
 #pragma unroll
-      for (int q = 0; q < V / 4; q++)
-        xv[q] = ds4_x_vec<XS, V>(x, c, q, sw);
+      for (int j = 0; j < NX; j++) {
+        ds4_f32x4 xv[V / 4];
 #pragma unroll
-      for (int r = 0; r < R; r++)
-        acc[r] = ds4_chunk_dot(acc[r], xv, v[r][u], W{});
+        for (int q = 0; q < V / 4; q++)
+          xv[q] = ds4_x_vec<XS, V>(x + XST * j, c, q, sw);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          acc[j][r] = ds4_chunk_dot(acc[j][r], xv, v[r][u], W{});
+      }
     }
   }
 #pragma unroll
-  for (int r = 0; r < R; r++)
-    out[r] = acc[r];
+  for (int j = 0; j < NX; j++)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      out[j][r] = acc[j][r];
+}
+
+/* ds4_lane_dot_rows_xs of one x: out[r] = x . w[r]. */
+template <int L, int64_t KK, typename W, ds4_xspace XS, int R, int UMAX>
+DS4_DEVICE void ds4_lane_dot_rows(const float *x, const ds4_row<W> *w, int lane, int64_t zero, float *out)
+{
+  ds4_lane_dot_rows_xs<L, KK, W, XS, R, UMAX, 1, 0>(x, w, lane, zero, (float (*)[R])out);
 }
 
 /* a . b over n elements in index order, one thread. */

@@ -8,7 +8,7 @@
  * SCALE * q[t,h].key_k and Mx = max(sink_h, max_k s_k):
  * o[t,h] = sum_k p_k key_k, p_k = e^(s_k - Mx) / (sum_k e^(s_k - Mx) +
  * e^(sink_h - Mx)). kgen_gpu puts in front the defines T, S, NH, HD, NE,
- * NSEL, WINDOW, RATIO, SELECT, SCALE, CPT (= ceil(HD / NTHREADS)), NLIST
+ * NSEL, WINDOW, RATIO, SELECT, SCALE, HG, CPT (= ceil(HD / NTHREADS)), NLIST
  * (NSEL for SELECT 2, else 1), NPOW (NLIST rounded up to a power of two),
  * SEL_BITMAP, NWORDS (= ceil(NE / 32)), Q_SHARED, STORE_SCORES, NKEYS,
  * GRID, NTHREADS and KERNEL_NAME; for sink_attention_rope (that and the
@@ -19,8 +19,15 @@
  * it), the block first normalises q[t,h] and rotates its last R channels
  * by the same table, not inverse, as rmsnorm_groups_rope computes a group
  * (its operations with its 256 threads, so its bits), into qs.
- * Grid: one block per (token slot, head), T * NH; block b is slot b / NH,
- * head b mod NH. Threads:
+ * Grid: one block per (token slot, group of HG heads), T * NH / HG; block
+ * b is slot b / (NH / HG), heads HG (b mod (NH / HG)) and up. Every pass
+ * below runs for each of the group's heads in turn, or for all of them
+ * from one load of each key (pass 1's dots, pass 3's channels), so a
+ * head's operations, and its bits, are the same whatever HG is (kgen: 1
+ * in a decode plan, where a block per head spreads the keys' reads over
+ * the GPU; more in a prefill chunk's, where every slot's blocks would
+ * read the same keys again for each head). The slot's entry list (pass 0)
+ * is made once for the group. Threads:
  *   0. SELECT 2 only, the distinct visible entries of sel[t], ascending,
  *      and their count, exact (integers): with SEL_BITMAP (kgen_gpu:
  *      where the NE entries' bits fit a word a thread), each visible
@@ -31,8 +38,9 @@
  *      every entry, the block sorts the NPOW slots ascending (a bitonic
  *      network, a barrier a stage) and keeps each entry's first slot, at
  *      its rank among the kept ones (a prefix sum of the threads' counts);
- *   1. with Q_SHARED, q[t,h] goes to shared memory; the block's threads
- *      are NG groups of L = 32 lanes, and group g scores keys 4g .. 4g + 3,
+ *   1. with Q_SHARED (always where HG > 1), q[t,h] goes to shared
+ *      memory; the block's threads are NG groups of L = 32 lanes, and
+ *      group g scores keys 4g .. 4g + 3,
  *      4(g + NG) .. 4(g + NG) + 3, ...: s_k = SCALE * q.key_k, each dot
  *      split over the group's lanes in ds4_lane_dot's order (lane l sums
  *      the 16-byte chunks l, l + 32, ... of the key row), the four rows'
@@ -49,9 +57,9 @@
  *      ascending order, loading 16 keys' channels (8 where CPT > 2)
  *      before adding the first, so each output channel sums
  *      p_k key_k[c] over all keys in key order, as on the host.
- * With STORE_SCORES, pass 1 keeps each s_k in shared memory (NKEYS =
- * WINDOW plus the most entries a slot can see) and passes 2 and 3 read it
- * back; without (kgen_gpu: when NKEYS floats do not fit), the groups
+ * With STORE_SCORES, pass 1 keeps each s_k in shared memory (a row of
+ * NKEYS a head: the window plus the most entries a slot can see) and
+ * passes 2 and 3 read it back; without (kgen_gpu: when NKEYS floats do not fit), the groups
  * compute it again, to the same bits, pass 2 adding each group's keys on
  * its first lane. Every order above is fixed by the shapes alone, so the
  * output's bits do not depend on the schedule or the block order. Ring
@@ -61,8 +69,10 @@
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
   ds4_grid_wait();
+  static_assert(NH % HG == 0 && (HG == 1 || Q_SHARED), "whole groups of heads, their queries staged");
+  constexpr int64_t NGRP = NH / HG;
   DS4_SHARED float red[NTHREADS];
-  DS4_SHARED float prob[NTHREADS];
+  DS4_SHARED float prob[HG][NTHREADS];
   DS4_SHARED const float *row[NTHREADS]; /* pass 3: the chunk's key rows */
   DS4_SHARED int32_t keep[NLIST];        /* SELECT 2: the entry list */
 #if SEL_BITMAP
@@ -73,17 +83,17 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   DS4_SHARED int32_t offs[NTHREADS]; /* SELECT 2: the prefix sum */
 #endif
 #if Q_SHARED
-  DS4_SHARED __attribute__((aligned(16))) float qs[HD];
+  DS4_SHARED __attribute__((aligned(16))) float qs[HG * HD];
   constexpr ds4_xspace QX = DS4_X_SHARED;
 #else
   constexpr ds4_xspace QX = DS4_X_GLOBAL;
 #endif
 #if STORE_SCORES
-  DS4_SHARED float score[NKEYS];
+  DS4_SHARED float score[HG][NKEYS];
 #endif
 #ifdef INV_FREQ
   static const float inv_freq[R / 2 + 1] = INV_FREQ;
-  DS4_SHARED float tail[R + 1];
+  DS4_SHARED float tail[HG][R + 1];
 #endif
   const float *q = (const float *)bufs[0];
   const float *ring = (const float *)bufs[1];
@@ -96,11 +106,12 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   int tid = ds4_thread();
   if (block >= GRID)
     return;
-  int64_t t = block / NH, h = block % NH, p = pos + t;
-  float *oh = o + t * (NH * HD) + h * HD;
+  int64_t t = block / NGRP, h0 = block % NGRP * HG, p = pos + t;
+  /* the group's heads are adjacent: HG * HD outputs from head h0's */
+  float *og = o + t * (NH * HD) + h0 * HD;
   if (t >= ntok || p < 0) { /* dead, or a bad parameter block */
-    for (int64_t c = tid; c < HD; c += NTHREADS)
-      oh[c] = 0.0f;
+    for (int64_t c = tid; c < HG * HD; c += NTHREADS)
+      og[c] = 0.0f;
     return;
   }
   int64_t lo = p - WINDOW + 1 > 0 ? p - WINDOW + 1 : 0, nraw = p - lo + 1;
@@ -183,84 +194,113 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     return entries + (SELECT == 2 ? (int64_t)keep[k] : k) * HD;
   };
   int64_t n = nraw + nent;
-  const float *qh = q + t * (NH * HD) + h * HD;
-  float sink = sinks[h];
+  const float *qg = q + t * (NH * HD) + h0 * HD;
   int64_t zero = (int64_t)ds4_grid() - GRID; /* 0, see ds4_lane_dot */
-  /* pass 1's groups: NG of L lanes, each scoring KR keys at a time */
-  constexpr int L = 32, NG = NTHREADS / L, KR = 4;
+  /* pass 1's groups: NG of L lanes, each scoring KR keys at a time (the
+   * keys' split over the groups is pass 2's order without STORE_SCORES,
+   * so KR is the same for every HG), UA chunks of each key ahead */
+  constexpr int L = 32, NG = NTHREADS / L, KR = 4, UA = HG > 2 ? 2 : 4;
   static_assert(NTHREADS % L == 0, "a block is whole groups of lanes");
   const int lane = tid % L, grp = tid / L;
 #if Q_SHARED
+  #pragma unroll
+  for (int j = 0; j < HG; j++) {
+    const float *qh = qg + j * HD;
 #ifdef Q_EPS
-  float qss = 0.0f;
-  for (int64_t c = tid; c < HD; c += NTHREADS)
-    qss += qh[c] * qh[c];
-  qss = ds4_block_sum<NTHREADS>(red, qss);
-  float qden = __builtin_sqrtf(qss / (float)HD + Q_EPS);
-  for (int64_t c = tid; c < HD; c += NTHREADS) {
-    float v = qh[c] / qden;
-    if (c >= HD - R)
-      tail[c - (HD - R)] = v;
-    else
-      qs[c] = v;
-  }
-  ds4_rope_tail<NTHREADS, R>(tail, qs + (HD - R), (float)p, inv_freq, false);
+    float qss = 0.0f;
+    for (int64_t c = tid; c < HD; c += NTHREADS)
+      qss += qh[c] * qh[c];
+    qss = ds4_block_sum<NTHREADS>(red, qss); /* its barriers: tail is free again */
+    float qden = __builtin_sqrtf(qss / (float)HD + Q_EPS);
+    for (int64_t c = tid; c < HD; c += NTHREADS) {
+      float v = qh[c] / qden;
+      if (c >= HD - R)
+        tail[0][c - (HD - R)] = v;
+      else
+        qs[j * HD + c] = v;
+    }
+    ds4_rope_tail<NTHREADS, R>(tail[0], qs + j * HD + (HD - R), (float)p, inv_freq, false);
 #else
-  for (int64_t c = tid; c < HD; c += NTHREADS)
-    qs[c] = qh[c];
+    for (int64_t c = tid; c < HD; c += NTHREADS)
+      qs[j * HD + c] = qh[c];
 #endif
+  }
   ds4_barrier();
   const float *qr = qs;
 #else
-  const float *qr = qh;
+  const float *qr = qg;
 #endif
-  /* s_k of the group's keys of [k0, k1): KR keys a round, keys kb .. kb +
-   * KR - 1 with kb = k0 + KR * grp, k0 + KR * (grp + NG), ...; each dot split
-   * over the group's lanes in ds4_lane_dot's order (the KR rows' chunks in
-   * flight together, where one thread a key would wait on its 2 KB row
-   * a load at a time) and added across them by ds4_lane_sum's tree.
-   * use(k, s_k) runs on the group's first lane. A round's keys past k1
-   * load key kb again and are dropped. The trip count is the group's
-   * alone, so its lanes stay together for the lane sums. */
+  /* s_k of the group's keys of [k0, k1) for every head: KR keys a round,
+   * keys kb .. kb + KR - 1 with kb = k0 + KR * grp, k0 + KR * (grp + NG),
+   * ...; each dot split over the group's lanes in ds4_lane_dot's order
+   * (the KR rows' chunks in flight together, each chunk loaded once for
+   * the HG heads, where one thread a key would wait on its 2 KB row a
+   * load at a time) and added across them by ds4_lane_sum's tree.
+   * use(j, k, s_k) runs on the group's first lane, for head h0 + j. A
+   * round's keys past k1 load key kb again and are dropped. The trip
+   * count is the group's alone, so its lanes stay together for the lane
+   * sums. */
   auto scores = [&](int64_t k0, int64_t k1, auto &&use) {
     for (int64_t kb = k0 + (int64_t)grp * KR; kb < k1; kb += (int64_t)NG * KR) {
       const float *kr[KR];
-      float s[KR];
+      float s[HG][KR];
 #pragma unroll
       for (int r = 0; r < KR; r++)
         kr[r] = key(kb + r < k1 ? kb + r : kb);
-      ds4_lane_dot_rows<L, HD, float, QX, KR, 4>(qr, kr, lane, zero, s);
+      ds4_lane_dot_rows_xs<L, HD, float, QX, KR, UA, HG, HD>(qr, kr, lane, zero, s);
 #pragma unroll
-      for (int r = 0; r < KR; r++) {
-        float v = ds4_lane_sum<L>(s[r]);
-        if (lane == 0 && kb + r < k1)
-          use(kb + r, SCALE * v);
-      }
+      for (int j = 0; j < HG; j++)
+#pragma unroll
+        for (int r = 0; r < KR; r++) {
+          float v = ds4_lane_sum<L>(s[j][r]);
+          if (lane == 0 && kb + r < k1)
+            use(j, kb + r, SCALE * v);
+        }
     }
   };
-  float m = -ds4_inff();
-  scores(0, n, [&](int64_t k, float s) {
+  float m[HG];
+  #pragma unroll
+  for (int j = 0; j < HG; j++)
+    m[j] = -ds4_inff();
+  scores(0, n, [&](int j, int64_t k, float s) {
 #if STORE_SCORES
-    score[k] = s;
+    score[j][k] = s;
 #endif
-    if (s > m)
-      m = s;
+    if (s > m[j])
+      m[j] = s;
   });
-  m = ds4_block_max<NTHREADS>(red, m); /* its barriers publish score[] */
-  if (sink > m)
-    m = sink;
-  float sum = 0.0f;
+  float den[HG];
+  #pragma unroll
+  for (int j = 0; j < HG; j++) {
+    m[j] = ds4_block_max<NTHREADS>(red, m[j]); /* its barriers publish score[] */
+    float sink = sinks[h0 + j];
+    if (sink > m[j])
+      m[j] = sink;
+  }
 #if STORE_SCORES
-  for (int64_t k = tid; k < n; k += NTHREADS)
-    sum += ds4_expf(score[k] - m);
+  #pragma unroll
+  for (int j = 0; j < HG; j++) {
+    float sum = 0.0f;
+    for (int64_t k = tid; k < n; k += NTHREADS)
+      sum += ds4_expf(score[j][k] - m[j]);
+    den[j] = ds4_block_sum<NTHREADS>(red, sum) + ds4_expf(sinks[h0 + j] - m[j]);
+  }
 #else
-  scores(0, n, [&](int64_t, float s) { sum += ds4_expf(s - m); });
+  float sum[HG];
+  #pragma unroll
+  for (int j = 0; j < HG; j++)
+    sum[j] = 0.0f;
+  scores(0, n, [&](int j, int64_t, float s) { sum[j] += ds4_expf(s - m[j]); });
+  #pragma unroll
+  for (int j = 0; j < HG; j++)
+    den[j] = ds4_block_sum<NTHREADS>(red, sum[j]) + ds4_expf(sinks[h0 + j] - m[j]);
 #endif
-  sum = ds4_block_sum<NTHREADS>(red, sum);
-  float den = sum + ds4_expf(sink - m);
-  float acc[CPT];
-  for (int i = 0; i < CPT; i++)
-    acc[i] = 0.0f;
+  float acc[HG][CPT];
+  #pragma unroll
+  for (int j = 0; j < HG; j++)
+    #pragma unroll
+    for (int i = 0; i < CPT; i++)
+      acc[j][i] = 0.0f;
   for (int64_t base = 0; base < n; base += NTHREADS) {
     int64_t k = base + tid;
     int64_t rows = n - base < NTHREADS ? n - base : NTHREADS;
@@ -268,9 +308,11 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       row[tid] = key(k);
 #if STORE_SCORES
     if (k < n)
-      prob[tid] = ds4_expf(score[k] - m) / den;
+      #pragma unroll
+      for (int j = 0; j < HG; j++)
+        prob[j][tid] = ds4_expf(score[j][k] - m[j]) / den[j];
 #else
-    scores(base, base + rows, [&](int64_t kk, float s) { prob[kk - base] = ds4_expf(s - m) / den; });
+    scores(base, base + rows, [&](int j, int64_t kk, float s) { prob[j][kk - base] = ds4_expf(s - m[j]) / den[j]; });
 #endif
     ds4_barrier();
     constexpr int U = CPT <= 2 ? 16 : 8;
@@ -285,25 +327,32 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
         }
 #pragma unroll
       for (int u = 0; u < U; u++)
+        if (r0 + u < rows)
 #pragma unroll
-        for (int i = 0; i < CPT; i++)
-          if (r0 + u < rows)
-            acc[i] += prob[r0 + u] * kv[i][u];
+          for (int j = 0; j < HG; j++)
+#pragma unroll
+            for (int i = 0; i < CPT; i++)
+              acc[j][i] += prob[j][r0 + u] * kv[i][u];
     }
     ds4_barrier(); /* prob and row are free again */
   }
-  for (int i = 0; i < CPT; i++) {
-    int64_t c = tid + (int64_t)i * NTHREADS;
+  #pragma unroll
+  for (int j = 0; j < HG; j++)
+    #pragma unroll
+    for (int i = 0; i < CPT; i++) {
+      int64_t c = tid + (int64_t)i * NTHREADS;
 #ifdef INV_FREQ
-    if (c >= HD - R && c < HD) {
-      tail[c - (HD - R)] = acc[i];
-      continue;
-    }
+      if (c >= HD - R && c < HD) {
+        tail[j][c - (HD - R)] = acc[j][i];
+        continue;
+      }
 #endif
-    if (c < HD)
-      oh[c] = acc[i];
-  }
+      if (c < HD)
+        og[j * HD + c] = acc[j][i];
+    }
 #ifdef INV_FREQ
-  ds4_rope_tail<NTHREADS, R>(tail, oh + (HD - R), (float)p, inv_freq, INVERSE != 0);
+  #pragma unroll
+  for (int j = 0; j < HG; j++) /* each begins with the barrier after the tails' stores */
+    ds4_rope_tail<NTHREADS, R>(tail[j], og + j * HD + (HD - R), (float)p, inv_freq, INVERSE != 0);
 #endif
 }

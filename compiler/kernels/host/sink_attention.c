@@ -9,8 +9,10 @@
  * o[t,h] = sum_k p_k key_k, p_k = e^(s_k - Mx) / (sum_k e^(s_k - Mx) +
  * e^(sink_h - Mx)), every sum in key order, f32. kgen_host prepends
  * <stdint.h>, <math.h> and the defines T, S, NH, HD, NE, NSEL, WINDOW,
- * RATIO, SELECT, SCALE, GRID and KERNEL_NAME; grid: one block per (token
- * slot, head), T * NH. For sink_attention_rope (that and the rope of its
+ * RATIO, SELECT, SCALE, HG, GRID and KERNEL_NAME; grid: one block per
+ * (token slot, group of HG heads), T * NH / HG, as the GPU kernel's (the
+ * heads of a group in turn, each as alone). For sink_attention_rope (that
+ * and the rope of its
  * output) also R, THETA, INVERSE and INV_FREQ: each head's last R outputs
  * then rotate as rope's do; with Q_EPS too, q[t,h] is first normalised
  * and its last R channels rotated by the same table, not inverse, as
@@ -61,32 +63,13 @@ static const float *sink_key(const float *ring, const float *entries, const int3
   return entries + (SELECT == 2 ? (int64_t)ent[k] : k) * HD;
 }
 
-void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+/* Head h of slot t at position p, its keys the n of the list. */
+static void sink_head(const float *q, const float *ring, const float *entries, const int32_t *ent, const float *sinks,
+                      float *o, int64_t t, int64_t h, int64_t p, int64_t lo, int64_t nraw, int64_t n)
 {
-  const float *q = (const float *)bufs[0];
-  const float *ring = (const float *)bufs[1];
-  const float *entries = (const float *)bufs[2];
-  const int32_t *sel = (const int32_t *)bufs[3];
-  const float *sinks = (const float *)bufs[4];
-  float *o = (float *)bufs[5];
-  int64_t pos = step[0], ntok = step[1];
-  if (block >= GRID)
-    return;
-  int64_t t = block / NH, h = block % NH, p = pos + t;
   float *oh = o + t * (NH * HD) + h * HD;
-  if (t >= ntok || p < 0) { /* dead, or a bad parameter block */
-    for (int64_t c = 0; c < HD; c++)
-      oh[c] = 0.0f;
-    return;
-  }
-  int64_t lo = p - WINDOW + 1 > 0 ? p - WINDOW + 1 : 0, nraw = p - lo + 1;
-  int64_t nvis = SELECT ? (p + 1) / (RATIO > 0 ? RATIO : 1) : 0;
-  if (nvis > NE)
-    nvis = NE;
-  int32_t ent[NSEL];
-  int64_t nent = SELECT == 1 ? nvis : SELECT == 2 ? sink_select(sel + t * NSEL, nvis, ent) : 0;
-  int64_t n = nraw + nent;
   const float *qh = q + t * (NH * HD) + h * HD;
+  (void)p; /* read by the ropes only */
 #ifdef Q_EPS
   static const float q_freq[R / 2 + 1] = INV_FREQ;
   float qn[HD], qss = 0.0f;
@@ -123,4 +106,32 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   static const float inv_freq[R / 2 + 1] = INV_FREQ;
   ds4h_rope_in_place(oh + (HD - R), R, (float)p, inv_freq, INVERSE);
 #endif
+}
+
+void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
+{
+  const float *q = (const float *)bufs[0];
+  const float *ring = (const float *)bufs[1];
+  const float *entries = (const float *)bufs[2];
+  const int32_t *sel = (const int32_t *)bufs[3];
+  const float *sinks = (const float *)bufs[4];
+  float *o = (float *)bufs[5];
+  int64_t pos = step[0], ntok = step[1];
+  if (block >= GRID)
+    return;
+  int64_t t = block / (NH / HG), h0 = block % (NH / HG) * HG, p = pos + t;
+  if (t >= ntok || p < 0) { /* dead, or a bad parameter block */
+    float *og = o + t * (NH * HD) + h0 * HD;
+    for (int64_t c = 0; c < HG * HD; c++)
+      og[c] = 0.0f;
+    return;
+  }
+  int64_t lo = p - WINDOW + 1 > 0 ? p - WINDOW + 1 : 0, nraw = p - lo + 1;
+  int64_t nvis = SELECT ? (p + 1) / (RATIO > 0 ? RATIO : 1) : 0;
+  if (nvis > NE)
+    nvis = NE;
+  int32_t ent[NSEL];
+  int64_t nent = SELECT == 1 ? nvis : SELECT == 2 ? sink_select(sel + t * NSEL, nvis, ent) : 0;
+  for (int64_t h = h0; h < h0 + HG; h++)
+    sink_head(q, ring, entries, ent, sinks, o, t, h, p, lo, nraw, nraw + nent);
 }
