@@ -911,11 +911,13 @@ static int kgen_def_q_norm(kgen_ctx *c, kgen_spec *s)
  * keys, which every head shares, over the GPU), else KGEN_ATTN_HEADS or 2
  * where they divide the heads and their queries stay within
  * KGEN_ATTN_QFLOATS (a prefill chunk: the keys read once for the group,
- * where a block a head read them again for each). A head's bits are the
- * same for every HG. */
+ * where a block a head read them again for each), for heads of whole
+ * 16-byte vectors (a GPU block stages the group's queries one after
+ * another, each read a vector at a time). A head's bits are the same for
+ * every HG. */
 static int64_t kgen_attention_heads(int64_t T, int64_t heads, int64_t hd)
 {
-  if (T < 2)
+  if (T < 2 || hd % 4 != 0)
     return 1;
   for (int64_t hg = KGEN_ATTN_HEADS; hg > 1; hg /= 2)
     if (heads % hg == 0 && hg * hd <= KGEN_ATTN_QFLOATS)

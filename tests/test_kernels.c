@@ -992,9 +992,10 @@ static void sink_case(const sink_cfg *c)
   sink_op(&k, c, T);
   built b;
   build(&k, &b);
-  /* a block per slot and group of heads: every head that divides them
-   * into groups of 4 (or 2) goes in groups in a chunk of several slots */
-  int hg = c->heads % 4 == 0 ? 4 : c->heads % 2 == 0 ? 2 : 1;
+  /* a block per slot and group of heads in a chunk of several slots:
+   * groups of 4 (or 2) where they divide the heads, each head whole
+   * 16-byte vectors */
+  int hg = c->hd % 4 != 0 ? 1 : c->heads % 4 == 0 ? 4 : c->heads % 2 == 0 ? 2 : 1;
   char want[32];
   snprintf(want, sizeof want, "#define HG ((int64_t)%d)\n", hg);
   ck_assert_msg(strstr(b.kk.source, want) != NULL, "sink_attention of %d heads: no %s", c->heads, want);
@@ -1063,6 +1064,7 @@ START_TEST(test_sink_attention)
       {3, 16, 6, 11, 4, 1, 12, 1}, /* HCA: every closed entry */
       {3, 16, 6, 11, 4, 2, 12, 5}, /* CSA: the selected ones */
       {4, 24, 8, 13, 3, 2, 20, 9}, /* a wider window and selection */
+      {4, 6, 6, 11, 4, 2, 12, 5},  /* heads of 6: a block each */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     sink_case(&cases[i]);
@@ -6835,6 +6837,7 @@ START_TEST(test_gpu_sink_attention)
       {{3, 16, 6, 11, 2, 1, 12288, 1}, 0},
       {{3, 16, 6, 11, 4, 2, 12, 5}, 1},
       {{3, 16, 6, 11, 2, 2, 12288, 5}, 1}, /* select 2's list by the sort */
+      {{4, 6, 6, 11, 4, 2, 12, 5}, 1},     /* heads of 6 floats: a block each */
   };
   static const int32_t sel[] = {0, 2, -1, 1, 2, 7, 0, 3, 1, 1};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
