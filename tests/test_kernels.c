@@ -6973,12 +6973,12 @@ static void norm_window_case(int64_t h, int64_t r, int inverse)
                    NFUSED_STEPS);
 }
 
-/* The core of c on T = 4 slots (core) and, as lower.c fuses it with the
+/* The core of c on T slots (core) and, as lower.c fuses it with the
  * inverse rope of r of each head's channels, theta 10000 (rope),
  * sink_attention_rope (fused). */
-static void attention_rope_ops(kt *fused, kt *core, kt *rope, const sink_cfg *c, int64_t r)
+static void attention_rope_ops(kt *fused, kt *core, kt *rope, const sink_cfg *c, int64_t r, int64_t T)
 {
-  sink_op(core, c, 4);
+  sink_op(core, c, T);
   rope_op(rope, c->heads, c->hd, (int)r, 10000.0, 1, NULL);
   *fused = *core;
   fused->op.kind = IR_OP_SINK_ATTENTION_ROPE;
@@ -6998,7 +6998,7 @@ static const int g_attn_steps[][2] = {{0, 4}, {3, 2}, {9, 4}, {13, 1}};
 static void attention_rope_case(const sink_cfg *c, int64_t r)
 {
   kt fused, core, rope;
-  attention_rope_ops(&fused, &core, &rope, c, r);
+  attention_rope_ops(&fused, &core, &rope, c, r, 4);
   static const int fin_a[] = {0, 1, 2, 3, 4}, fin_b[] = {-1};
   fused_chain_case("sink_attention_rope", &fused, &core, &rope, 0, fin_a, fin_b, g_fused_sel, 6, g_attn_steps, 4);
 }
@@ -7008,7 +7008,7 @@ static void attention_rope_case(const sink_cfg *c, int64_t r)
 static void attention_qnorm_case(const sink_cfg *c, int64_t r)
 {
   kt fused, core_rope, core, rope, norm;
-  attention_rope_ops(&core_rope, &core, &rope, c, r);
+  attention_rope_ops(&core_rope, &core, &rope, c, r, 4);
   norm_rope_op(&norm, 1, (int64_t)c->heads * c->hd, c->hd, r, 0);
   fused = core_rope;
   fused.op.iattr[13] = 1;
@@ -7029,25 +7029,17 @@ static void sink_groups_case(const sink_cfg *c, int hg, int rope)
   enum { T = 4 };
   const int64_t C = (int64_t)c->heads * c->hd;
   kt chunk, one;
-  sink_op(&chunk, c, T);
-  sink_op(&one, c, 1);
   if (rope) { /* sink_attention_rope: the inverse rope of 4 channels a head, and the q norm */
-    kt r;
-    rope_op(&r, c->heads, c->hd, 4, 10000.0, 1, NULL);
-    kt *ops[2] = {&chunk, &one};
-    for (int i = 0; i < 2; i++) {
-      ir_op *op = &ops[i]->op;
-      ir_op core = *op;
-      op->kind = IR_OP_SINK_ATTENTION_ROPE;
-      memcpy(op->iattr, r.op.iattr, sizeof op->iattr);
-      memcpy(op->fattr, r.op.fattr, sizeof op->fattr);
-      op->iattr[9] = core.iattr[1];
-      op->iattr[10] = core.iattr[2];
-      op->iattr[11] = core.iattr[3];
-      op->fattr[12] = core.fattr[4];
-      op->iattr[13] = 1;
-      op->fattr[14] = 1e-6;
-    }
+    kt core, r;
+    attention_rope_ops(&chunk, &core, &r, c, 4, T);
+    attention_rope_ops(&one, &core, &r, c, 4, 1);
+    chunk.prog.tensors = chunk.tensors; /* the copies' own, not core's */
+    one.prog.tensors = one.tensors;
+    chunk.op.iattr[13] = one.op.iattr[13] = 1;
+    chunk.op.fattr[14] = one.op.fattr[14] = 1e-6;
+  } else {
+    sink_op(&chunk, c, T);
+    sink_op(&one, c, 1);
   }
   emu_built *gc = emu_build(&chunk), *g1 = emu_build(&one);
   char want[32];

@@ -40,8 +40,8 @@
  *      its rank among the kept ones (a prefix sum of the threads' counts);
  *   1. with Q_SHARED (always where HG > 1), q[t,h] goes to shared
  *      memory; the block's threads are NG groups of L = 32 lanes, and
- *      group g scores keys 4g .. 4g + 3,
- *      4(g + NG) .. 4(g + NG) + 3, ...: s_k = SCALE * q.key_k, each dot
+ *      group g scores keys 4g .. 4g + 3, 4(g + NG) .. 4(g + NG) + 3, ...:
+ *      s_k = SCALE * q.key_k (one load of a key for the HG heads), each dot
  *      split over the group's lanes in ds4_lane_dot's order (lane l sums
  *      the 16-byte chunks l, l + 32, ... of the key row), the four rows'
  *      chunks in flight together, and the lanes' sums added by
@@ -59,12 +59,12 @@
  *      p_k key_k[c] over all keys in key order, as on the host.
  * With STORE_SCORES, pass 1 keeps each s_k in shared memory (a row of
  * NKEYS a head: the window plus the most entries a slot can see) and
- * passes 2 and 3 read it back; without (kgen_gpu: when NKEYS floats do not fit), the groups
- * compute it again, to the same bits, pass 2 adding each group's keys on
- * its first lane. Every order above is fixed by the shapes alone, so the
- * output's bits do not depend on the schedule or the block order. Ring
- * rows are always s mod S, entry rows below NE: nothing is read out of
- * bounds. */
+ * passes 2 and 3 read it back; without (kgen_gpu: when they do not
+ * fit), the groups compute it again, to the same bits, pass 2 adding each
+ * group's keys on its first lane. Every order above is fixed by the
+ * shapes alone, so the output's bits do not depend on the schedule or the
+ * block order. Ring rows are always s mod S, entry rows below NE: nothing
+ * is read out of bounds. */
 
 DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
 {
@@ -203,7 +203,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   static_assert(NTHREADS % L == 0, "a block is whole groups of lanes");
   const int lane = tid % L, grp = tid / L;
 #if Q_SHARED
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++) {
     const float *qh = qg + j * HD;
 #ifdef Q_EPS
@@ -259,7 +259,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     }
   };
   float m[HG];
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++)
     m[j] = -ds4_inff();
   scores(0, n, [&](int j, int64_t k, float s) {
@@ -270,7 +270,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       m[j] = s;
   });
   float den[HG];
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++) {
     m[j] = ds4_block_max<NTHREADS>(red, m[j]); /* its barriers publish score[] */
     float sink = sinks[h0 + j];
@@ -278,7 +278,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       m[j] = sink;
   }
 #if STORE_SCORES
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++) {
     float sum = 0.0f;
     for (int64_t k = tid; k < n; k += NTHREADS)
@@ -287,18 +287,18 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   }
 #else
   float sum[HG];
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++)
     sum[j] = 0.0f;
   scores(0, n, [&](int j, int64_t, float s) { sum[j] += ds4_expf(s - m[j]); });
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++)
     den[j] = ds4_block_sum<NTHREADS>(red, sum[j]) + ds4_expf(sinks[h0 + j] - m[j]);
 #endif
   float acc[HG][CPT];
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++)
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < CPT; i++)
       acc[j][i] = 0.0f;
   for (int64_t base = 0; base < n; base += NTHREADS) {
@@ -308,7 +308,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
       row[tid] = key(k);
 #if STORE_SCORES
     if (k < n)
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < HG; j++)
         prob[j][tid] = ds4_expf(score[j][k] - m[j]) / den[j];
 #else
@@ -336,9 +336,9 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
     }
     ds4_barrier(); /* prob and row are free again */
   }
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++)
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < CPT; i++) {
       int64_t c = tid + (int64_t)i * NTHREADS;
 #ifdef INV_FREQ
@@ -351,7 +351,7 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
         og[j * HD + c] = acc[j][i];
     }
 #ifdef INV_FREQ
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < HG; j++) /* each begins with the barrier after the tails' stores */
     ds4_rope_tail<NTHREADS, R>(tail[j], og + j * HD + (HD - R), (float)p, inv_freq, INVERSE != 0);
 #endif
