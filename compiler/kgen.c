@@ -64,21 +64,11 @@
  * 39.4 with a row a warp (bench/NOTES.md). */
 #define KGEN_DOWN_ROWS 4
 
-/* Expert choices (token slots x top-k) up to which moe_up and moe_down run
- * on the matrix units (kgen_moe_mma): a block lists the slots of its
- * expert in shared memory, 2 bytes a choice, beside 16 KiB of partial
- * sums: 24 KiB of list at 12288, a prefill chunk of 2048 slots at top-6,
- * within the 48 KiB of a block's static shared memory. */
-#define KGEN_MOE_MMA_SLOTS 12288
-
-/* Choices an expert on average from which moe_up and moe_down take the
- * matrix units (kgen_moe_mma): there a block reads its expert's weights
- * once for up to 16 choices, the CUDA-core kernels once a choice. On an
- * H100 (bench/NOTES.md, bench/prefill.c) the bf16 slice's 16-slot chunk
- * (96 choices over 256 experts, 0.375 an expert) ran its experts in 8.3
- * ms on the units against 6.4 on the CUDA cores; a 512-slot chunk (12 an
- * expert) in 31.3 ms against 198.8. */
-#define KGEN_MOE_MMA_SHARE 2
+/* Expert choices a pass of a moe_up or moe_down block on the matrix units
+ * lists (moe_mma.hip's LIST, 4 bytes a choice): 16 KiB beside 16 KiB of
+ * partial sums, within the 48 KiB of a block's static shared memory; an
+ * expert chosen more often in a chunk takes another pass over idx. */
+#define KGEN_MOE_MMA_LIST 4096
 
 /* Elements per swiglu_act block: one per GPU thread (kgen_gpu.c gives the
  * kind this many), so a warp's loads and stores are contiguous. */
@@ -990,22 +980,27 @@ static int64_t kgen_matmul_mma(const kgen_ctx *c, uint32_t wdtype, int64_t k, in
 
 /* Whether a moe_up or moe_down of nexperts experts (the op's, however a
  * schedule splits them) runs on the matrix units as a grouped GEMM
- * (moe_mma.hip): bf16 weights, rows of x (moe_up's H, moe_down's F) in
- * whole chunks of 32 k, and from KGEN_MOE_MMA_SHARE choices an expert on
- * average up to KGEN_MOE_MMA_SLOTS choices. Returns the tiles of 8
- * columns a block takes of each weight (MMA_NT): moe_up's two of w1 and
- * two of w3, the four tiles of matmul_mma's wide blocks; moe_down's four;
- * 0 for the CUDA-core kernels, which read an expert once a choice. The
- * grid is every target's (the host's kernels take the same blocks); the
- * bits depend on K alone, not on the choice. */
-static int64_t kgen_moe_mma(const kgen_ctx *c, int64_t nexperts)
+ * (moe_mma.hip): bf16 weights in a plan of several token slots (a
+ * prefill chunk) and rows of x (moe_up's H, moe_down's F) in whole
+ * chunks of 32 k, however few choices each expert gets. The choice must
+ * not depend on the chunk's size: the CUDA-core kernels take x in f32,
+ * the units as two bf16 terms, so a schedule of 16-slot chunks and one
+ * of 2048 would otherwise give different bits (at 16 slots the bf16
+ * slice's experts took 8.3 ms a chunk here against 6.4 on the CUDA cores:
+ * bench/NOTES.md). Returns the tiles of 8 columns a block takes of each
+ * weight (MMA_NT): moe_up's two of w1 and two of w3, the four tiles of
+ * matmul_mma's wide blocks; moe_down's four; 0 for the CUDA-core kernels,
+ * which read an expert once a choice. The grid is every target's (the
+ * host's kernels take the same blocks); the bits depend on K alone, not
+ * on the choice. */
+static int64_t kgen_moe_mma(const kgen_ctx *c)
 {
   int up = c->op->kind == IR_OP_MOE_UP;
-  int64_t k = up ? c->var['H'] : c->var['F'], choices = c->var['T'] * c->var['k'];
+  int64_t k = up ? c->var['H'] : c->var['F'];
   for (int i = 2; i < c->k->nin; i++)
     if (kgen_tensor(c, i)->dtype != PLAN_BF16)
       return 0;
-  if (k % 32 != 0 || choices < KGEN_MOE_MMA_SHARE * nexperts || choices > KGEN_MOE_MMA_SLOTS)
+  if (c->var['T'] < 2 || k % 32 != 0)
     return 0;
   return up ? 2 : 4;
 }
@@ -1326,7 +1321,7 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
     kgen_def_int(s, "NEXPERTS", n);
     kgen_def_int(s, "H", v['H']);
     kgen_def_int(s, "F", v['F']);
-    int64_t mma = op->kind == IR_OP_MOE_EXPERTS ? 0 : kgen_moe_mma(c, n);
+    int64_t mma = op->kind == IR_OP_MOE_EXPERTS ? 0 : kgen_moe_mma(c);
     if (mma) {
       /* A block per held expert and tile of output columns (moe_up's
        * gate and up rows together), for the slots that chose it. */
@@ -1341,6 +1336,9 @@ static int kgen_specialise(kgen_ctx *c, kgen_spec *s)
       if (mt) {
         kgen_def_int(s, "MMA_MT", mt);
         kgen_def_int(s, "MROWS", 32 * mt);
+      } else {
+        int64_t choices = T * v['k'];
+        kgen_def_int(s, "LIST", choices < KGEN_MOE_MMA_LIST ? choices : KGEN_MOE_MMA_LIST);
       }
       s->grid = (uint64_t)(v['E'] * ntiles);
       s->grid_text = op->kind == IR_OP_MOE_UP ? "held expert x tile of ffn rows, the slots that chose it"

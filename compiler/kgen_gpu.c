@@ -311,13 +311,13 @@ static uint64_t kgen_gpu_extra(kgen_buf *b, kgen_buf *undefs, const kgen_spec *s
       uint64_t warps = nt / (uint64_t)g->lanes, tile = (uint64_t)kgen_spec_int(s, "TILE");
       if (!moe)
         return warps * 16 * tile * 4;
-      /* moe_mma.hip: part (moe_up's gate and up columns), the list of
-       * 16-bit slots, the table of expert rows, the warps' counts, each
+      /* moe_mma.hip: part (moe_up's gate and up columns), a pass's list
+       * of 32-bit slots, the table of expert rows, the warps' counts, each
        * 16-byte aligned there (so in any order they take these bytes) */
       uint64_t cols = s->op->kind == IR_OP_MOE_UP ? 2 * tile : tile;
-      uint64_t slots = (uint64_t)(kgen_spec_int(s, "T") * kgen_spec_int(s, "TOPK"));
+      uint64_t list = (uint64_t)kgen_spec_int(s, "LIST");
       uint64_t nexp = (uint64_t)kgen_spec_int(s, "NEXPERTS");
-      return warps * 16 * cols * 4 + (slots * 2 + 15) / 16 * 16 + (nexp * 4 + 15) / 16 * 16 + (warps * 4 + 15) / 16 * 16;
+      return warps * 16 * cols * 4 + (list * 4 + 15) / 16 * 16 + (nexp * 4 + 15) / 16 * 16 + (warps * 4 + 15) / 16 * 16;
     }
     int64_t k = kgen_gpu_x_row(s);
     int stage = kgen_gpu_stage_x(s);

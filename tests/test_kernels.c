@@ -6458,9 +6458,13 @@ static void moe_mma_split_case(const int32_t *idx, int n, int64_t T, int64_t K, 
  * channels in tiles of 32, K 96. Each against its host kernel (dead and
  * unheld slots +0, the same bits off 16-byte alignment), against float64
  * with all experts and with a split's rows, and a split moe_down summing
- * to the whole bit for bit. The CUDA-core kernels keep one slot (decode),
- * fewer than two choices an expert (of the op's experts, however many a
- * launch holds), f32 weights and K off the chunks. */
+ * to the whole bit for bit. An expert chosen more often than a pass
+ * lists (KGEN_MOE_MMA_LIST, 4096): 1400 slots at top-3 over 140 experts
+ * (under 32 choices an expert, so not tiled), 4199 of the choices expert
+ * 0's, in two passes. The CUDA-core kernels keep one slot (decode), f32
+ * weights and K off the chunks; however few choices an expert gets in a
+ * chunk of several slots, the units take them (the bits must not depend
+ * on the chunk's size). */
 START_TEST(test_gpu_moe_mma)
 {
   enum { T = 20, K = 3, E = 5, H = 64, F = 96 };
@@ -6478,12 +6482,24 @@ START_TEST(test_gpu_moe_mma)
       moe_mma_exact_case(&k, idx, T * K, split_rows ? split : NULL, E);
     }
   moe_mma_split_case(idx, T * K, T, K, H, F);
+  enum { TP = 1400, EP = 140 };
+  static int32_t many[TP * K];
+  for (int s = 0; s < TP * K; s++)
+    many[s] = s == 7 ? 3 : 0;
+  static const int many_steps[][2] = {{0, TP}};
+  for (int up = 1; up >= 0; up--) {
+    kt k;
+    moe_mma_op(&k, up, PLAN_BF16, NULL, EP, EP, TP, K, H, 32);
+    ck_assert_int_eq(mma_tiles(&k), up ? 2 : 4);
+    ffn_gpu_case(&k, many, TP * K, many_steps, 1);
+    moe_mma_exact_case(&k, many, TP * K, NULL, EP);
+  }
   for (int up = 1; up >= 0; up--) {
     kt k;
     moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, 1, K, H, F);
     ck_assert_int_eq(mma_tiles(&k), 0);
-    moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, 3, K, H, F); /* 9 choices, under 2 an expert */
-    ck_assert_int_eq(mma_tiles(&k), 0);
+    moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, 2, K, H, F); /* 6 choices, under 2 an expert */
+    ck_assert_int_eq(mma_tiles(&k), up ? 2 : 4);
     moe_mma_op(&k, up, PLAN_BF16, split, E, 3, 4, K, H, F); /* 12 of 5 experts, 3 held: as all 5 held */
     ck_assert_int_eq(mma_tiles(&k), up ? 2 : 4);
     moe_mma_op(&k, up, PLAN_BF16, NULL, E, E, T, K, up ? 48 : H, up ? F : 48);

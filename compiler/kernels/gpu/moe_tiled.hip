@@ -52,12 +52,13 @@ DS4_KERNEL void KERNEL_NAME(void *const *bufs, const int32_t *step)
   static_assert(K % 32 == 0, "chunks of 32 k");
   constexpr int WROWS = NW * TILE, NTT = NW * MMA_NT;
   constexpr int XI = (4 * MROWS + NTHREADS - 1) / NTHREADS, WI = (4 * WROWS + NTHREADS - 1) / NTHREADS;
-  /* each 16-byte aligned, as kgen_gpu counts them */
+  /* each 16-byte aligned and a whole number of 16 bytes long, as kgen_gpu
+   * counts them (in whatever order they lie) */
   DS4_SHARED __attribute__((aligned(16))) ds4_u32x4 xs[X_BUFS][2][MROWS][4];
   DS4_SHARED __attribute__((aligned(16))) ds4_u32x4 ws[W_STAGES][WROWS][4];
-  DS4_SHARED __attribute__((aligned(16))) uint16_t list[LIST];
-  DS4_SHARED __attribute__((aligned(16))) int32_t rows[NEXPERTS];
-  DS4_SHARED __attribute__((aligned(16))) int32_t wtot[WARPS];
+  DS4_SHARED __attribute__((aligned(16))) uint16_t list[(LIST + 7) / 8 * 8];
+  DS4_SHARED __attribute__((aligned(16))) int32_t rows[(NEXPERTS + 3) / 4 * 4];
+  DS4_SHARED __attribute__((aligned(16))) int32_t wtot[(WARPS + 3) / 4 * 4];
   static const int32_t expert_rows[NEXPERTS] = EXPERT_ROWS;
   const float *x = (const float *)bufs[0];
   const int32_t *idx = (const int32_t *)bufs[1];

@@ -1894,8 +1894,8 @@ DS4_DEVICE int32_t ds4_block_count_before(int32_t mine, int32_t *wtot, int64_t *
  * ceil(n / NT) slots: it counts its matches, learns where they go
  * (ds4_block_count_before, wtot its NT / 32 ints) and writes them there.
  * Every thread of the block calls it. */
-template <int NT, int NEXP>
-DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t *idx, const int32_t *rows,
+template <int NT, int NEXP, typename SLOT>
+DS4_DEVICE int64_t ds4_expert_slots(SLOT *list, int32_t *wtot, const int32_t *idx, const int32_t *rows,
                                     int64_t n, int64_t r, int64_t from, int64_t cap)
 {
   int64_t run = (n + NT - 1) / NT, s0 = run * ds4_thread(), s1 = s0 + run < n ? s0 + run : n;
@@ -1911,7 +1911,7 @@ DS4_DEVICE int64_t ds4_expert_slots(uint16_t *list, int32_t *wtot, const int32_t
   for (int64_t s = s0; s < s1; s++)
     if (held(s)) {
       if (at >= 0 && at < cap)
-        list[at] = (uint16_t)s;
+        list[at] = (SLOT)s;
       at++;
     }
   ds4_barrier();
