@@ -978,21 +978,20 @@ static int64_t kgen_matmul_mma(const kgen_ctx *c, uint32_t wdtype, int64_t k, in
   return ncols >= KGEN_MMA_WIDE && group_cols % 32 == 0 ? 4 : 1;
 }
 
-/* Whether a moe_up or moe_down of nexperts experts (the op's, however a
- * schedule splits them) runs on the matrix units as a grouped GEMM
- * (moe_mma.hip): bf16 weights in a plan of several token slots (a
- * prefill chunk) and rows of x (moe_up's H, moe_down's F) in whole
- * chunks of 32 k, however few choices each expert gets. The choice must
- * not depend on the chunk's size: the CUDA-core kernels take x in f32,
- * the units as two bf16 terms, so a schedule of 16-slot chunks and one
- * of 2048 would otherwise give different bits (at 16 slots the bf16
- * slice's experts took 8.3 ms a chunk here against 6.4 on the CUDA cores:
- * bench/NOTES.md). Returns the tiles of 8 columns a block takes of each
- * weight (MMA_NT): moe_up's two of w1 and two of w3, the four tiles of
- * matmul_mma's wide blocks; moe_down's four; 0 for the CUDA-core kernels,
- * which read an expert once a choice. The grid is every target's (the
- * host's kernels take the same blocks); the bits depend on K alone, not
- * on the choice. */
+/* Whether a moe_up or moe_down (however a schedule splits its experts)
+ * runs on the matrix units as a grouped GEMM (moe_mma.hip): bf16 weights
+ * in a plan of several token slots (a prefill chunk) and rows of x
+ * (moe_up's H, moe_down's F) in whole chunks of 32 k, however few
+ * choices each expert gets. The choice must not depend on the chunk's
+ * size: the CUDA-core kernels take x in f32, the units as two bf16
+ * terms, so a schedule of 16-slot chunks and one of 2048 would otherwise
+ * give different bits (at 16 slots the bf16 slice's experts took 8.3 ms
+ * a chunk here against 6.4 on the CUDA cores: bench/NOTES.md). Returns
+ * the tiles of 8 columns a block takes of each weight (MMA_NT): moe_up's
+ * two of w1 and two of w3, the four tiles of matmul_mma's wide blocks;
+ * moe_down's four; 0 for the CUDA-core kernels, which read an expert once
+ * a choice. The grid is every target's (the host's kernels take the same
+ * blocks); the bits depend on K alone, not on the choice. */
 static int64_t kgen_moe_mma(const kgen_ctx *c)
 {
   int up = c->op->kind == IR_OP_MOE_UP;

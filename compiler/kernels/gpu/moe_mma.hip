@@ -1,9 +1,9 @@
 /* moe_up and moe_down (lower.c) on the matrix units, as a grouped GEMM
  * (kgen.c, kgen_moe_mma: bf16 weights in a plan of several token slots,
  * however few choices each expert gets, so that a schedule's chunk size
- * does not change the bits): the slots (t, j) that chose one expert are the rows of one product with
- * that expert's weights, which a block then reads once for up to 16 slots
- * rather than once a slot. moe_up (W3_T defined): for slot s = (t, j)
+ * does not change the bits): the slots (t, j) that chose one expert are
+ * the rows of one product with that expert's weights, which a block then
+ * reads once for up to 16 slots rather than once a slot. moe_up (W3_T defined): for slot s = (t, j)
  * whose expert e = idx[s] has row r = expert_rows[e] >= 0 in this launch,
  * act[s,f] = ds4_swiglu_act(x[t] . w1[r,f], x[t] . w3[r,f], SWIGLU_LIMIT);
  * moe_down: slots[s,c] = act[s] . w2[r,c]; +0 for every other slot (dead
