@@ -33,138 +33,16 @@
 #include <sys/stat.h>
 
 #include "ds4_bench.h"
+#include "kit.h"
 
 #define KRUNS 30
 #define KWARMUP 3
 #define MAX_COPIES 16
 #define MAX_SHAPES 24
-#define KIT_TENSORS 32
 /* Sets of top_k distinct experts the expert row rotates over, at most. */
 #define MAX_EXPERT_SETS 8
 
 /* ---- the plan's kernels, alone ---- */
-
-/* What the launches of one section share: the code object, the step block
- * (one live token at position 0) and a zeroed buffer per tensor they
- * name, so that one launch's output is the next one's input as in the
- * plan. */
-typedef struct kit {
-  gpu *g;
-  const plan *p;
-  gpu_module m;
-  owned o;
-  uint32_t tensor[KIT_TENSORS];
-  void *ptr[KIT_TENSORS];
-  int n;
-  /* cuBLAS's bf16 stand-ins for quantized weights (cublas_weight) */
-  uint32_t shadow_tensor[KIT_TENSORS];
-  void *shadow_ptr[KIT_TENSORS];
-  int nshadow;
-  int32_t *step;
-} kit;
-
-/* The code object of the plan's first cuda device; bundle is the folder
- * of the plan (its code object paths are relative to it). */
-static rt_status kit_open(kit *k, gpu *g, const char *bundle, const plan *p) {
-  memset(k, 0, sizeof *k);
-  k->g = g;
-  k->p = p;
-  const char *arch = NULL;
-  for (uint32_t d = 0; d < p->ndevices && !arch; d++)
-    if (p->devices[d].backend == PLAN_BACKEND_CUDA) arch = plan_str(p, p->devices[d].arch);
-  if (!arch) return rt_status_make("%s: the plan has no cuda device", bundle);
-  const char *rel = NULL;
-  for (uint32_t i = 0; i < p->ncodeobjs && !rel; i++)
-    if (!strcmp(plan_str(p, p->codeobjs[i].target), arch)) rel = plan_str(p, p->codeobjs[i].path);
-  if (!rel) return rt_status_make("%s: no code object for %s", bundle, arch);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", bundle, rel);
-  void *image = NULL;
-  size_t len = 0;
-  RT_TRY(bench_read_file(path, &image, &len));
-  rt_status s = g->api->module_load(g->drv, image, &k->m);
-  free(image);
-  if (s) return s;
-  int32_t step[4] = {0, 1, 0, 0};
-  RT_TRY(gpu_alloc(g, &k->o, sizeof step, (void **)&k->step));
-  return gpu_upload(g, k->step, step, sizeof step);
-}
-
-static void kit_close(kit *k) {
-  if (!k->g) return;
-  gpu_free_all(k->g, &k->o);
-  if (k->m) k->g->api->module_unload(k->g->drv, k->m);
-  memset(k, 0, sizeof *k);
-}
-
-/* The routing choices of every slot: top_k distinct experts spread over
- * the e held, choice j expert (j * (e / top_k) + set) % e; sets 0 to
- * e / top_k - 1 share no expert. */
-static rt_status fill_idx(kit *k, void *dst, const plan_tensor *t, uint64_t e, uint64_t set) {
-  uint64_t rows = t->ndim ? t->dim[0] : 1, topk = t->ndim > 1 ? t->dim[1] : 1;
-  int32_t *ids = malloc(rows * topk * sizeof *ids);
-  if (!ids) return rt_status_make("out of memory");
-  for (uint64_t r = 0; r < rows; r++)
-    for (uint64_t j = 0; j < topk; j++) ids[r * topk + j] = (int32_t)((j * (e / topk) + set) % e);
-  rt_status s = gpu_upload(k->g, dst, ids, rows * topk * sizeof *ids);
-  free(ids);
-  return s;
-}
-
-/* Tensor t's buffer, zeroed at first use (an i32 [T, k] idx: the choices
- * of fill_idx over `experts`). */
-static rt_status kit_buffer(kit *k, uint32_t tensor, uint64_t experts, void **out) {
-  for (int i = 0; i < k->n; i++)
-    if (k->tensor[i] == tensor) {
-      *out = k->ptr[i];
-      return NULL;
-    }
-  if (k->n == KIT_TENSORS) return rt_status_make("ds4_bench: too many tensors in one section");
-  const plan_tensor *t = &k->p->tensors[tensor];
-  void *ptr;
-  RT_TRY(gpu_alloc(k->g, &k->o, t->bytes, &ptr));
-  RT_TRY(k->g->api->memset_async(k->g->drv, k->g->s, ptr, 0, t->bytes));
-  if (t->dtype == PLAN_I32 && t->ndim == 2 && experts) RT_TRY(fill_idx(k, ptr, t, experts, 0));
-  k->tensor[k->n] = tensor;
-  k->ptr[k->n++] = ptr;
-  *out = ptr;
-  return NULL;
-}
-
-typedef struct launch {
-  gpu_function f;
-  uint32_t grid, block;
-  void **bufs; /* device memory: the launch's buffer pointers */
-} launch;
-
-/* Launch command c on the kit's buffers; with arg1, arg 1 (a matmul's
- * weight, moe_up's and moe_down's idx) is arg1 instead. */
-static rt_status kit_launch(kit *k, uint32_t c, uint64_t experts, void *arg1, launch *out) {
-  const plan *p = k->p;
-  const plan_command *cmd = &p->commands[c];
-  const plan_kernel *kn = &p->kernels[cmd->a];
-  void *host[GPU_MAX_ARGS * 2];
-  if (cmd->nargs > sizeof host / sizeof *host) return rt_status_make("ds4_bench: too many arguments");
-  for (uint32_t i = 0; i < cmd->nargs; i++) {
-    const plan_arg *a = &p->args[cmd->args_begin + i];
-    void *base = arg1;
-    if (i != 1 || !arg1) RT_TRY(kit_buffer(k, a->tensor, experts, &base));
-    host[i] = (char *)base + a->offset;
-  }
-  RT_TRY(k->g->api->function_find(k->g->drv, k->m, plan_str(p, kn->symbol), &out->f));
-  RT_TRY(gpu_alloc(k->g, &k->o, cmd->nargs * sizeof(void *), (void **)&out->bufs));
-  RT_TRY(gpu_upload(k->g, out->bufs, host, cmd->nargs * sizeof(void *)));
-  out->grid = kn->grid;
-  out->block = kn->block;
-  return NULL;
-}
-
-static rt_status launch_run(kit *k, const launch *l) {
-  const void *args[2] = {l->bufs, k->step};
-  /* As the runtime launches the plan's kernels. */
-  int overlap = (k->p->info.flags & PLAN_FLAG_GRID_WAIT) != 0;
-  return k->g->api->launch(k->g->drv, k->g->s, l->f, l->grid, l->block, 0, args, 2, overlap);
-}
 
 /* ---- weights: ours and cuBLAS's ---- */
 
@@ -253,7 +131,7 @@ typedef struct gemv_ctx {
 
 static rt_status run_ours(void *ctx, int run) {
   gemv_ctx *c = ctx;
-  return launch_run(c->k, &c->ours[run % c->copies]);
+  return kit_run(c->k, &c->ours[run % c->copies]);
 }
 
 static rt_status run_theirs(void *ctx, int run) {
@@ -355,7 +233,7 @@ static rt_status capture_finish(gpu *g, rt_status enqueued, gpu_graph_exec *out)
 static rt_status capture_launches(kit *k, const launch *ls, int n, gpu_graph_exec *out) {
   RT_TRY(k->g->api->capture_begin(k->g->drv, k->g->s));
   rt_status e = NULL;
-  for (int i = 0; i < n && !e; i++) e = launch_run(k, &ls[i]);
+  for (int i = 0; i < n && !e; i++) e = kit_run(k, &ls[i]);
   return capture_finish(k->g, e, out);
 }
 
@@ -439,7 +317,7 @@ static rt_status moe_cublas(kit *k, cublas *cb, const uint32_t *cmds, int n, uin
       const plan_tensor *idx = &p->tensors[args[1].tensor];
       uint64_t topk = idx->ndim > 1 ? idx->dim[1] : 1;
       for (uint64_t j = 0; j < topk; j++) {
-        uint64_t e = j * (experts / topk) % experts; /* fill_idx's choice j */
+        uint64_t e = j * (experts / topk) % experts; /* kit_fill_idx's choice j */
         for (uint32_t m = 2; m < (up ? 4u : 3u); m++) {
           const plan_tensor *w = &p->tensors[args[m].tensor];
           const void *wp;
@@ -552,7 +430,7 @@ static rt_status expert_row(gpu *g, kit *k, double copy_bps, table *t) {
   for (uint64_t s = 0; s < sets; s++) {
     void *ids;
     RT_TRY(gpu_alloc(g, &k->o, idx_bytes, &ids));
-    RT_TRY(fill_idx(k, ids, idx, experts, s));
+    RT_TRY(kit_fill_idx(k, ids, idx, experts, s));
     RT_TRY(kit_launch(k, up, experts, ids, &ups[s]));
     RT_TRY(kit_launch(k, down, experts, ids, &downs[s]));
   }
@@ -625,17 +503,17 @@ void ds4_kernel_rows(gpu *g, const char *bundle, double copy_bps, table *t) {
   int nshapes = gemv_shapes(&p, shapes, MAX_SHAPES);
   for (int i = 0; i < nshapes; i++) {
     kit k;
-    s = kit_open(&k, g, dir, &p);
+    s = kit_open(&k, g, dir, &p, 1, 0);
     if (!s) s = gemv_row(g, &k, &cb, &shapes[i], copy_bps, t);
     kit_close(&k);
     if (s) add_error(t, "GEMV", s);
   }
   kit k;
-  s = kit_open(&k, g, dir, &p);
+  s = kit_open(&k, g, dir, &p, 1, 0);
   if (!s) s = moe_row(g, &k, &cb, copy_bps, t);
   kit_close(&k);
   if (s) add_error(t, "MoE", s);
-  s = kit_open(&k, g, dir, &p);
+  s = kit_open(&k, g, dir, &p, 1, 0);
   if (!s) s = expert_row(g, &k, copy_bps, t);
   kit_close(&k);
   if (s) add_error(t, "expert GEMV", s);

@@ -19,11 +19,18 @@
  *   timestamps' cost.
  * - The plan's matmul launches against cuBLAS: for each matmul,
  *   matmul_pair, matmul_triple, matmul_hc_post and group_matmul kernel of
- *   the prefill plan, its traced time a launch against cuBLAS's
- *   (cublasGemmEx, x in bf16, y in f32) on the same shapes at M = the
- *   plan's slots (a pair's two GEMMs, a triple's three, a group's
- *   G, summed), ours over theirs; and cuBLAS's rate on its shapes at
- *   M = 2048.
+ *   the prefill plan, one launch alone with every slot live (kit.h:
+ *   zeroed buffers of its own, the event-timed median of KRUNS launches
+ *   after KWARMUP; the trace's spans overlap other streams' launches, so
+ *   they are not the kernel's time) against cuBLAS (cublasGemmEx, x in
+ *   bf16, y in f32) on the same shapes at M = the plan's slots (a pair's
+ *   two GEMMs, a triple's three, a group's G, summed), ours over theirs,
+ *   and its TFLOP/s; and cuBLAS's rate on its shapes at M = 2048. Then
+ *   each moe_up and moe_down kernel alone the same way, the slots' choices
+ *   spread evenly over the experts (slot t's choice j: expert (t top_k +
+ *   j) mod E, the balanced routing a trained router aims for), against a
+ *   dense cuBLAS GEMM of the same FLOPs (top_k GEMMs of the expert's
+ *   shape at M = the slots).
  * - The matmul-only lower bound of a 2048-token prefill: every matmul
  *   part of the plan (the LM head's one row left out) and the routed
  *   experts (top_k experts' rows a token, as a dense GEMM of the same
@@ -38,6 +45,7 @@
 #include <string.h>
 
 #include "bench_gpu.h"
+#include "kit.h"
 #include "plan.h"
 #include "rt.h"
 
@@ -52,13 +60,12 @@ typedef struct opts {
 } opts;
 
 /* A matmul kernel of the plan: its GEMM parts (N, K), how many it runs
- * (G for a group), its traced time and launches. */
+ * (G for a group), and its launches in the traced chunks. */
 typedef struct mm_kernel {
-  uint32_t kernel;
+  uint32_t kernel, cmd; /* cmd: its first launch command */
   const char *kind;
   uint64_t n[3], k[3];
   int nparts, groups, output; /* output: it writes a plan output (the LM head) */
-  double us;
   int launches;
 } mm_kernel;
 
@@ -120,6 +127,7 @@ static mm_kernel *mm_of(trace_acc *a, const plan *p, uint32_t c) {
   mm_kernel *m = &a->mm[a->nmm++];
   memset(m, 0, sizeof *m);
   m->kernel = cmd->a;
+  m->cmd = c;
   m->kind = plan_str(p, p->kernels[cmd->a].kind);
   m->output = writes_output(p, c);
   m->groups = 1;
@@ -165,7 +173,6 @@ static rt_status trace_hook(void *ctx, rt_bundle *b, const int32_t step[4], cons
     if (is_matmul(kind)) {
       mm_kernel *m = mm_of(a, p, c);
       if (!m) return rt_status_make("more than %d matmul kernels", MAX_LAUNCH_KERNELS);
-      m->us += us;
       m->launches++;
     }
   }
@@ -252,6 +259,87 @@ static double kernel_flops(const mm_kernel *m, int rows) {
   double f = 0;
   for (int i = 0; i < m->nparts; i++) f += 2.0 * (double)rows * (double)m->n[i] * (double)m->k[i] * m->groups;
   return f;
+}
+
+/* ---- the plan's kernels alone (kit.h) ---- */
+
+/* The choices of a chunk's slots spread evenly over the e experts: slot
+ * t's choice j is expert (t top_k + j) mod e. */
+static rt_status fill_balanced(kit *k, void *dst, const plan_tensor *t, uint64_t e, uint64_t set) {
+  (void)set;
+  uint64_t rows = t->ndim ? t->dim[0] : 1, topk = t->ndim > 1 ? t->dim[1] : 1;
+  int32_t *ids = malloc(rows * topk * sizeof *ids);
+  if (!ids) return rt_status_make("out of memory");
+  for (uint64_t i = 0; i < rows * topk; i++) ids[i] = (int32_t)(i % e);
+  rt_status s = gpu_upload(k->g, dst, ids, rows * topk * sizeof *ids);
+  free(ids);
+  return s;
+}
+
+typedef struct alone_ctx {
+  kit *k;
+  launch l;
+} alone_ctx;
+
+static rt_status run_alone(void *ctx, int run) {
+  (void)run;
+  alone_ctx *c = ctx;
+  return kit_run(c->k, &c->l);
+}
+
+/* Launch command c of the prefill plan p alone with every slot live (the
+ * LM head asking for the last row, as a prompt's last chunk does), an
+ * idx routed by fill_balanced over `experts`: the event-timed median of
+ * KRUNS launches after KWARMUP, microseconds. */
+static rt_status time_alone(gpu *g, const char *bundle, const plan *p, uint32_t c, uint64_t experts,
+                            double *out_us) {
+  kit k;
+  int32_t slots = (int32_t)p->info.tokens;
+  alone_ctx x = {.k = &k};
+  rt_status s = kit_open(&k, g, bundle, p, slots, slots - 1);
+  k.fill = fill_balanced;
+  if (!s) s = kit_launch(&k, c, experts, NULL, &x.l);
+  if (!s) s = time_median(g, run_alone, &x, KWARMUP, KRUNS, out_us);
+  kit_close(&k);
+  return s;
+}
+
+/* A row for each moe_up and moe_down kernel of p: alone (time_alone)
+ * against top_k dense cuBLAS GEMMs of each of its weights' shape at M =
+ * the plan's slots. */
+static rt_status expert_rows(gpu *g, cublas *cb, const char *bundle, const plan *p, table *t) {
+  uint32_t seen[MAX_LAUNCH_KERNELS];
+  int nseen = 0, slots = (int)p->info.tokens;
+  for (uint32_t c = 0; c < p->ncommands; c++) {
+    const plan_command *cmd = &p->commands[c];
+    if (cmd->kind != PLAN_CMD_LAUNCH) continue;
+    const char *kind = plan_str(p, p->kernels[cmd->a].kind);
+    if (strcmp(kind, "moe_up") && strcmp(kind, "moe_down")) continue;
+    int i = 0;
+    while (i < nseen && seen[i] != cmd->a) i++;
+    if (i < nseen) continue;
+    if (nseen == MAX_LAUNCH_KERNELS) return rt_status_make("more than %d expert kernels", MAX_LAUNCH_KERNELS);
+    seen[nseen++] = cmd->a;
+    const plan_arg *args = &p->args[cmd->args_begin];
+    const plan_tensor *w = &p->tensors[args[2].tensor];
+    int topk = (int)p->tensors[args[1].tensor].dim[1];
+    double ours = 0, theirs = 0;
+    RT_TRY(time_alone(g, bundle, p, c, w->dim[0], &ours));
+    for (uint32_t j = 0; j < cmd->nargs; j++) {
+      const plan_tensor *wt = &p->tensors[args[j].tensor];
+      if (wt->role != PLAN_WEIGHT) continue;
+      double us = 0;
+      RT_TRY(time_gemm(g, cb, rows_of(wt), cols_of(wt), slots, topk, &us));
+      theirs += us;
+    }
+    char how[240];
+    snprintf(how, sizeof how, "%s, %llu experts of %llu x %llu, top %d, the choices spread evenly", kind,
+             (unsigned long long)w->dim[0], (unsigned long long)rows_of(w), (unsigned long long)cols_of(w), topk);
+    add_row(t, plan_str(p, p->kernels[cmd->a].symbol), how,
+            "ours %.1f us alone (%.1f TFLOP/s), cuBLAS dense %.1f us at M = %d (ours / theirs %.2f)", ours,
+            launch_flops(p, c, slots) / (ours * 1e-6) * 1e-12, theirs, slots, ours / theirs);
+  }
+  return NULL;
 }
 
 /* The routed experts of the prefill plan: moe_up's and moe_down's weights
@@ -411,21 +499,26 @@ int main(int argc, char **argv) {
     double bound_us = 0;
     for (int i = 0; i < a->nmm && !s; i++) {
       const mm_kernel *m = &a->mm[i];
-      double theirs = 0, big = 0, ours = m->us / m->launches;
-      s = time_kernel_gemms(&g, &cb, m, slots, &theirs);
+      const plan *p = rt_bundle_plan(a->b);
+      double theirs = 0, big = 0, ours = 0;
+      s = time_alone(&g, o.bundle, p, m->cmd, 0, &ours);
+      if (!s) s = time_kernel_gemms(&g, &cb, m, slots, &theirs);
       if (!s) s = time_kernel_gemms(&g, &cb, m, BOUND_M, &big);
       if (s) break;
       if (!m->output) bound_us += big * m->launches / a->chunks;
       char what[80], how[240];
-      snprintf(what, sizeof what, "%s", plan_str(rt_bundle_plan(a->b), rt_bundle_plan(a->b)->kernels[m->kernel].symbol));
+      snprintf(what, sizeof what, "%s", plan_str(p, p->kernels[m->kernel].symbol));
       snprintf(how, sizeof how, "%s%s, %d launch%s a chunk: %llu x %llu%s%s", m->kind, m->output ? " (LM head)" : "",
                m->launches / a->chunks, m->launches / a->chunks == 1 ? "" : "es", (unsigned long long)m->n[0],
                (unsigned long long)m->k[0], m->nparts > 2 ? " and two more parts" : m->nparts > 1 ? " and a second part" : "",
                m->groups > 1 ? ", grouped" : "");
       add_row(&mt, what, how,
-              "ours %.1f us, cuBLAS %.1f us at M = %d (ours / theirs %.2f); cuBLAS at M = %d: %.1f us, %.0f TFLOP/s",
-              ours, theirs, slots, ours / theirs, BOUND_M, big, kernel_flops(m, BOUND_M) / (big * 1e-6) * 1e-12);
+              "ours %.1f us alone (%.1f TFLOP/s), cuBLAS %.1f us at M = %d (ours / theirs %.2f); cuBLAS at M = "
+              "%d: %.1f us, %.0f TFLOP/s",
+              ours, kernel_flops(m, m->output ? 1 : slots) / (ours * 1e-6) * 1e-12, theirs, slots, ours / theirs,
+              BOUND_M, big, kernel_flops(m, BOUND_M) / (big * 1e-6) * 1e-12);
     }
+    if (!s) s = expert_rows(&g, &cb, o.bundle, rt_bundle_plan(a->b), &mt);
     double experts_us = 0;
     if (!s) s = expert_bound(&g, &cb, rt_bundle_plan(a->b), &experts_us);
     if (s) {
