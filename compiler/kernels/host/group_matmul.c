@@ -21,16 +21,25 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     return;
   int64_t m0, m1, n0 = (int64_t)ds4h_slot_tile(block, MTILES, MROWS, T, &m0, &m1) * TILE;
   int64_t n1 = n0 + TILE < N ? n0 + TILE : N;
-  float buf[KG];
-  for (int64_t n = n0; n < n1; n++) {
-    const float *wr = ntok > 0 ? ds4h_weight_row(w, W_DT, N, KG, n, buf) : buf;
+  /* Up to four columns of one group at a time (ds4h_dot4); a group of
+   * fewer reads its first row in the missing ones' place and drops their
+   * sums. */
+  float buf[4][KG];
+  for (int64_t n = n0; n < n1;) {
+    int64_t nc = n1 - n < 4 ? n1 - n : 4;
+    if (NG - n % NG < nc)
+      nc = NG - n % NG;
+    const float *wr[4];
+    for (int64_t j = 0; j < 4; j++)
+      wr[j] = ntok <= 0 ? buf[0] : j < nc ? ds4h_weight_row(w, W_DT, N, KG, n + j, buf[j]) : wr[0];
     for (int64_t t = m0; t < m1; t++) {
       const float *xg = x + t * (GROUPS * KG) + (n / NG) * KG;
-      float acc = 0.0f;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (t < ntok) /* dead slots: +0 */
-        for (int64_t k = 0; k < KG; k++)
-          acc += xg[k] * wr[k];
-      y[t * N + n] = acc;
+        ds4h_dot4(xg, wr, KG, acc);
+      for (int64_t j = 0; j < nc; j++)
+        y[t * N + n + j] = acc[j];
     }
+    n += nc;
   }
 }

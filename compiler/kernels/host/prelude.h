@@ -46,12 +46,15 @@ DS4H_FN float ds4h_e8m0(uint8_t s)
 static const float ds4h_e4m3_values[256] __attribute__((unused)) = {
     DS4H_E4M3_64(0), DS4H_E4M3_64(64), DS4H_E4M3_64(128), DS4H_E4M3_64(192)};
 
-/* An E2M1 code, its low 4 bits (bias 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6). */
+/* An E2M1 code, its low 4 bits (bias 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit
+ * 3 the sign, 8 is -0). A load from a table of all sixteen rather than a
+ * branch on the sign, which a weight's random signs mispredict about half
+ * the time. */
 DS4H_FN float ds4h_fp4(uint8_t code)
 {
-  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  float v = mag[code & 7];
-  return code & 8 ? -v : v;
+  static const float value[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  return value[code & 15];
 }
 
 /* Element i of a weight as f32, the weight a stack of [rows, cols]
@@ -327,24 +330,49 @@ DS4H_FN uint32_t ds4h_slot_tile(uint32_t b, int64_t mtiles, int64_t mrows, int64
   return (uint32_t)(b / mtiles);
 }
 
+/* Four dot products out[j] = x . w[j] of nk values, each its own chain
+ * summed k ascending from +0, so each output has the bits of a loop of
+ * its own; the four chains interleave, so that one's adds wait on their
+ * latency while the others' issue (a single chain runs at one add per
+ * add latency). */
+DS4H_FN void ds4h_dot4(const float *x, const float *const *w, int64_t nk, float *out)
+{
+  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  for (int64_t k = 0; k < nk; k++) {
+    float xv = x[k];
+    a0 += xv * w0[k];
+    a1 += xv * w1[k];
+    a2 += xv * w2[k];
+    a3 += xv * w3[k];
+  }
+  out[0] = a0;
+  out[1] = a1;
+  out[2] = a2;
+  out[3] = a3;
+}
+
 /* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
  * [ncol,nk], any weight dtype), for slots m0 <= t < m1: k ascending from
  * +0; the slots before t0 and from ntok on are dead, +0 (matmul.c,
  * matmul_pair.c; lower-case names, as a kernel's defines come before this
- * file). */
+ * file). Four columns at a time (ds4h_dot4); a last group of fewer reads
+ * its first row in the missing ones' place and drops their sums. */
 DS4H_FN void ds4h_matmul_cols(const float *x, const void *w, int64_t dt, float *y, int64_t m0, int64_t m1,
                               int64_t nk, int64_t ncol, int64_t n0, int64_t n1, int64_t t0, int64_t ntok)
 {
-  float buf[nk];
-  for (int64_t n = n0; n < n1; n++) {
-    const float *wr = t0 < ntok ? ds4h_weight_row(w, dt, ncol, nk, n, buf) : buf;
+  float buf[4][nk];
+  for (int64_t n = n0; n < n1; n += 4) {
+    int64_t nc = n1 - n < 4 ? n1 - n : 4;
+    const float *wr[4];
+    for (int64_t j = 0; j < 4; j++)
+      wr[j] = t0 >= ntok ? buf[0] : j < nc ? ds4h_weight_row(w, dt, ncol, nk, n + j, buf[j]) : wr[0];
     for (int64_t t = m0; t < m1; t++) {
-      const float *xr = x + t * nk;
-      float acc = 0.0f;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (t >= t0 && t < ntok) /* dead slots: +0 */
-        for (int64_t k = 0; k < nk; k++)
-          acc += xr[k] * wr[k];
-      y[t * ncol + n] = acc;
+        ds4h_dot4(x + t * nk, wr, nk, acc);
+      for (int64_t j = 0; j < nc; j++)
+        y[t * ncol + n + j] = acc[j];
     }
   }
 }
