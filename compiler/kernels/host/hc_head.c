@@ -26,9 +26,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
   /* As in hc_pre: the streams are the stream-major flattening. */
   const float *xs = X + t * (N * D);
   float sums[NMIX + 1], pre[NMIX];
-  for (int64_t m = 0; m < NMIX; m++)
-    ds4h_hc_sum(xs, fn + m * (N * D), N * D, &sums[m]);
-  ds4h_hc_sum(xs, xs, N * D, &sums[NMIX]);
+  ds4h_hc_sums(xs, fn, N * D, NMIX, sums);
   ds4h_hc_mix_of_sums(sums, N * D, NMIX, EPS, pre);
   for (int64_t i = 0; i < NMIX; i++)
     pre[i] = ds4h_hc_gate(pre[i], scale[0], base[i], HC_EPS);

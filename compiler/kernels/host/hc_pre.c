@@ -28,9 +28,7 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
    * flattening. */
   const float *xs = X + t * (N * D);
   float sums[NMIX + 1], mix[NMIX], pre[N], c[N * N];
-  for (int64_t m = 0; m < NMIX; m++)
-    ds4h_hc_sum(xs, fn + m * (N * D), N * D, &sums[m]);
-  ds4h_hc_sum(xs, xs, N * D, &sums[NMIX]);
+  ds4h_hc_sums(xs, fn, N * D, NMIX, sums);
   ds4h_hc_mix_of_sums(sums, N * D, NMIX, EPS, mix);
   ds4h_hc_pre_weights(mix, N, base, scale, HC_EPS, ITERS, pre, pr, cr, c);
   ds4h_hc_combine(pre, N, xs, D, 0, D, xr);

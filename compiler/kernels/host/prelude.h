@@ -136,6 +136,28 @@ DS4H_FN const float *ds4h_weight_row(const void *w, int64_t dt, int64_t rows, in
   return buf;
 }
 
+/* Four dot products out[j] = x . w[j] of nk values, each its own chain
+ * summed k ascending from +0, so each output has the bits of a loop of
+ * its own; the four chains interleave, so that one's adds wait on their
+ * latency while the others' issue (a single chain runs at one add per
+ * add latency). */
+DS4H_FN void ds4h_dot4(const float *x, const float *const *w, int64_t nk, float *out)
+{
+  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  for (int64_t k = 0; k < nk; k++) {
+    float xv = x[k];
+    a0 += xv * w0[k];
+    a1 += xv * w1[k];
+    a2 += xv * w2[k];
+    a3 += xv * w3[k];
+  }
+  out[0] = a0;
+  out[1] = a1;
+  out[2] = a2;
+  out[3] = a3;
+}
+
 /* PyTorch's softplus (threshold 20: above it, z itself), then the root:
  * the DeepSeek-V4 router score (MATH.md §10.1). */
 DS4H_FN float ds4h_route_score(float z)
@@ -197,6 +219,24 @@ DS4H_FN void ds4h_hc_sum(const float *xs, const float *w, int64_t nd, float *out
   for (int64_t k = 0; k < nd; k++)
     acc += w[k] * xs[k];
   *out = acc;
+}
+
+/* Every sum of a token at once, sums[0..nmix]: ds4h_hc_sum's chains four
+ * at a time (ds4h_dot4; a product's two factors commute exactly, so the
+ * bits are ds4h_hc_sum's). */
+DS4H_FN void ds4h_hc_sums(const float *xs, const float *fn, int64_t nd, int64_t nmix, float *sums)
+{
+  for (int64_t m = 0; m <= nmix; m += 4) {
+    const float *w[4];
+    float out[4];
+    for (int64_t j = 0; j < 4; j++) {
+      int64_t r = m + j <= nmix ? m + j : m; /* past the last: a repeat, dropped */
+      w[j] = r < nmix ? fn + r * nd : xs;
+    }
+    ds4h_dot4(xs, w, nd, out);
+    for (int64_t j = 0; j < 4 && m + j <= nmix; j++)
+      sums[m + j] = out[j];
+  }
 }
 
 /* mix[m] = fn[m] . RMSNorm_u(xs), taken as (fn[m] . xs) / rms as DeepSeek
@@ -328,28 +368,6 @@ DS4H_FN uint32_t ds4h_slot_tile(uint32_t b, int64_t mtiles, int64_t mrows, int64
   *m0 = (int64_t)(b % mtiles) * mrows;
   *m1 = *m0 + mrows < nt ? *m0 + mrows : nt;
   return (uint32_t)(b / mtiles);
-}
-
-/* Four dot products out[j] = x . w[j] of nk values, each its own chain
- * summed k ascending from +0, so each output has the bits of a loop of
- * its own; the four chains interleave, so that one's adds wait on their
- * latency while the others' issue (a single chain runs at one add per
- * add latency). */
-DS4H_FN void ds4h_dot4(const float *x, const float *const *w, int64_t nk, float *out)
-{
-  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
-  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-  for (int64_t k = 0; k < nk; k++) {
-    float xv = x[k];
-    a0 += xv * w0[k];
-    a1 += xv * w1[k];
-    a2 += xv * w2[k];
-    a3 += xv * w3[k];
-  }
-  out[0] = a0;
-  out[1] = a1;
-  out[2] = a2;
-  out[3] = a3;
 }
 
 /* Columns n0 <= n < n1 of a matmul, y[t,n] = sum_k x[t,k] * w[n,k] (w
