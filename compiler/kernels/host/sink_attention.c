@@ -20,15 +20,6 @@
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
-/* The score of one key; recomputed in each pass rather than stored, so
- * that stack use does not grow with the keys. Same operations, same bits. */
-static float sink_score(const float *qh, const float *key)
-{
-  float dot = 0.0f;
-  for (int64_t c = 0; c < HD; c++)
-    dot += qh[c] * key[c];
-  return SCALE * dot;
-}
 
 /* SELECT 2: the distinct entries of sel_t below nvis, ascending, into ent;
  * returns their count. */
@@ -63,6 +54,28 @@ static const float *sink_key(const float *ring, const float *entries, const int3
   return entries + (SELECT == 2 ? (int64_t)ent[k] : k) * HD;
 }
 
+/* The most keys a slot's list holds: the window, then every visible
+ * entry (SELECT 1) or the distinct ones of sel (SELECT 2). */
+#define SINK_KEYS (WINDOW + (SELECT == 1 ? NE : SELECT == 2 ? NSEL : 0))
+
+/* The scores of the list's n keys, SCALE times each one's dot with the
+ * head's query (c ascending from +0), four keys at a time (ds4h_dot4:
+ * each its own chain, so the bits of one at a time); the three passes
+ * below read them. */
+static void sink_scores(const float *qh, const float *ring, const float *entries, const int32_t *ent, int64_t lo,
+                        int64_t nraw, int64_t n, float *sc)
+{
+  for (int64_t k = 0; k < n; k += 4) {
+    const float *key[4];
+    float dot[4];
+    for (int64_t j = 0; j < 4; j++) /* past the last: key k again, dropped */
+      key[j] = sink_key(ring, entries, ent, lo, nraw, k + j < n ? k + j : k);
+    ds4h_dot4(qh, key, HD, dot);
+    for (int64_t j = 0; j < 4 && k + j < n; j++)
+      sc[k + j] = SCALE * dot[j];
+  }
+}
+
 /* Head h of slot t at position p, its keys the n of the list. */
 static void sink_head(const float *q, const float *ring, const float *entries, const int32_t *ent, const float *sinks,
                       float *o, int64_t t, int64_t h, int64_t p, int64_t lo, int64_t nraw, int64_t n)
@@ -81,22 +94,21 @@ static void sink_head(const float *q, const float *ring, const float *entries, c
   ds4h_rope_in_place(qn + (HD - R), R, (float)p, q_freq, 0);
   qh = qn;
 #endif
-  float sink = sinks[h], m = sink;
-  for (int64_t k = 0; k < n; k++) {
-    float s = sink_score(qh, sink_key(ring, entries, ent, lo, nraw, k));
-    if (s > m)
-      m = s;
-  }
+  float sc[SINK_KEYS], sink = sinks[h], m = sink;
+  sink_scores(qh, ring, entries, ent, lo, nraw, n, sc);
+  for (int64_t k = 0; k < n; k++)
+    if (sc[k] > m)
+      m = sc[k];
   float sum = 0.0f;
   for (int64_t k = 0; k < n; k++)
-    sum += expf(sink_score(qh, sink_key(ring, entries, ent, lo, nraw, k)) - m);
+    sum += expf(sc[k] - m);
   float den = sum + expf(sink - m);
   float acc[HD];
   for (int64_t c = 0; c < HD; c++)
     acc[c] = 0.0f;
   for (int64_t k = 0; k < n; k++) {
     const float *key = sink_key(ring, entries, ent, lo, nraw, k);
-    float pk = expf(sink_score(qh, key) - m) / den;
+    float pk = expf(sc[k] - m) / den;
     for (int64_t c = 0; c < HD; c++)
       acc[c] += pk * key[c];
   }
