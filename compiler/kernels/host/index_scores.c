@@ -39,12 +39,18 @@ void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block)
     }
     const float *kw = keys + w * HD;
     float acc = 0.0f;
-    for (int64_t h = 0; h < NH; h++) {
-      float dot = 0.0f;
-      for (int64_t c = 0; c < HD; c++)
-        dot += qt[h * HD + c] * kw[c];
-      float relu = dot > 0.0f ? dot : 0.0f;
-      acc += wt[h] * HSCALE * relu;
+    /* four heads' dots at a time (ds4h_dot4: each its own chain, c
+     * ascending, so the bits of one at a time), added in head order */
+    for (int64_t h = 0; h < NH; h += 4) {
+      const float *qh[4];
+      float dot[4];
+      for (int64_t j = 0; j < 4; j++) /* past the last head: head h again, dropped */
+        qh[j] = qt + (h + j < NH ? h + j : h) * HD;
+      ds4h_dot4(kw, qh, HD, dot);
+      for (int64_t j = 0; j < 4 && h + j < NH; j++) {
+        float relu = dot[j] > 0.0f ? dot[j] : 0.0f;
+        acc += wt[h + j] * HSCALE * relu;
+      }
     }
     sr[w] = acc * DSCALE;
   }
