@@ -20,7 +20,6 @@
 
 void KERNEL_NAME(void *const *bufs, const int32_t *step, uint32_t block);
 
-
 /* SELECT 2: the distinct entries of sel_t below nvis, ascending, into ent;
  * returns their count. */
 static int64_t sink_select(const int32_t *sel_t, int64_t nvis, int32_t *ent)
