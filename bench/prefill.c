@@ -402,8 +402,10 @@ static int usage(FILE *f, int rc) {
   fprintf(f, "usage: ds4_prefill BUNDLE [--prompt N]... [--runs R] [--ordinal N]\n"
              "  Prompt tokens a second of BUNDLE's prefill on one NVIDIA GPU (graph replay) for\n"
              "  each prompt length, the prefill chunk by op kind (traced), the plan's matmul\n"
-             "  kernels against cuBLAS on the same shapes at M = the plan's slots, cuBLAS at\n"
-             "  M = 2048, and the matmul-only lower bound of a 2048-token prefill.\n"
+             "  kernels launched alone against cuBLAS on the same shapes at M = the plan's\n"
+             "  slots, cuBLAS at M = 2048, its routed-expert kernels alone (the choices\n"
+             "  spread evenly) against a dense cuBLAS GEMM of the same FLOPs, and the\n"
+             "  matmul-only lower bound of a 2048-token prefill.\n"
              "  Defaults: --prompt 512 --prompt 2048 --runs 3 --ordinal 0.\n");
   return rc;
 }
